@@ -3,9 +3,11 @@
 ``X1`` is the reference (``[B, L1, D]``, rows), ``X2`` the hypothesis (``[B, L2, D]``, columns),
 ``S = X1_unit X2_unitᵀ`` (``[B, L1, L2]``) their cosine similarities and ``a`` (``[B, L1]``), ``b``
 (``[B, L2]``) the token masses (uniform over real tokens unless weights are given). Each member only
-defines its transport term ``C``; :func:`family_similarity` does the rest once for all of them:
-unit-normalising the token vectors, folding zero weights into the masks, normalising so that
-``Sim(X, X) = 1``, and scoring a pair with an empty text (all-False mask) exactly 0.
+defines its transport term ``C`` (:func:`member_term`); the rest is done once for all of them:
+:func:`token_cloud` unit-normalises each text's token vectors and folds zero weights into its mask,
+:func:`pair_similarity` normalises so that ``Sim(X, X) = 1`` (each text's self-term computed once,
+however many pairs it is in) and scores a pair with an empty text (all-False mask) exactly 0.
+:func:`family_similarity` is the two in one for aligned ``[B, L, D]`` batches.
 
 Directions: ``recall`` — every reference token ships exactly its mass (the plan's rows are exact);
 ``precision`` — every hypothesis token receives exactly its mass (columns exact); ``f1`` — the harmonic
@@ -77,19 +79,46 @@ def _unit_vectors(x: Tensor, mask: Tensor) -> Tensor:
 
 
 def _placeholder_for_empty(x: Tensor, mask: Tensor, w: Tensor, empty: Tensor):
-    """Replace both texts of an empty pair by one placeholder unit token (e₀, mass 1) so that all
-    arithmetic stays finite; the pair's score is set to 0 afterwards."""
+    """Replace the texts where ``empty`` ``[B]`` by one placeholder unit token (e₀, mass 1) so that all
+    arithmetic stays finite; their pairs' scores are set to 0 afterwards. ``x`` must be a fresh
+    tensor of the caller's (e.g. from :func:`_unit_vectors`): its first token row is written in place."""
     if x.shape[1] == 0:
         x, mask, w = x.new_zeros(x.shape[0], 1, x.shape[2]), mask.new_zeros(mask.shape[0], 1), w.new_zeros(w.shape[0], 1)
     first = torch.zeros_like(mask)
     first[:, 0] = True
-    placeholder = empty.unsqueeze(-1) & first  # [B, L]
     e0 = x.new_zeros(x.shape[-1])
     e0[0] = 1.0
-    x = torch.where(placeholder.unsqueeze(-1), e0, x)
+    x[:, 0] = torch.where(empty.unsqueeze(-1), e0, x[:, 0])
     mask = torch.where(empty.unsqueeze(-1), first, mask)
     w = torch.where(empty.unsqueeze(-1), first.to(w.dtype), w)
     return x, mask, w
+
+
+class TokenCloud(NamedTuple):
+    """Texts ready to be moved: ``vectors`` ``[N, L, D]`` unit token vectors (exactly 0 at padding),
+    ``mask`` ``[N, L]`` the tokens of positive mass, ``mass`` ``[N, L]`` their masses (summing to 1),
+    and ``empty`` ``[N]``: texts without such a token, which hold one placeholder token ``e₀`` of mass 1
+    instead, so that all arithmetic stays finite (every pair with an empty text scores 0)."""
+
+    vectors: Tensor
+    mask: Tensor
+    mass: Tensor
+    empty: Tensor
+
+    def select(self, index: Tensor) -> "TokenCloud":
+        return TokenCloud(*(t[index] for t in self))
+
+
+def token_cloud(x: Tensor, mask: Tensor, weights: Tensor | None = None, *, dtype: torch.dtype | None = None,
+                name: str = "weights") -> TokenCloud:
+    """The :class:`TokenCloud` of token vectors ``x`` ``[N, L, D]`` with ``mask`` ``[N, L]`` and optional
+    non-negative ``weights`` ``[N, L]`` (uniform over real tokens if None), in ``dtype`` (default: ``x``'s
+    promoted to at least float32)."""
+    dtype = dtype or torch.promote_types(x.dtype, torch.float32)
+    mass, mask = _masses(mask, None if weights is None else weights.to(dtype), name, dtype)
+    empty = ~mask.any(-1)
+    vectors, mask, mass = _placeholder_for_empty(_unit_vectors(x.to(dtype), mask), mask, mass, empty)
+    return TokenCloud(vectors, mask, mass, empty)
 
 
 def family_similarity(
@@ -98,43 +127,67 @@ def family_similarity(
     hyp_weights: Tensor | None = None, ref_weights: Tensor | None = None,
     normalize: bool = True, direction: str = "recall",
 ) -> Tensor:
-    """``Sim = C(ref, hyp) / sqrt(C(ref, ref) C(hyp, hyp))`` for a transport term ``C``.
+    """``Sim = C(ref, hyp) / sqrt(C(ref, ref) C(hyp, hyp))`` for a transport term ``C``, pair by pair.
 
     ``term`` is one function, or a dict with ``"recall"`` and ``"precision"`` terms from which
     ``direction`` picks (``"f1"``: their harmonic mean). Computes in at least float32. Returns
     ``[B]``; a pair with an empty text scores exactly 0.
     """
-    # Autocast would run the matmuls below in half precision whatever the input dtype: turn it off.
-    with torch.autocast(device_type=hyp.device.type, enabled=False):
-        return _family_similarity(term, hyp, ref, hyp_mask, ref_mask, hyp_weights, ref_weights, normalize, direction)
-
-
-def _family_similarity(term, hyp, ref, hyp_mask, ref_mask, hyp_weights, ref_weights, normalize, direction):
     hyp_mask, ref_mask = _check_inputs(hyp, ref, hyp_mask, ref_mask)
     dtype = torch.promote_types(torch.promote_types(hyp.dtype, ref.dtype), torch.float32)
-    b, hyp_mask = _masses(hyp_mask, None if hyp_weights is None else hyp_weights.to(dtype), "hyp_weights", dtype)
-    a, ref_mask = _masses(ref_mask, None if ref_weights is None else ref_weights.to(dtype), "ref_weights", dtype)
-    empty = ~(hyp_mask.any(-1) & ref_mask.any(-1))  # [B]
-    x1, ref_mask, a = _placeholder_for_empty(_unit_vectors(ref.to(dtype), ref_mask), ref_mask, a, empty)
-    x2, hyp_mask, b = _placeholder_for_empty(_unit_vectors(hyp.to(dtype), hyp_mask), hyp_mask, b, empty)
+    with torch.autocast(device_type=hyp.device.type, enabled=False):
+        return pair_similarity(term, token_cloud(hyp, hyp_mask, hyp_weights, dtype=dtype, name="hyp_weights"),
+                               token_cloud(ref, ref_mask, ref_weights, dtype=dtype, name="ref_weights"),
+                               normalize=normalize, direction=direction)
 
-    if isinstance(term, dict):
-        _check_direction(direction)
-        if direction == "f1":
-            recall, precision = term["recall"], term["precision"]
-            term = lambda *args: _harmonic_mean(recall(*args), precision(*args))  # noqa: E731
-        else:
-            term = term[direction]
 
-    def c(x, y, mx, my, wx, wy):
-        return term(x, y, mx.unsqueeze(-1) & my.unsqueeze(-2), wx, wy)
+def pair_similarity(
+    term: TransportTerm | dict[str, TransportTerm], hyp: TokenCloud, ref: TokenCloud,
+    hyp_index: Tensor | None = None, ref_index: Tensor | None = None, *, normalize: bool = True,
+    direction: str = "recall", ref_self: Tensor | None = None,
+) -> Tensor:
+    """``Sim`` of the pairs ``(hyp[hyp_index[p]], ref[ref_index[p]])`` (aligned rows if the indices
+    are None) -> ``[P]``. Texts that take part in several pairs are moved onto themselves once: the
+    self-terms ``C(X, X)`` are computed per text of ``hyp`` and ``ref`` and gathered, and
+    ``ref_self`` ``[N_ref]`` may supply the references' (e.g. cached across calls, from
+    :func:`self_similarity`). Autocast is off inside: the matmuls run in the clouds' dtype.
+    """
+    term = _resolve(term, direction)
+    with torch.autocast(device_type=hyp.vectors.device.type, enabled=False):
+        h = hyp if hyp_index is None else hyp.select(hyp_index)
+        r = ref if ref_index is None else ref.select(ref_index)
+        cross = _cross(term, r, h)  # first, so that a diagnosed plan list starts with the cross term
+        if normalize:
+            ref_self = self_similarity(term, ref) if ref_self is None else ref_self
+            hyp_self = self_similarity(term, hyp)
+            if ref_index is not None:
+                ref_self = ref_self[ref_index]
+            if hyp_index is not None:
+                hyp_self = hyp_self[hyp_index]
+            cross = cross * (ref_self * hyp_self).clamp_min(torch.finfo(cross.dtype).tiny).rsqrt()
+        return torch.where(h.empty | r.empty, torch.zeros_like(cross), cross)
 
-    cross = c(x1, x2, ref_mask, hyp_mask, a, b)
-    if normalize:
-        self_ref = c(x1, x1, ref_mask, ref_mask, a, a)
-        self_hyp = c(x2, x2, hyp_mask, hyp_mask, b, b)
-        cross = cross * (self_ref * self_hyp).clamp_min(torch.finfo(dtype).tiny).rsqrt()
-    return torch.where(empty, torch.zeros_like(cross), cross)
+
+def self_similarity(term: TransportTerm | dict[str, TransportTerm], cloud: TokenCloud,
+                    direction: str = "recall") -> Tensor:
+    """``C(X, X)`` ``[N]`` of each text of ``cloud`` (the normalisers of :func:`pair_similarity`)."""
+    return _cross(_resolve(term, direction), cloud, cloud)
+
+
+def _resolve(term: TransportTerm | dict[str, TransportTerm], direction: str) -> TransportTerm:
+    """The term of ``direction`` (``f1``: the harmonic mean of the recall and precision terms)."""
+    if not isinstance(term, dict):
+        return term
+    _check_direction(direction)
+    if direction != "f1":
+        return term[direction]
+    recall, precision = term["recall"], term["precision"]
+    return lambda *args: _harmonic_mean(recall(*args), precision(*args))
+
+
+def _cross(term: TransportTerm, x: TokenCloud, y: TokenCloud) -> Tensor:
+    """``C(X, Y)`` ``[B]`` of aligned clouds (``x`` rows, ``y`` columns)."""
+    return term(x.vectors, y.vectors, x.mask.unsqueeze(-1) & y.mask.unsqueeze(-2), x.mass, y.mass)
 
 
 def _harmonic_mean(r: Tensor, p: Tensor) -> Tensor:
@@ -155,11 +208,12 @@ def _log(w: Tensor) -> Tensor:
 
 # --- transport terms ------------------------------------------------------------------------------
 
-def _moverscore_term(temperature: float, plans: list) -> TransportTerm:
+def _moverscore_term(temperature: float, plans: list | None) -> TransportTerm:
     """``C = 1 − min_π Σ π_ij ‖x_i − y_j‖`` (MoverScore v2: Euclidean cost on unit vectors)."""
     def term(x, y, mask, a, b):
         result = converged_sinkhorn(x, y, mask, a, b, temperature, cost="euclidean")
-        plans.append(result)
+        if plans is not None:
+            plans.append(result)
         return 1.0 - (result.plan * cost_matrix(x, y, "euclidean")).sum((-1, -2))
     return term
 
@@ -168,16 +222,17 @@ def _twmd_term(temperature: float, n_iter: int | None, exact: str, plans: list |
     """``C = Σ π S`` of the TWMD plan; the cross term's plan is appended to ``plans`` (with its
     diagnostics) unless ``plans`` is ``None``."""
     def term(x, y, mask, a, b):
+        sim = _sim(x, y)
         if n_iter is None:
             result = converged_sinkhorn(x, y, mask, a, b, temperature)
             plan = result.plan  # envelope theorem: the plan is treated as a constant
         else:
-            result = sinkhorn(_sim(x, y), mask, _log(a), _log(b), temperature, n_iter, exact=exact,
+            result = sinkhorn(sim, mask, _log(a), _log(b), temperature, n_iter, exact=exact,
                               diagnose=plans is not None)
             plan = result.log_plan.exp()
         if plans is not None:
             plans.append(result)
-        return (plan * _sim(x, y)).sum((-1, -2))
+        return (plan * sim).sum((-1, -2))
     return term
 
 
@@ -211,3 +266,33 @@ def _mean_term(x, y, mask, a, b):
 def _cka_term(x, y, mask, a, b):
     """``C = Σ_ij a_i b_j S_ij²`` (linear CKA between the two word sets)."""
     return (a.unsqueeze(-1) * b.unsqueeze(-2) * _sim(x, y).square()).sum((-1, -2))
+
+
+MEMBERS = ("twmd", "trwmd", "wmd", "moverscore", "bertscore", "sbert", "cka")
+UNNORMALIZED = ("moverscore",)  # Sim(X, X) = 1 by construction
+
+
+def member_term(method: str, temperature: float | None = None, n_iter: int | None = 1,
+                plans: list | None = None) -> TransportTerm | dict[str, TransportTerm]:
+    """The transport term(s) of a family member (a dict by direction where it has several).
+
+    ``temperature``: twmd / trwmd (required), wmd / moverscore (default ``WMD_TEMPERATURE``);
+    ``n_iter``: twmd (``None`` = converged); ``plans``: a list that receives the transport plans
+    (twmd, wmd, moverscore), or None. Members are validated by the public functions.
+    """
+    if method == "wmd":  # both marginals exact: the recall term of the converged solver
+        return _twmd_term(temperature or WMD_TEMPERATURE, None, "rows", plans)
+    if method == "twmd":
+        return {"recall": _twmd_term(temperature, n_iter, "rows", plans),
+                "precision": _twmd_term(temperature, n_iter, "columns", plans)}
+    if method == "trwmd":
+        return {"recall": _relaxed_term(temperature, "rows"), "precision": _relaxed_term(temperature, "columns")}
+    if method == "moverscore":
+        return _moverscore_term(temperature or WMD_TEMPERATURE, plans)
+    if method == "bertscore":
+        return {"recall": _greedy_term("rows"), "precision": _greedy_term("columns")}
+    if method == "sbert":
+        return _mean_term
+    if method == "cka":
+        return _cka_term
+    raise ValueError(f"method must be one of {MEMBERS}, got {method!r}")

@@ -18,10 +18,7 @@ from torch import Tensor
 
 from .centering import center
 from .sentences import sentence_movers
-from .family import (
-    WMD_TEMPERATURE, FamilyScore, _cka_term, _moverscore_term, _greedy_term, _harmonic_mean, _mean_term, _relaxed_term,
-    _twmd_term, family_similarity,
-)
+from .family import WMD_TEMPERATURE, FamilyScore, _harmonic_mean, family_similarity, member_term
 
 __all__ = ["tempered_wmd", "tempered_rwmd", "wmd", "moverscore", "bertscore", "sbert", "cka", "sentence_movers",
            "center"]
@@ -91,7 +88,7 @@ def moverscore(
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, got {temperature!r}")
     plans: list = []
-    score = family_similarity(_moverscore_term(temperature, plans), hyp, ref, hyp_mask, ref_mask,
+    score = family_similarity(member_term("moverscore", temperature, plans=plans), hyp, ref, hyp_mask, ref_mask,
                               hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=False)
     return FamilyScore(score, plans[0]) if return_plan else score
 
@@ -102,8 +99,8 @@ def _transport_score(temperature, n_iter, hyp, ref, hyp_mask, ref_mask, *, direc
     if n_iter is not None and (not isinstance(n_iter, int) or n_iter < 1):
         raise ValueError(f"n_iter must be a positive int or None (converged), got {n_iter!r}")
     plans: list | None = [] if return_plan else None
-    terms = {d: _twmd_term(temperature, n_iter, e, plans) for d, e in (("recall", "rows"), ("precision", "columns"))}
-    score = family_similarity(terms, hyp, ref, hyp_mask, ref_mask, direction=direction, **kw)
+    score = family_similarity(member_term("twmd", temperature, n_iter, plans), hyp, ref, hyp_mask, ref_mask,
+                              direction=direction, **kw)
     return FamilyScore(score, plans[0]) if return_plan else score
 
 
@@ -120,9 +117,8 @@ def tempered_rwmd(
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, got {temperature!r}")
-    terms = {"recall": _relaxed_term(temperature, "rows"), "precision": _relaxed_term(temperature, "columns")}
     return family_similarity(
-        terms, hyp, ref, hyp_mask, ref_mask, direction=direction,
+        member_term("trwmd", temperature), hyp, ref, hyp_mask, ref_mask, direction=direction,
         hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=normalize,
     )
 
@@ -136,7 +132,7 @@ def bertscore(
     changes nothing but rounding. Weights play the role of BERTScore's IDF weights.
     """
     kw = dict(hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=normalize)
-    terms = {"recall": _greedy_term("rows"), "precision": _greedy_term("columns")}
+    terms = member_term("bertscore")
     p = family_similarity(terms, hyp, ref, hyp_mask, ref_mask, direction="precision", **kw)
     r = family_similarity(terms, hyp, ref, hyp_mask, ref_mask, direction="recall", **kw)
     return p, r, _harmonic_mean(p, r)
@@ -148,7 +144,7 @@ def sbert(
 ) -> Tensor:
     """Cosine of the (weighted) mean-pooled unit token vectors: ``C = Σ_ij a_i b_j S_ij``."""
     return family_similarity(
-        _mean_term, hyp, ref, hyp_mask, ref_mask,
+        member_term("sbert"), hyp, ref, hyp_mask, ref_mask,
         hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=normalize,
     )
 
@@ -159,6 +155,6 @@ def cka(
 ) -> Tensor:
     """Wordset-CKA: ``C = Σ_ij a_i b_j S_ij²``, normalised (linear CKA of the two token sets)."""
     return family_similarity(
-        _cka_term, hyp, ref, hyp_mask, ref_mask,
+        member_term("cka"), hyp, ref, hyp_mask, ref_mask,
         hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=normalize,
     )

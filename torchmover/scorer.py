@@ -21,7 +21,8 @@ from torch import Tensor, nn
 from . import functional as F
 from .centering import MODULE_MODES, Centering
 from .encoding import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES, Encoder
-from .family import DIRECTIONS, WMD_TEMPERATURE
+from .family import (DIRECTIONS, UNNORMALIZED, WMD_TEMPERATURE, TokenCloud, member_term, pair_similarity,
+                     self_similarity, token_cloud)
 from .signature import format_signature, tensor_digest
 from .sentences import encode_documents
 from .weights import ENGLISH_STOPWORDS, IDF, PUNCTUATION_POLICIES, SUBWORD_POLICIES, keep_mask, ngrams, pool_subwords
@@ -181,10 +182,11 @@ class Units(NamedTuple):
 
 class PairIndex(NamedTuple):
     """One row per (hypothesis, reference) pair: ``hyp`` / ``ref`` rows into the hypothesis / reference
-    units, and ``owner``, the hypothesis each pair belongs to."""
+    units (None where pair ``p`` is simply row ``p`` of all the rows: nothing to gather), and
+    ``owner``, the hypothesis each pair belongs to."""
 
-    hyp: Tensor
-    ref: Tensor
+    hyp: Tensor | None
+    ref: Tensor | None
     owner: Tensor
 
 
@@ -198,8 +200,11 @@ def pair_index(hyps: list[str], groups: list[list[str]], hyp_row: dict[str, int]
     """Index every (hypothesis, reference) pair into rows of distinct texts."""
     def index(values):
         return torch.tensor(values, dtype=torch.long, device=device)
-    return PairIndex(index([hyp_row[hyps[i]] for i, g in enumerate(groups) for _ in g]),
-                     index([ref_row[t] for g in groups for t in g]),
+
+    def rows(values, n_rows):
+        return None if values == list(range(n_rows)) else index(values)
+    return PairIndex(rows([hyp_row[hyps[i]] for i, g in enumerate(groups) for _ in g], len(hyp_row)),
+                     rows([ref_row[t] for g in groups for t in g], len(ref_row)),
                      index([i for i, g in enumerate(groups) for _ in g]))
 
 
@@ -381,39 +386,43 @@ class Scorer(nn.Module):
         """Apply the centering module to the units' vectors."""
         return units._replace(vectors=self.centering(units.vectors, units.mask))
 
-    def score_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int) -> Tensor:
+    def score_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int,
+                    ref_self: Tensor | None = None) -> Tensor:
         """Scores ``[n_hyps]`` of centered units: rows ``index.hyp`` of ``hyp`` against rows
         ``index.ref`` of ``ref`` (n-grams, then the family member), several references combined by
-        ``multi_ref``."""
+        ``multi_ref``. Each text's self-term ``C(X, X)`` is computed once, however many pairs it is
+        in; ``ref_self`` may supply the references' (:meth:`self_similarities`, e.g. cached)."""
         c = self.config
-        hv, hm, rv, rm = hyp.vectors[index.hyp], hyp.mask[index.hyp], ref.vectors[index.ref], ref.mask[index.ref]
-        hw = None if hyp.hyp_weights is None else hyp.hyp_weights[index.hyp]
-        rw = None if ref.ref_weights is None else ref.ref_weights[index.ref]
-        if c.ngram > 1:
-            hv, hm, hw = ngrams(hv, hm, hm.to(hv.dtype) if hw is None else hw, c.ngram)
-            rv, rm, rw = ngrams(rv, rm, rm.to(rv.dtype) if rw is None else rw, c.ngram)
         if c.method in SENTENCE_METHODS:
-            scores = F.sentence_movers(hv, rv, hm, rm, hyp.sentence_ids[index.hyp], ref.sentence_ids[index.ref],
+            h = hyp if index.hyp is None else hyp.select(index.hyp)
+            r = ref if index.ref is None else ref.select(index.ref)
+            scores = F.sentence_movers(h.vectors, r.vectors, h.mask, r.mask, h.sentence_ids, r.sentence_ids,
                                        variant=c.method, temperature=c.temperature, n_iter=c.n_iter or 1)
         else:
-            scores = self.pair_scores(hv, rv, hm, rm, hw, rw)
+            scores = pair_similarity(self._member_term(), self.token_clouds(hyp, "hyp"), self.token_clouds(ref, "ref"),
+                                     index.hyp, index.ref, normalize=c.method not in UNNORMALIZED,
+                                     direction=c.direction, ref_self=ref_self)
         return self._combine_references(scores, index.owner, n_hyps)
 
-    def pair_scores(self, hyp: Tensor, ref: Tensor, hyp_mask: Tensor, ref_mask: Tensor,
-                    hyp_weights: Tensor | None = None, ref_weights: Tensor | None = None) -> Tensor:
-        """The configured family member on aligned centered vectors (``[P, L, D]``) -> ``[P]``."""
+    def token_clouds(self, units: Units, side: str) -> TokenCloud:
+        """Centered units of one ``side`` (``"hyp"`` / ``"ref"``: whose IDF weights) as the family's
+        :class:`~torchmover.family.TokenCloud` (n-grams formed first)."""
+        x, mask, weights = units.vectors, units.mask, units.hyp_weights if side == "hyp" else units.ref_weights
+        if self.config.ngram > 1:
+            x, mask, weights = ngrams(x, mask, mask.to(x.dtype) if weights is None else weights, self.config.ngram)
+        return token_cloud(x, mask, weights, name=f"{side}_weights")
+
+    def self_similarities(self, units: Units, side: str = "ref") -> Tensor | None:
+        """``C(X, X)`` ``[N]`` of each text of centered ``units`` (the normaliser of its scores), or
+        None for the members that have none (``moverscore`` and the sentence movers)."""
         c = self.config
-        kw = dict(hyp_weights=hyp_weights, ref_weights=ref_weights)
-        if c.method == "twmd":
-            return F.tempered_wmd(hyp, ref, hyp_mask, ref_mask, temperature=c.temperature,
-                                  n_iter=c.n_iter, direction=c.direction, **kw)
-        if c.method == "trwmd":
-            return F.tempered_rwmd(hyp, ref, hyp_mask, ref_mask, temperature=c.temperature, direction=c.direction, **kw)
-        if c.method == "bertscore":
-            p, r, f = F.bertscore(hyp, ref, hyp_mask, ref_mask, **kw)
-            return {"precision": p, "recall": r, "f1": f}[c.direction]
-        members = {"wmd": F.wmd, "moverscore": F.moverscore, "sbert": F.sbert, "cka": F.cka}
-        return members[c.method](hyp, ref, hyp_mask, ref_mask, **kw)
+        if c.method in SENTENCE_METHODS or c.method in UNNORMALIZED:
+            return None
+        return self_similarity(self._member_term(), self.token_clouds(units, side), c.direction)
+
+    def _member_term(self):
+        c = self.config  # the temperature is a parameter of twmd / trwmd only (wmd, moverscore: WMD_TEMPERATURE)
+        return member_term(c.method, c.temperature if c.method in DEFAULT_TEMPERATURES else None, c.n_iter)
 
     def _combine_references(self, scores: Tensor, owner: Tensor, n: int) -> Tensor:
         if self.config.multi_ref == "max":
@@ -439,13 +448,16 @@ class Scorer(nn.Module):
         """Center ``units`` (one row per text of ``texts``) and score every pair (``[B]``)."""
         row = {t: i for i, t in enumerate(texts)}
         device = units.mask.device
-        if self.config.center_scope == "joint":
-            centered = self.center(units)
-            return self.score_pairs(centered, centered, pair_index(hyps, groups, row, row, device), len(hyps))
         hyp_texts = list(dict.fromkeys(hyps))
         ref_texts = list(dict.fromkeys(r for g in groups for r in g))
-        hyp_units = self.center(units.select(torch.tensor([row[t] for t in hyp_texts], device=device)))
-        ref_units = self.center(units.select(torch.tensor([row[t] for t in ref_texts], device=device)))
+
+        def rows(side_texts):
+            return torch.tensor([row[t] for t in side_texts], device=device)
+        if self.config.center_scope == "joint":
+            centered = self.center(units)
+            hyp_units, ref_units = centered.select(rows(hyp_texts)), centered.select(rows(ref_texts))
+        else:
+            hyp_units, ref_units = self.center(units.select(rows(hyp_texts))), self.center(units.select(rows(ref_texts)))
         index = pair_index(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
                            {t: i for i, t in enumerate(ref_texts)}, device)
         return self.score_pairs(hyp_units, ref_units, index, len(hyps))

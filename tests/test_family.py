@@ -1,0 +1,76 @@
+"""pair_similarity: self-terms once per text, gathered by index, equal to scoring every pair on its own."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchmover.family import (
+    MEMBERS, UNNORMALIZED, family_similarity, member_term, pair_similarity, self_similarity, token_cloud,
+)
+
+DIRECTED = ("twmd", "trwmd", "bertscore")
+CASES = [(m, d) for m in MEMBERS for d in (("recall", "precision", "f1") if m in DIRECTED else ("recall",))]
+TEMPERATURES = {"twmd": 0.1, "trwmd": 0.15}
+
+
+def texts(seed, n, length, dim=5, empty=None):
+    """``n`` random texts ``[n, length, dim]`` (float64) of random lengths, NaN in the padding,
+    positive weights; text ``empty`` has no token."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, length, dim, generator=g, dtype=torch.float64)
+    mask = torch.arange(length) < torch.randint(1, length + 1, (n,), generator=g)[:, None]
+    if empty is not None:
+        mask[empty] = False
+    weights = torch.rand(n, length, generator=g, dtype=torch.float64) + 0.1
+    return x.masked_fill(~mask[..., None], float("nan")), mask, weights
+
+
+def term_of(method):
+    return member_term(method, TEMPERATURES.get(method), 2)
+
+
+@pytest.mark.parametrize("method,direction", CASES)
+def test_indexed_pairs_equal_pairs_scored_one_by_one(method, direction):
+    """Hypothesis 1 and reference 0 are in several pairs, reference 2 is empty."""
+    hyp, hyp_mask, hyp_w = texts(0, 3, 4)
+    ref, ref_mask, ref_w = texts(1, 3, 6, empty=2)
+    hyp_index, ref_index = torch.tensor([1, 0, 1, 2, 1]), torch.tensor([0, 0, 2, 1, 0])
+    normalize = method not in UNNORMALIZED
+    term = term_of(method)
+    got = pair_similarity(term, token_cloud(hyp, hyp_mask, hyp_w), token_cloud(ref, ref_mask, ref_w),
+                          hyp_index, ref_index, normalize=normalize, direction=direction)
+    expected = family_similarity(term, hyp[hyp_index], ref[ref_index], hyp_mask[hyp_index], ref_mask[ref_index],
+                                 hyp_weights=hyp_w[hyp_index], ref_weights=ref_w[ref_index],
+                                 normalize=normalize, direction=direction)
+    tolerance = 1e-12 if method not in ("wmd", "moverscore") else 1e-6  # converged solvers: stopping point
+    torch.testing.assert_close(got, expected, atol=tolerance, rtol=0)
+    assert got[2] == 0 and not got.isnan().any()
+
+
+@pytest.mark.parametrize("method,direction", [c for c in CASES if c[0] not in UNNORMALIZED])
+def test_supplied_reference_self_terms_are_used(method, direction):
+    hyp, hyp_mask, _ = texts(2, 2, 4)
+    ref, ref_mask, _ = texts(3, 2, 5)
+    term = term_of(method)
+    hyps, refs = token_cloud(hyp, hyp_mask), token_cloud(ref, ref_mask)
+    ref_self = self_similarity(term, refs, direction)
+    index = torch.tensor([0, 1, 1])
+    plain = pair_similarity(term, hyps, refs, index, index, direction=direction)
+    supplied = pair_similarity(term, hyps, refs, index, index, direction=direction, ref_self=ref_self)
+    halved = pair_similarity(term, hyps, refs, index, index, direction=direction, ref_self=ref_self / 4)
+    torch.testing.assert_close(supplied, plain, atol=1e-12, rtol=0)
+    torch.testing.assert_close(halved, 2 * plain, atol=1e-12, rtol=0)  # Sim ∝ C(ref, ref)^(-1/2)
+
+
+def test_gradient_through_shared_texts():
+    """A text in several pairs receives the sum of their gradients (gradcheck, float64)."""
+    hyp, hyp_mask, _ = texts(4, 2, 3)
+    ref, ref_mask, _ = texts(5, 2, 4)
+    hyp, ref = hyp.nan_to_num(0.0).requires_grad_(), ref.nan_to_num(0.0).requires_grad_()
+    hyp_index, ref_index = torch.tensor([0, 1, 0]), torch.tensor([1, 1, 0])
+
+    def f(h, r):
+        return pair_similarity(term_of("twmd"), token_cloud(h, hyp_mask), token_cloud(r, ref_mask),
+                               hyp_index, ref_index, direction="f1")
+
+    assert torch.autograd.gradcheck(f, (hyp, ref))
