@@ -279,6 +279,65 @@ def test_cache_does_not_change_results(fixed_scorer):
     assert uncached.cache_info().currsize == 0 and uncached.cache_info().misses == 5
 
 
+@pytest.mark.parametrize("options", [dict(method="twmd", direction="f1"), dict(method="trwmd"), dict(method="cka"),
+                                     dict(method="moverscore"), dict(idf=True, ngram=2)], ids=str)
+def test_cached_references_give_the_uncached_rewards(tiny_encoder, options):
+    scorer = Scorer(tiny_encoder, centering="fixed", **options)
+    if scorer.config.idf:
+        scorer.fit_idf(REFS, HYPS)
+    scorer.fit_centering(REFS, progress=False)
+    cached, uncached = MoverReward(scorer), MoverReward(scorer, cache_size=0)
+    cached(HYPS[:2], REFS[:2])
+    mixed = cached(HYPS[::-1], REFS[::-1])  # two references (and their self-terms) from the cache
+    torch.testing.assert_close(mixed, uncached(HYPS[::-1], REFS[::-1]), atol=ATOL, rtol=0)
+
+
+def record_self_terms(scorer) -> list[int]:
+    """How many texts each call of ``scorer.self_similarities`` gets from now on."""
+    sizes, method = [], scorer.self_similarities
+
+    def spy(units, *args, **kwargs):
+        sizes.append(units.mask.shape[0])
+        return method(units, *args, **kwargs)
+
+    scorer.self_similarities = spy
+    return sizes
+
+
+def test_reference_self_terms_computed_once(fixed_scorer):
+    """C(ref, ref) is cached with the reference: computed for new references only."""
+    reward = GroupReward(fixed_scorer)
+    sizes = record_self_terms(fixed_scorer)
+    reward(GROUPS, [[REFS[0], REFS[2]], REFS[1]])
+    reward(GROUPS[::-1], [REFS[3], REFS[0]])
+    reward(GROUPS, [REFS[1], REFS[3]])
+    assert sizes == [3, 1]
+
+
+@pytest.mark.parametrize("refit", ["scorer", "reward"])
+def test_new_centering_mean_recomputes_self_terms(fixed_scorer, refit):
+    reward = MoverReward(fixed_scorer)
+    reward(HYPS, REFS)
+    if refit == "scorer":
+        fixed_scorer.fit_centering(HYPS, progress=False)
+        expected = MoverReward(fixed_scorer, cache_size=0)(HYPS, REFS)
+    else:
+        reward.fit(HYPS)
+        expected = MoverReward(fixed_scorer, cache_size=0).fit(HYPS)(HYPS, REFS)
+    torch.testing.assert_close(reward(HYPS, REFS), expected, atol=ATOL, rtol=0)
+    assert reward.cache_info().invalidations == 0  # the token vectors stay cached
+
+
+def test_cache_invalidated_by_new_idf(tiny_encoder):
+    scorer = Scorer(tiny_encoder, centering="fixed", idf=True).fit_idf(REFS, HYPS).fit_centering(REFS, progress=False)
+    reward = MoverReward(scorer)
+    reward(HYPS, REFS[::-1])
+    scorer.fit_idf(HYPS, REFS)  # new dictionaries: the cached references' weights are stale
+    torch.testing.assert_close(reward(HYPS, REFS[::-1]), MoverReward(scorer, cache_size=0)(HYPS, REFS[::-1]),
+                               atol=ATOL, rtol=0)
+    assert reward.cache_info().invalidations == 1
+
+
 def test_cache_is_lru_and_bounded(fixed_scorer):
     reward = MoverReward(fixed_scorer, cache_size=2)
     encoded = record_encoded(fixed_scorer)

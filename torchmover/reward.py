@@ -20,13 +20,15 @@ way raises an error that says so, instead of silently returning batch-dependent 
 reward is then the same (to float32 rounding, ~1e-7) whatever else is in the call.
 
 Reference cache. References repeat across epochs and across the ``G`` completions of a prompt, so
-their token vectors (encoder output, before centering) are kept in an LRU cache keyed by text. The
-cache is bound to the encoder's weights: every call compares a fingerprint of the encoder's
-parameters and buffers (identity, storage, dtype, device and autograd version counter, which every
-in-place update such as ``optimizer.step()`` or ``load_state_dict`` bumps) and empties the cache when
-it changed. Writes that bypass the version counter (``p.data.copy_(...)``) are not seen: call
-:meth:`MoverReward.clear_cache` after them. Centering is applied after the cache, so refitting the
-centering needs no invalidation.
+their token vectors (encoder output, before centering) are kept in an LRU cache keyed by text, with
+each reference's self-term ``C(ref, ref)`` (the normaliser of ``Sim``: one of the three transport
+problems of a pair, so a call solves two per pair instead of three). The cache is bound
+to what produced it: every call compares a fingerprint of the encoder's parameters and buffers
+(identity, storage, dtype, device and autograd version counter, which every in-place update such as
+``optimizer.step()`` or ``load_state_dict`` bumps), the scorer's configuration and IDF dictionaries,
+and empties the cache when it changed; the self-terms are also dropped when the centering's mean
+changes. Writes that bypass the version counter (``p.data.copy_(...)``) are not seen: call
+:meth:`MoverReward.clear_cache` after them.
 
 Degenerate generations. A text with no real token (empty or whitespace-only) scores exactly 0 (as
 does a pair with an empty reference); punctuation-only or repetitive texts get their ordinary,
@@ -86,14 +88,15 @@ class GroupRewardResult(NamedTuple):
 
 @contextlib.contextmanager
 def _eval_mode(module: nn.Module):
-    """Every submodule in eval mode for the body, then each restored to its own previous mode."""
-    modes = [(m, m.training) for m in module.modules()]
-    module.eval()
+    """Every submodule in eval mode for the body, then the ones that were training restored."""
+    training = [m for m in module.modules() if m.training]
+    for m in training:
+        m.training = False
     try:
         yield
     finally:
-        for m, training in modes:
-            m.training = training
+        for m in training:
+            m.training = True
 
 
 def _weights_fingerprint(module: nn.Module) -> tuple:
@@ -137,8 +140,10 @@ class MoverReward:
             raise TypeError(f"shaping must be callable(hyps, scores) -> rewards, got {type(shaping).__name__}")
         self._scorer, self.cache_size, self.shaping = scorer, cache_size, shaping
         self._centering: Centering | None = None  # set by fit(); replaces the scorer's centering
-        self._cache: OrderedDict[str, Tensor] = OrderedDict()
+        self._cache: OrderedDict[str, Units] = OrderedDict()
+        self._self_terms: dict[str, Tensor] = {}  # C(ref, ref) of cached references, under _centering_fingerprint
         self._fingerprint: tuple | None = None
+        self._centering_fingerprint: tuple | None = None
         self._hits = self._misses = self._invalidations = 0
 
     @property
@@ -208,13 +213,15 @@ class MoverReward:
     def clear_cache(self) -> None:
         """Forget every cached reference (counters are kept)."""
         self._cache.clear()
+        self._self_terms.clear()
 
     def _check_fingerprint(self) -> None:
-        fingerprint = _weights_fingerprint(self._scorer.encoder)
+        scorer = self._scorer
+        fingerprint = (_weights_fingerprint(scorer.encoder), scorer.config, tuple(map(id, scorer.idf.values())))
         if fingerprint != self._fingerprint:
             if self._cache:
                 self._invalidations += 1
-            self._cache.clear()
+            self.clear_cache()
             self._fingerprint = fingerprint
 
     def reference_embeddings(self, texts: Sequence[str]) -> list[Units]:
@@ -232,8 +239,26 @@ class MoverReward:
                 self._cache[t] = found[t]
                 self._cache.move_to_end(t)
             while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+                self._self_terms.pop(self._cache.popitem(last=False)[0], None)
         return [found[t] for t in texts]
+
+    def _reference_self_terms(self, texts: list[str], units: Units, centering: Centering) -> Tensor | None:
+        """``C(ref, ref)`` ``[N]`` of the centered reference ``units`` (rows = ``texts``), from the cache
+        where present (None if the member has no self-term)."""
+        fingerprint = _weights_fingerprint(centering)
+        if fingerprint != self._centering_fingerprint:
+            self._self_terms.clear()
+            self._centering_fingerprint = fingerprint
+        missing = [i for i, t in enumerate(texts) if t not in self._self_terms]
+        found: dict[str, Tensor] = {}
+        if missing:
+            rows = units if len(missing) == len(texts) else units.select(torch.tensor(missing, device=units.mask.device))
+            computed = self._scorer.self_similarities(rows)
+            if computed is None:
+                return None
+            found = dict(zip((texts[i] for i in missing), computed))
+            self._self_terms.update((t, c) for t, c in found.items() if t in self._cache)
+        return torch.stack([found[t] if t in found else self._self_terms[t] for t in texts])
 
     def _encode(self, texts: list[str]) -> list[Units]:
         """:meth:`Scorer.embed` of each text, real units only (``[n_i, ...]``), no graph."""
@@ -266,13 +291,14 @@ class MoverReward:
         hyp_texts = list(dict.fromkeys(hyps))  # distinct, in order
         ref_texts = list(dict.fromkeys(r for g in groups for r in g))
         with _eval_mode(self._scorer), torch.no_grad():
-            hyp_units = _pad(self._encode(hyp_texts), like)
+            hyp_units = self._scorer.embed(hyp_texts)
             ref_units = _pad(self.reference_embeddings(ref_texts), like)
             hyp_units = hyp_units._replace(vectors=centering(hyp_units.vectors, hyp_units.mask))
             ref_units = ref_units._replace(vectors=centering(ref_units.vectors, ref_units.mask))
             index = pair_index(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
                                {t: i for i, t in enumerate(ref_texts)}, like.device)
-            scores = self._scorer.score_pairs(hyp_units, ref_units, index, len(hyps))  # [B]
+            ref_self = self._reference_self_terms(ref_texts, ref_units, centering)
+            scores = self._scorer.score_pairs(hyp_units, ref_units, index, len(hyps), ref_self)  # [B]
             assert not bool(scores.isnan().any()), "internal error: NaN score"
             if self.shaping is not None:
                 shaped = torch.as_tensor(self.shaping(list(hyps), scores), device=scores.device)
