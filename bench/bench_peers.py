@@ -24,13 +24,14 @@ after loading the model and a small warm-up call:
    three include tokenization). Peak RSS is read before and after this call.
 2. **metric part**: the same call again with that encoding function replaced by a lookup of the
    outputs recorded in a second (untimed) call, i.e. everything but the encoder on cached
-   embeddings: for torchmover the centering + functional call + batching; for bert_score its
+   embeddings: for torchmover the centering + TWMD + batching; for bert_score its
    de-duplication, padding and greedy matching; for MoverScore its masking, ``cdist`` and the
    pair-by-pair EMD (whose time alone, ``pyemd.emd_with_flow``, is also reported).
 
 A separate ``reward`` subprocess times a reward call: 64 completions of ~50 word pieces against
 their references (``MoverReward``, references cached and the centering fitted on them): the encoder
-on the 64 completions against the transport (centering + TWMD) on their embeddings.
+on the 64 completions against the transport (centering + TWMD, the references' self-terms from the
+cache as in the reward) on their embeddings, and against everything in the call but the encoder.
 
 Peers (benchmark only, not torchmover dependencies; ``moverscore`` without its dependencies, which
 pin the ``typing`` backport)::
@@ -333,9 +334,9 @@ def run_moverscore(hyps, refs, layer, batch_size=256) -> dict:
 def run_reward(pairs: list[dict], repeats: int = 15) -> dict:
     """Encoder vs transport in a reward call: 64 completions of ~50 word pieces (``MoverReward``)."""
     import torch
-    import torchmover.functional as F
     from torchmover import Scorer
     from torchmover.reward import MoverReward
+    from torchmover.scorer import Units, pair_index
 
     scorer = Scorer()
     tok = scorer.encoder.tokenizer
@@ -356,7 +357,7 @@ def run_reward(pairs: list[dict], repeats: int = 15) -> dict:
         source += f" + {len(chosen) - int(source.split()[0])} made of two joined pairs"
     hyps, refs = [p["hyp"] for p in chosen], [p["ref"] for p in chosen]
     reward = MoverReward(scorer).fit(refs)  # centers on the references' mean and caches them
-    encoder, c = scorer.encoder, scorer.config
+    encoder = scorer.encoder
 
     def median_s(fn):
         fn()
@@ -371,16 +372,22 @@ def run_reward(pairs: list[dict], repeats: int = 15) -> dict:
         encoder_hyps = median_s(lambda: encoder(hyps))
         encoder_both = median_s(lambda: encoder(hyps + refs))
         call = median_s(lambda: reward(hyps, refs))
-        # transport alone: the reward's centering + TWMD (functional) on the encoder's outputs
-        h, r = encoder(hyps), encoder(refs)
+        # transport alone, as the reward does it: centering, then TWMD of each pair with the references'
+        # self-terms C(ref, ref) from the cache; and, for comparison, with all three terms computed
+        hyp_units = Units.pad(scorer.embed(hyps).unpad())
+        ref_units = Units.pad(reward.reference_embeddings(refs))
+        index = pair_index(hyps, [[r] for r in refs], {t: i for i, t in enumerate(hyps)},
+                           {t: i for i, t in enumerate(refs)})
         centering = reward.centering
 
-        def twmd(x_h, x_r):
-            return F.tempered_wmd(x_h, x_r, h.mask, r.mask, temperature=c.temperature, n_iter=c.n_iter,
-                                  direction=c.direction)
+        def transport(ref_self):
+            h = hyp_units._replace(vectors=centering(hyp_units.vectors, hyp_units.mask))
+            r = ref_units._replace(vectors=centering(ref_units.vectors, ref_units.mask))
+            return scorer.score_pairs(h, r, index, len(hyps), ref_self)
 
-        transport = median_s(lambda: twmd(centering(h.embeddings, h.mask), centering(r.embeddings, r.mask)))
-        functional = median_s(lambda: twmd(h.embeddings, r.embeddings))
+        ref_self = scorer.self_similarities(ref_units._replace(vectors=centering(ref_units.vectors, ref_units.mask)))
+        transport_cached = median_s(lambda: transport(ref_self))
+        transport_uncached = median_s(lambda: transport(None))
         # the whole call with the encoder's outputs replayed: everything but the encoder
         recorded = Recorded(type(encoder).forward.__get__(encoder), key=lambda texts, *a, **k: tuple(texts))
         encoder.forward = recorded
@@ -390,8 +397,8 @@ def run_reward(pairs: list[dict], repeats: int = 15) -> dict:
         del encoder.forward
     return {"source": source, "n": len(hyps), "hyp_pieces": statistics.mean(map(n_pieces, hyps)),
             "ref_pieces": statistics.mean(map(n_pieces, refs)), "encoder_hyps_s": encoder_hyps,
-            "encoder_hyps_refs_s": encoder_both, "reward_call_s": call, "transport_s": transport,
-            "twmd_only_s": functional, "reward_call_no_encoder_s": call_no_encoder,
+            "encoder_hyps_refs_s": encoder_both, "reward_call_s": call, "transport_s": transport_cached,
+            "transport_uncached_s": transport_uncached, "reward_call_no_encoder_s": call_no_encoder,
             "signature": reward.signature, "threads": torch.get_num_threads()}
 
 
@@ -517,7 +524,7 @@ def report(args, runs: dict, reward: dict, pairs, load_before, load_after, wall)
         "Columns: *end to end* = the whole scoring call (tokenization, encoder, metric, batching); *encoder* = "
         "time inside the system's own encoding function during that call (tokenization + forward); *metric "
         "part (split)* = end to end − encoder; *metric part (cached embeddings)* = the same call again with the "
-        "encoding function replaced by a lookup of recorded outputs (torchmover: centering + the functional call "
+        "encoding function replaced by a lookup of recorded outputs (torchmover: centering + TWMD "
         "+ batching; bert_score: de-duplication, padding, greedy matching; MoverScore: masking, cdist and the "
         f"pair-by-pair EMD, of which `pyemd.emd_with_flow` alone took {ms['emd_s']:.2f} s). Speed vs torchmover "
         "> 1 = faster than torchmover's default; memory Δ ratio > 1 = uses more. torchmover's exact WMD solves "
@@ -573,9 +580,10 @@ def report(args, runs: dict, reward: dict, pairs, load_before, load_after, wall)
         f"{100 * rw['encoder_hyps_refs_s'] / rw['encoder_hyps_s']:.0f}% |",
         f"| whole reward call (references cached) | {rw['reward_call_s'] * 1e3:.1f} | "
         f"{100 * rw['reward_call_s'] / rw['encoder_hyps_s']:.0f}% |",
-        f"| transport: centering + TWMD on the padded embeddings | {rw['transport_s'] * 1e3:.2f} | "
-        f"{100 * rw['transport_s'] / rw['encoder_hyps_s']:.2f}% |",
-        f"| of which TWMD (`pair_scores`) | {rw['twmd_only_s'] * 1e3:.2f} | {100 * rw['twmd_only_s'] / rw['encoder_hyps_s']:.2f}% |",
+        f"| transport: centering + TWMD of each pair, the references' self-terms C(ref, ref) from the cache "
+        f"| {rw['transport_s'] * 1e3:.2f} | {100 * rw['transport_s'] / rw['encoder_hyps_s']:.2f}% |",
+        f"| (the same without cached self-terms: all three terms computed) | {rw['transport_uncached_s'] * 1e3:.2f} | "
+        f"{100 * rw['transport_uncached_s'] / rw['encoder_hyps_s']:.2f}% |",
         f"| whole reward call without the encoder (embeddings replayed: cache lookup, padding, centering, TWMD) "
         f"| {rw['reward_call_no_encoder_s'] * 1e3:.2f} | {100 * rw['reward_call_no_encoder_s'] / rw['encoder_hyps_s']:.2f}% |",
         "",
@@ -625,7 +633,6 @@ def main(argv=None) -> None:
     parser.add_argument("--wmd-pairs", type=int, default=32,
                         help="torchmover exact WMD scores only the first N pairs, once, in the first round "
                              "(it takes ~seconds per pair on CPU; default: %(default)s)")
-    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS, help="systems to run")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads in every subprocess")
     parser.add_argument("--reuse", action="store_true",
                         help="reuse the runs saved in OUT/bench_peers.partial.json by an unfinished invocation")
@@ -654,14 +661,14 @@ def main(argv=None) -> None:
                                    "profile": str(args.out / "bench_peers_profile.txt") if args.profile else None}))
         partial = args.out / "bench_peers.partial.json"  # survives a crash; --reuse reads it
         saved = json.loads(partial.read_text()) if args.reuse and partial.is_file() else {}
-        runs: dict[str, list] = {name: saved.get("runs", {}).get(name, [])[:args.rounds] for name in args.systems}
+        runs: dict[str, list] = {name: saved.get("runs", {}).get(name, [])[:args.rounds] for name in SYSTEMS}
 
         def keep() -> None:
             partial.write_text(json.dumps({"runs": runs}))
 
-        with tqdm(total=args.rounds * len(args.systems) + 1, desc="bench_peers", unit="run") as bar:
+        with tqdm(total=args.rounds * len(SYSTEMS) + 1, desc="bench_peers", unit="run") as bar:
             for round_ in range(args.rounds):
-                for name in args.systems:
+                for name in SYSTEMS:
                     if (name == "torchmover-wmd" and round_ > 0) or len(runs[name]) > round_:
                         bar.update()
                         continue
@@ -672,7 +679,6 @@ def main(argv=None) -> None:
             bar.set_postfix_str("reward")
             reward = spawn("reward", job, tmp, args.threads)
             bar.update()
-        partial.unlink()
     load_after = os.getloadavg()
     text = report(args, runs, reward, pairs, load_before, load_after, time.perf_counter() - started)
     print(text)
@@ -680,6 +686,7 @@ def main(argv=None) -> None:
     (args.out / "bench_peers.json").write_text(json.dumps(
         {"runs": {k: [{kk: vv for kk, vv in r.items() if kk not in ("scores", "precision", "recall")} for r in v]
                   for k, v in runs.items()}, "reward": reward}, indent=1))
+    partial.unlink()  # only now: a failing report leaves the runs for --reuse
 
 
 if __name__ == "__main__":
