@@ -6,6 +6,7 @@ uninterrupted run; log, summary and plot files exist.
 """
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import math
@@ -57,8 +58,17 @@ def final_parameters(run_dir: Path) -> dict[str, torch.Tensor]:
 
 def test_toy_data_is_deterministic_and_shipped(recipe):
     rows = [json.loads(line) for line in recipe.TOY_DATA.read_text().splitlines()]
-    assert rows == recipe.make_toy_examples()
-    assert all(r["summary"].split()[0] in r["document"] for r in rows)
+    assert rows == recipe.make_toy_dataset()
+    train, held_out = rows[:-40], rows[-40:]
+    assert all(r["summary"].split()[0] in r["document"] for r in held_out)  # held out: correct summaries
+    summaries = collections.defaultdict(list)
+    for r in train:
+        summaries[r["document"]].append(r["summary"].rstrip(".").split())
+    assert len(summaries) == 160 and {len(s) for s in summaries.values()} == {4}
+    for document, copies in summaries.items():  # three correct copies, one careless: other name and city
+        (right, n_right), (wrong, n_wrong) = collections.Counter(map(tuple, copies)).most_common()
+        assert (n_right, n_wrong) == (3, 1) and right[0] in document
+        assert wrong[1:-1] == right[1:-1] and wrong[0] != right[0] and wrong[-1] != right[-1]
 
 
 def test_runs_checkpoints_and_resumes_exactly(recipe, scorer, tmp_path):
