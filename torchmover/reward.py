@@ -90,8 +90,8 @@ class GroupRewardResult(NamedTuple):
 def _eval_mode(module: nn.Module):
     """Every submodule in eval mode for the body, then the ones that were training restored."""
     training = [m for m in module.modules() if m.training]
-    for m in training:
-        m.training = False
+    if training:  # nothing to switch (and no module walk) when the scorer is already in eval mode
+        module.eval()
     try:
         yield
     finally:
