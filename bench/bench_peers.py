@@ -72,7 +72,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from bench_common import wmt_parser
+
 SYSTEMS = ("torchmover-twmd", "torchmover-wmd", "bert_score", "moverscore")
 
 
@@ -621,11 +622,7 @@ def package_version(name: str) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "wmt15-16",
-                        help="WMT15-16 *.tsv directory (default: ../shared/data/wmt15-16 next to the repository)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
+    parser = wmt_parser(__doc__)
     parser.add_argument("--pairs", type=int, default=1000, help="number of pairs (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds; best time kept (default: %(default)s)")

@@ -23,7 +23,6 @@ Prints the table and writes ``bench_speed.md`` into ``--out``.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import random
@@ -40,7 +39,7 @@ from torchmover.centering import center
 from torchmover.data import read_tsv_dir
 from torchmover.encoding import DEFAULT_MODEL, Encoder
 
-REPO = Path(__file__).resolve().parents[1]
+from bench_common import wmt_parser
 
 
 def n_pieces(tokenizer, text: str) -> int:
@@ -79,12 +78,7 @@ def timeit(fn, repeats: int, warmup: int, label: str = "") -> float:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "wmt15-16",
-                        help="WMT15-16 *.tsv directory to take real sentences from (default: "
-                             "../shared/data/wmt15-16 relative to the repository root)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
+    parser = wmt_parser(__doc__)
     parser.add_argument("--model", default=DEFAULT_MODEL, help="encoder (default: %(default)s)")
     parser.add_argument("--layer", type=int, default=None, help="encoder layer (default: the model's default)")
     parser.add_argument("--pairs", type=int, default=64, help="B, the number of pairs (default: %(default)s)")

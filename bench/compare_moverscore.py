@@ -35,7 +35,6 @@ Writes ``compare_moverscore.md`` and ``compare_moverscore.json`` (every score) i
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import random
@@ -50,7 +49,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_peers import import_moverscore, model_dir, package_version  # the shared shim
+from bench_common import wmt_parser  # noqa: E402
+from bench_peers import import_moverscore, model_dir, package_version  # noqa: E402  (the shared shim)
 
 LAYER = 6  # the last layer of all-MiniLM-L6-v2: moverscore_v2 reads hidden_states[-1]
 PUNCT = set(string.punctuation)  # moverscore_v2's rule: a token equal to one of these characters
@@ -502,11 +502,7 @@ def report(args, res: dict, wall: float) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "wmt15-16",
-                        help="WMT15-16 *.tsv directory (default: ../shared/data/wmt15-16 next to the repository)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
+    parser = wmt_parser(__doc__)
     parser.add_argument("--pairs", type=int, default=500, help="number of pairs (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=64, help="torchmover batch (default: %(default)s)")

@@ -37,7 +37,6 @@ Writes ``select_defaults.md`` (tables) and ``select_defaults.json`` (every numbe
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -59,7 +58,7 @@ from torchmover.centering import center
 from torchmover.data import read_tsv_dir
 from torchmover.encoding import DEFAULT_MODEL, resolve_model_path
 
-REPO = Path(__file__).resolve().parents[1]
+from bench_common import wmt_parser
 LAYERS = (1, 2, 3, 4, 5, 6)
 TEMPERATURES = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3)
 DIRECTIONS = ("recall", "precision", "f1")
@@ -316,12 +315,7 @@ def ranked_table(sweep: Sweep, keys, ref_key: str | None = None) -> list[str]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "wmt15-16",
-                        help="directory of the WMT15-16 *.tsv files (default: ../shared/data/wmt15-16 "
-                             "relative to the repository root)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
+    parser = wmt_parser(__doc__)
     parser.add_argument("--model", default=DEFAULT_MODEL, help="encoder (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=32, help="pairs per scoring/centering batch")
     parser.add_argument("--encode-batch-size", type=int, default=64, help="texts per encoder forward")
