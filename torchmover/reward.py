@@ -244,7 +244,10 @@ class MoverReward:
 
     def _reference_self_terms(self, texts: list[str], units: Units, centering: Centering) -> Tensor | None:
         """``C(ref, ref)`` ``[N]`` of the centered reference ``units`` (rows = ``texts``), from the cache
-        where present (None if the member has no self-term)."""
+        where present (None if the member has no self-term, or without a cache: the scorer then computes
+        them from the clouds it builds anyway)."""
+        if not self.cache_size:
+            return None
         fingerprint = _weights_fingerprint(centering)
         if fingerprint != self._centering_fingerprint:
             self._self_terms.clear()

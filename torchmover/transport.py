@@ -102,8 +102,8 @@ def sinkhorn(
         columns:  g_j = log b_j − LSE_i (S_ij / T + f_i)
         rows:     f_i = log a_i − LSE_j (S_ij / T + g_j)
 
-    Off the mask the kernel holds ``MASKED``, a huge finite negative number, and the potentials of
-    padding rows and columns are set to it: every log-sum-exp stays finite (no ``−inf − (−inf)``, so no
+    Off the mask the kernel holds ``finfo(dtype).min / 8``, a huge finite negative number, and the
+    potentials of padding rows and columns are set to it: every log-sum-exp stays finite (no ``−inf − (−inf)``, so no
     NaN in the backward pass either) and ``exp`` of those entries is exactly 0. The returned
     ``log_plan`` holds ``−inf`` off the mask.
     """
