@@ -5,9 +5,7 @@ import pytest
 import torch
 
 from torchmover import Scorer
-from torchmover.reward import (
-    GroupReward, MoverReward, SelfCriticalReward, TRLReward, as_trl_reward, group_advantages,
-)
+from torchmover.reward import GroupReward, MoverReward, SelfCriticalReward, group_advantages
 
 REFS = ["the cat sat on the mat", "a dog barked in the house", "the quick brown fox jumps over the lazy dog",
         "she eats good food", "the sun is big and red"]
@@ -431,6 +429,8 @@ def test_repr_and_signature(reward):
 # --- TRL adapter (contract only; tests/test_trl.py runs it in a real trainer) ------------------------
 
 def test_trl_adapter_contract(fixed_scorer, reward):
+    from torchmover.integrations.trl import TRLReward, as_trl_reward
+
     f = as_trl_reward(reward)
     assert isinstance(f, TRLReward) and not isinstance(f, torch.nn.Module)
     assert f.__name__ == "torchmover_twmd_recall"

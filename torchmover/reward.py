@@ -8,7 +8,7 @@ graph**: the policy gradient ``∇J ≈ (r − b) ∇ log p(y)`` treats the rewa
 - :class:`GroupReward`: ``G`` completions per prompt, ``A_g = r_g − b_g`` with ``b`` the group mean
   (GRPO) or the mean of the ``G − 1`` others (RLOO), optionally divided by the group's std.
 - :class:`MoverReward`: the shared shell (``reward(hyps, refs) -> Tensor[B]``), also what the TRL
-  adapter (:func:`torchmover.trl.as_trl_reward`) calls.
+  adapter (:func:`torchmover.integrations.trl.as_trl_reward`) calls.
 
 Stability. With ``centering="batch"`` a text's score depends on every other text of the call: a
 sampled and a greedy generation would center each other, and a completion's reward would change with
@@ -49,7 +49,7 @@ from .centering import Centering
 from .scorer import Scorer, Units, _check_references, _check_texts, pair_index
 
 __all__ = ["CacheInfo", "GroupReward", "GroupRewardResult", "MoverReward", "SelfCriticalResult",
-           "SelfCriticalReward", "TRLReward", "as_trl_reward", "group_advantages"]
+           "SelfCriticalReward", "group_advantages"]
 
 BATCH_INDEPENDENT = ("none", "dimension", "sentence")
 BASELINES = ("mean", "leave_one_out")
@@ -400,116 +400,3 @@ def group_advantages(rewards: Tensor, baseline: str = "mean", normalize_std: boo
         std = rewards.std(1, keepdim=True) if g > 1 else torch.zeros_like(rewards[:, :1])  # [N, 1]
         advantages = advantages / (std + eps)
     return GroupRewardResult(rewards, base, advantages)
-
-
-# --- TRL adapter -----------------------------------------------------------------------------------
-
-class TRLReward:
-    """A reward function in TRL's convention (``GRPOTrainer`` / ``RLOOTrainer`` ``reward_funcs``):
-    ``f(prompts, completions, **kwargs) -> list[float | None]``, one value per completion.
-
-    ``completions`` are strings, or conversations (lists of ``{"role", "content"}`` messages) of which
-    the last assistant message's content is scored (text parts joined when the content is a list of
-    parts; no assistant message = the empty text, reward 0). The reference of each row is
-    ``kwargs[reference_column]``: a str, a list of str (several references, pooled by the scorer's
-    ``multi_ref``), or None / an empty list, which gives None (TRL turns it into NaN and ignores it).
-    TRL repeats each row for its ``G`` completions; the references are encoded once (cache).
-    Prompts and TRL's other keyword arguments (``completion_ids``, ``trainer_state``, ...) are ignored.
-    Not an ``nn.Module``, so TRL calls it as a function and not as a reward model.
-    """
-
-    def __init__(self, reward: MoverReward, reference_column: str = "reference", name: str | None = None):
-        if not isinstance(reference_column, str) or not reference_column:
-            raise ValueError(f"reference_column must be a non-empty str, got {reference_column!r}")
-        if name is not None and (not isinstance(name, str) or not name):
-            raise ValueError(f"name must be a non-empty str or None, got {name!r}")
-        self.reward, self.reference_column = reward, reference_column
-        config = reward.scorer.config
-        default = f"torchmover_{config.method}" + (
-            f"_{config.direction}" if config.method in ("twmd", "trwmd", "bertscore") else "")
-        self.__name__ = name or default
-
-    def __repr__(self) -> str:
-        return f"TRLReward({self.reward!r}, reference_column={self.reference_column!r}, name={self.__name__!r})"
-
-    def __call__(self, prompts=None, completions=None, **kwargs) -> list[float | None]:
-        if completions is None:
-            raise ValueError(f"{self.__name__}: completions is required")
-        if self.reference_column not in kwargs:
-            columns = sorted(k for k in kwargs if k not in _TRL_KWARGS)
-            raise KeyError(
-                f"{self.__name__} reads the references from the dataset column {self.reference_column!r}, "
-                f"which is missing; the columns passed are {columns}. Add the column or pass "
-                "reference_column=... to as_trl_reward"
-            )
-        references = kwargs[self.reference_column]
-        if len(references) != len(completions):
-            raise ValueError(f"{self.__name__}: {len(completions)} completions but {len(references)} "
-                             f"values in column {self.reference_column!r}")
-        rows = []  # (row, completion text, references) of the rows that have a reference
-        for i, (completion, value) in enumerate(zip(completions, references)):
-            refs = _row_references(value, i, self.reference_column)
-            if refs is not None:
-                rows.append((i, _completion_text(completion, i), refs))
-        out: list[float | None] = [None] * len(completions)
-        if rows:
-            scores = self.reward.score([text for _, text, _ in rows], [refs for _, _, refs in rows])
-            for (i, _, _), s in zip(rows, scores.tolist()):
-                out[i] = s
-        return out
-
-
-# keyword arguments TRL adds to the dataset columns
-_TRL_KWARGS = ("completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
-
-
-def _completion_text(completion, i: int) -> str:
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, Sequence) and all(isinstance(m, dict) for m in completion):
-        contents = [m.get("content") for m in completion if m.get("role") == "assistant"]
-        content = contents[-1] if contents else ""
-        if content is None:
-            return ""
-        if isinstance(content, str):
-            return content
-        if isinstance(content, Sequence):  # multimodal parts [{"type": "text", "text": ...}, ...]
-            return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    raise TypeError(f"completions[{i}] must be a str or a list of {{'role', 'content'}} messages, "
-                    f"got {type(completion).__name__}")
-
-
-def _row_references(value, i: int, column: str) -> list[str] | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, Sequence):
-        refs = [r for r in value if r is not None]
-        for r in refs:
-            if not isinstance(r, str):
-                raise TypeError(f"{column}[{i}] must hold strings, got {type(r).__name__}")
-        return refs or None
-    raise TypeError(f"{column}[{i}] must be a str, a list of str or None, got {type(value).__name__}")
-
-
-def as_trl_reward(scorer_or_reward: Scorer | MoverReward, reference_column: str = "reference",
-                  name: str | None = None) -> TRLReward:
-    """A TRL reward function (:class:`TRLReward`) scoring completions against
-    ``kwargs[reference_column]`` with a :class:`~torchmover.Scorer` (wrapped in a
-    :class:`MoverReward`, whose centering must not depend on the batch: fit it first) or with a
-    given reward (its :meth:`MoverReward.score`: TRL computes the group advantages itself).
-    ``name`` (default ``torchmover_<method>[_<direction>]``) is the ``__name__`` TRL logs under.
-
-    Example:
-        >>> reward = MoverReward(Scorer()).fit(train_dataset["reference"])  # doctest: +SKIP
-        >>> trainer = GRPOTrainer(model, reward_funcs=[as_trl_reward(reward)], ...)  # doctest: +SKIP
-    """
-    if isinstance(scorer_or_reward, Scorer):
-        reward = MoverReward(scorer_or_reward)
-    elif isinstance(scorer_or_reward, MoverReward):
-        reward = scorer_or_reward
-    else:
-        raise TypeError(f"scorer_or_reward must be a torchmover.Scorer or MoverReward, "
-                        f"got {type(scorer_or_reward).__name__}")
-    return TRLReward(reward, reference_column, name)
