@@ -54,7 +54,7 @@ import torch
 from torch import Tensor, nn
 
 from .centering import Centering
-from .scorer import Scorer, Units, _check_references, _check_texts, pair_index
+from .scorer import Scorer, Units, _as_list, _check_references, _check_texts, pair_index
 
 __all__ = ["CacheInfo", "GroupReward", "GroupRewardResult", "MoverReward", "SelfCriticalResult",
            "SelfCriticalReward", "TRLReward", "as_trl_reward", "group_advantages"]
@@ -397,8 +397,7 @@ class GroupReward(MoverReward):
 
     def __call__(self, completions: Sequence[Sequence[str]],
                  refs: Sequence[str] | Sequence[Sequence[str]]) -> GroupRewardResult:
-        if isinstance(completions, str) or not isinstance(completions, Sequence):
-            raise TypeError(f"completions must be a list of lists of strings, got {type(completions).__name__}")
+        completions = _as_list("completions", completions, "lists of strings", ndim=2)
         groups = [_check_texts(f"completions[{i}]", c) for i, c in enumerate(completions)]
         sizes = {len(c) for c in groups}
         if len(sizes) > 1:
@@ -519,13 +518,11 @@ def _row_references(value, i: int, column: str) -> list[str] | None:
         return None
     if isinstance(value, str):
         return [value]
-    if isinstance(value, Sequence):
-        refs = [r for r in value if r is not None]
-        for r in refs:
-            if not isinstance(r, str):
-                raise TypeError(f"{column}[{i}] must hold strings, got {type(r).__name__}")
-        return refs or None
-    raise TypeError(f"{column}[{i}] must be a str, a list of str or None, got {type(value).__name__}")
+    refs = [r for r in _as_list(f"{column}[{i}]", value, "strings (or a str, or None)") if r is not None]
+    for r in refs:
+        if not isinstance(r, str):
+            raise TypeError(f"{column}[{i}] must hold strings, got {type(r).__name__}")
+    return refs or None
 
 
 def as_trl_reward(scorer_or_reward: Scorer | MoverReward, reference_column: str = "reference",
