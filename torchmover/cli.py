@@ -8,6 +8,9 @@ standard output) and prints the mean and the signature to standard error.
 
 ``torchmover sensitivity --data RATINGS [--factors ...] [options]`` varies one preprocessing or metric
 choice at a time and reports how much the correlation moves (:mod:`torchmover.sensitivity`).
+
+``torchmover serve [--port P] [--fit-references FILE] [options]`` serves the reward over HTTP
+(OpenRLHF's remote reward protocol and ``POST /score``; :mod:`torchmover.serve`).
 """
 from __future__ import annotations
 
@@ -154,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     sensitivity = commands.add_parser("sensitivity", help="how much each choice moves the correlation with humans")
     add_sensitivity_arguments(sensitivity)
     sensitivity.set_defaults(run=run_sensitivity_command)
+
+    from .serve import add_serve_arguments, run_serve
+    serve = commands.add_parser("serve", help="serve the reward over HTTP (OpenRLHF remote reward protocol, /score)")
+    add_serve_arguments(serve)
+    serve.set_defaults(run=run_serve)
     return parser
 
 

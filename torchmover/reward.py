@@ -30,6 +30,12 @@ and empties the cache when it changed; the self-terms are also dropped when the 
 changes. Writes that bypass the version counter (``p.data.copy_(...)``) are not seen: call
 :meth:`MoverReward.clear_cache` after them.
 
+Threads and processes. A reward may be called from many threads at once: its scoring, cache and
+counters run under one lock, so calls are serialised (one encoder batch at a time, which is what the
+device runs anyway); to turn many concurrent small calls into few large ones, wrap the reward in a
+:class:`~torchmover.batching.BatchedReward`. A reward pickles (e.g. into a worker process), fitted
+centering included, without its reference cache, which the copy refills.
+
 Degenerate generations. A text with no real token (empty or whitespace-only) scores exactly 0 (as
 does a pair with an empty reference); punctuation-only or repetitive texts get their ordinary,
 finite score. No length or repetition penalty is applied implicitly; pass ``shaping`` to apply one
@@ -38,7 +44,9 @@ explicitly.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
+import threading
 from collections import OrderedDict
 from typing import Callable, NamedTuple, Sequence
 
@@ -46,7 +54,7 @@ import torch
 from torch import Tensor, nn
 
 from .centering import Centering
-from .scorer import Scorer, Units, _check_references, _check_texts, pair_index
+from .scorer import Scorer, Units, _as_list, _check_references, _check_texts, pair_index
 
 __all__ = ["CacheInfo", "GroupReward", "GroupRewardResult", "MoverReward", "SelfCriticalResult",
            "SelfCriticalReward", "group_advantages"]
@@ -105,6 +113,15 @@ def _weights_fingerprint(module: nn.Module) -> tuple:
                  for t in itertools.chain(module.parameters(), module.buffers()))
 
 
+def _synchronized(method):
+    """Run ``method`` under the reward's lock (re-entrant: locked methods call each other)."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked
+
+
 def _pad(rows: list[Units], like: Tensor) -> Units:
     """Padded units of per-text rows (an empty batch gives empty tensors)."""
     if not rows:
@@ -145,6 +162,19 @@ class MoverReward:
         self._fingerprint: tuple | None = None
         self._centering_fingerprint: tuple | None = None
         self._hits = self._misses = self._invalidations = 0
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict:
+        """Pickled without its lock and reference cache (the copy starts with an empty cache; the
+        counters are kept)."""
+        state = self.__dict__.copy()
+        del state["_lock"]
+        state.update(_cache=OrderedDict(), _self_terms={}, _fingerprint=None, _centering_fingerprint=None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     @property
     def scorer(self) -> Scorer:
@@ -189,6 +219,7 @@ class MoverReward:
             "reward.fit(reference_texts) first"
         )
 
+    @_synchronized
     def fit(self, texts: Sequence[str], batch_size: int = 64) -> "MoverReward":
         """Center every reward on the mean of all real token vectors of ``texts`` (e.g. the training
         references), instead of the scorer's centering; the scorer is not modified. Also fills the
@@ -207,9 +238,11 @@ class MoverReward:
 
     # --- reference cache ---------------------------------------------------------------------------
 
+    @_synchronized
     def cache_info(self) -> CacheInfo:
         return CacheInfo(self._hits, self._misses, self.cache_size, len(self._cache), self._invalidations)
 
+    @_synchronized
     def clear_cache(self) -> None:
         """Forget every cached reference (counters are kept)."""
         self._cache.clear()
@@ -224,6 +257,7 @@ class MoverReward:
             self.clear_cache()
             self._fingerprint = fingerprint
 
+    @_synchronized
     def reference_embeddings(self, texts: Sequence[str]) -> list[Units]:
         """Units of each text (:meth:`Scorer.embed`: before centering, real units only ``[n_i, ...]``,
         no graph), from the cache where present; the missing distinct texts are encoded in one batch."""
@@ -282,6 +316,7 @@ class MoverReward:
         """Rewards ``[B]`` of ``hyps`` against ``refs`` (one str, or a list of str, per hypothesis)."""
         return self.score(hyps, refs)
 
+    @_synchronized
     def score(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> Tensor:
         """Rewards ``[B]``: ``Sim(hyp, ref)`` of the configured family member on centered token
         vectors, pooled over several references by the scorer's ``multi_ref``, then ``shaping``."""
@@ -362,8 +397,7 @@ class GroupReward(MoverReward):
 
     def __call__(self, completions: Sequence[Sequence[str]],
                  refs: Sequence[str] | Sequence[Sequence[str]]) -> GroupRewardResult:
-        if isinstance(completions, str) or not isinstance(completions, Sequence):
-            raise TypeError(f"completions must be a list of lists of strings, got {type(completions).__name__}")
+        completions = _as_list("completions", completions, "lists of strings", ndim=2)
         groups = [_check_texts(f"completions[{i}]", c) for i, c in enumerate(completions)]
         sizes = {len(c) for c in groups}
         if len(sizes) > 1:
