@@ -111,11 +111,10 @@ def test_reference_list_shapes():
     assert reference_list(np.str_("a"), "x") == ["a"] and type(reference_list(np.str_("a"), "x")[0]) is str
     assert reference_list(np.array(["a", "b"]), "x") == ["a", "b"]
     assert reference_list(np.array(["a", None, "b"], dtype=object), "x") == ["a", "b"]
-    assert reference_list(np.array("a"), "x") == ["a"]                 # 0-d array
     assert reference_list(("a",), "x") == ["a"]
     for missing in (None, [], [None], np.array([], dtype=object)):
         assert reference_list(missing, "x") is None
     with pytest.raises(TypeError, match=r"labels\[2\] must hold strings, got int"):
         reference_list(["a", 3], "labels[2]")
-    with pytest.raises(TypeError, match=r"labels\[2\] must be a str, a list of str or None, got dict"):
+    with pytest.raises(TypeError, match=r"labels\[2\] must be a list of strings \(or a str, or None\), got dict"):
         reference_list({"a": 1}, "labels[2]")

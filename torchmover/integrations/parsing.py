@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterable
 
+from ..scorer import _as_list
+
 __all__ = ["DEFAULT_SPECIAL_TOKENS", "Parser", "check_parser", "reference_list", "response_from_query",
            "strip_reasoning", "strip_special_tokens"]
 
@@ -188,19 +190,15 @@ def response_from_query(query: str, prompt: str, *, special_tokens: Iterable[str
 
 
 def reference_list(value, where: str) -> list[str] | None:
-    """One row's reference(s) as a list of str: a str (NumPy's ``str_`` included), a list / tuple /
-    NumPy array of them (None entries dropped), or None. None or no reference at all gives None; any
-    other type raises a TypeError naming ``where``."""
-    if type(value).__name__ == "ndarray":  # without importing NumPy; a 0-d array gives its element
-        value = value.tolist()
+    """One row's reference(s) as a list of str: a str (NumPy's ``str_`` included), any sequence or 1-D
+    array of them (None entries dropped), or None. None or no reference at all gives None; any other
+    type raises a TypeError naming ``where``."""
     if value is None:
         return None
     if isinstance(value, str):
         return [str(value)]
-    if isinstance(value, (list, tuple)):
-        refs = [r for r in value if r is not None]
-        for r in refs:
-            if not isinstance(r, str):
-                raise TypeError(f"{where} must hold strings, got {type(r).__name__}")
-        return [str(r) for r in refs] or None
-    raise TypeError(f"{where} must be a str, a list of str or None, got {type(value).__name__}")
+    refs = [r for r in _as_list(where, value, "strings (or a str, or None)") if r is not None]
+    for r in refs:
+        if not isinstance(r, str):
+            raise TypeError(f"{where} must hold strings, got {type(r).__name__}")
+    return [str(r) for r in refs] or None
