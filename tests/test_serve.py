@@ -60,11 +60,11 @@ def openrlhf_body(pairs, prompt="<|im_start|>user\nsummarise: {}<|im_end|>\n<|im
             "labels": [r for _, r in pairs]}
 
 
-def test_response_from_query():
-    assert response_from_query("<s>Q: hi A: a cat sat</s>", "Q: hi A:") == " a cat sat"
-    assert response_from_query("Q: a cat<|im_end|>\n<|endoftext|>", "Q:") == " a cat"
+def test_response_from_query():  # the helper of torchmover.integrations.parsing (tests/test_parsing.py)
+    assert response_from_query("<s>Q: hi A: a cat sat</s>", "Q: hi A:") == "a cat sat"
+    assert response_from_query("Q: a cat<|im_end|>\n<|endoftext|>", "Q:") == "a cat"
     assert response_from_query("Q:", "Q:") == ""
-    with pytest.raises(ValueError, match="does not contain its prompt"):
+    with pytest.raises(ValueError, match="not a prefix of the query"):
         response_from_query("something else", "Q:")
 
 

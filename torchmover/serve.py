@@ -5,7 +5,7 @@ Endpoints (JSON in, JSON out):
 - ``POST /get_reward`` (and ``POST /``): OpenRLHF's remote reward model protocol (``--remote_rm_url
   http://HOST:PORT/get_reward``). Body ``{"query": [...], "prompts": [...], "labels": [...]}``: each
   query is the prompt followed by the response, decoded with special tokens; the response is the
-  query after its prompt (:func:`response_from_query`) and ``labels`` are the references (a str or a
+  query after its prompt (:func:`~torchmover.integrations.parsing.response_from_query`) and ``labels`` are the references (a str or a
   list of str each). Answer ``{"rewards": [...], "scores": [...], "extra_logs": {"torchmover_reward":
   [...]}}`` (``scores`` = ``rewards``, as OpenRLHF's own server).
 - ``POST /score``: ``{"hyps": [...], "refs": [...]}`` (a str or a list of str per hypothesis) ->
@@ -24,31 +24,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import sys
 import threading
 from typing import Sequence
 
 from .batching import BatchedReward
+from .integrations.parsing import response_from_query
 
 __all__ = ["RewardServer", "response_from_query", "add_serve_arguments", "run_serve"]
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 2**20
-
-# special tokens a decoded query may end with: <|im_end|>, <|endoftext|>, </s>, <eos>, ...
-_TRAILING_SPECIAL_TOKENS = re.compile(r"(?:\s*(?:<\|[^<>|]*\|>|</s>|<eos>|<end_of_turn>))+\s*$")
-
-
-def response_from_query(query: str, prompt: str) -> str:
-    """The response in an OpenRLHF ``query`` (the prompt followed by the response, decoded with
-    special tokens): the text after the first occurrence of ``prompt`` (a decoder may prepend a BOS
-    token), without the end-of-sequence special tokens it ends with. Raises ``ValueError`` if the
-    prompt is not in the query."""
-    start = query.find(prompt)
-    if start < 0:
-        raise ValueError("the query does not contain its prompt")
-    return _TRAILING_SPECIAL_TOKENS.sub("", query[start + len(prompt):])
-
 
 def require_aiohttp() -> None:
     """Raise an ``ImportError`` that says how to install the server's dependency if it is missing."""
