@@ -32,7 +32,7 @@ def env(monkeypatch, tiny_model_dir, tmp_path):
     for name in [n for n in __import__("os").environ if n.startswith("TORCHMOVER_")]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("TORCHMOVER_MODEL", str(tiny_model_dir))
-    monkeypatch.setenv("TORCHMOVER_FIT", str(fit))
+    monkeypatch.setenv("TORCHMOVER_FIT_REFERENCES", str(fit))
     monkeypatch.setenv("TORCHMOVER_MAX_WAIT_MS", "20")
     monkeypatch.setenv("TORCHMOVER_OPTIONS", '{"layer": 2}')
     reset_process_reward()
@@ -105,6 +105,8 @@ def test_verl_missing_references(env, direct):
     assert out[1:] == [-1.0, -1.0] and out[0] == pytest.approx(direct.score(HYPS[:1], REFS[:1]).item(), abs=ATOL)
     with pytest.raises(TypeError, match="solution_str must be a str"):
         verl.compute_score("s", None, REFS[0])
+    with pytest.raises(TypeError, match=r"ground_truth of sample 1 must be a list of strings \(or a str, or None\), got dict"):
+        verl.compute_score_batch(["s"] * 2, HYPS[:2], [REFS[0], {"target": REFS[1]}])
 
 
 def test_verl_many_threads(env, direct):

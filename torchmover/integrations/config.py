@@ -18,7 +18,7 @@ variable / key             meaning (default)
 ``SCORER`` / scorer        a directory written by ``Scorer.save_pretrained`` (instead of model / preset)
 ``OPTIONS`` / options      other ``Scorer`` options, a JSON object, e.g. ``{"direction": "f1"}``
 ``DEVICE`` / device        where the encoder runs (the scorer's default)
-``FIT`` / fit              a text file, one reference per line: ``reward.fit(lines)`` centers every
+``FIT_REFERENCES``         a text file, one reference per line: ``reward.fit(lines)`` centers every
                            reward on its mean (needed for batch-centered presets such as ``twmd-b``)
 ``CACHE_SIZE``             references kept in the reward's cache (1024)
 ``MAX_BATCH_SIZE``         the micro-batcher's largest batch, in pairs (256)
@@ -71,7 +71,7 @@ class RewardConfig:
     scorer: str | None = None
     options: dict = field(default_factory=dict)
     device: str | None = None
-    fit: str | None = None
+    fit_references: str | None = None
     cache_size: int = 1024
     max_batch_size: int = 256
     max_wait_ms: float = 5.0
@@ -207,7 +207,8 @@ def build_parser(config: RewardConfig) -> Parser | None:
 
 
 def build_reward(config: RewardConfig) -> MoverReward:
-    """The :class:`~torchmover.reward.MoverReward` that ``config`` describes (fitted if ``fit`` is set)."""
+    """The :class:`~torchmover.reward.MoverReward` that ``config`` describes (fitted on
+    ``fit_references`` if set)."""
     if config.scorer is not None:
         scorer = Scorer.from_pretrained(config.scorer)
     elif config.preset is not None:
@@ -220,8 +221,8 @@ def build_reward(config: RewardConfig) -> MoverReward:
     if config.device is not None:
         scorer.to(config.device)
     reward = MoverReward(scorer, cache_size=config.cache_size)
-    if config.fit is not None:
-        with open(config.fit, encoding="utf-8") as f:
+    if config.fit_references is not None:
+        with open(config.fit_references, encoding="utf-8") as f:
             reward.fit([line.rstrip("\n") for line in f if line.strip()])
     reward.centering  # a batch-centered scorer without fit: the error now, not at the first sample
     return reward

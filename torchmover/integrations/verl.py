@@ -35,16 +35,16 @@ from torchmover.integrations.parsing import reference_list
 __all__ = ["compute_score", "compute_score_batch"]
 
 
-def _references(shared: ProcessReward, ground_truth, extra_info, where: str) -> list[str] | None:
-    """The sample's references, read from the configured ``reference_field``."""
-    head, *keys = shared.config.reference_field.split(".")
+def _references(shared: ProcessReward, ground_truth, extra_info, index: int | None) -> list[str] | None:
+    """The sample's references, read from the configured ``reference_field`` (None if absent)."""
+    field = shared.config.reference_field
+    head, *keys = field.split(".")
     value = ground_truth if head == "ground_truth" else extra_info
-    path = head
     for key in keys:
         if not isinstance(value, dict) or key not in value:
             return None
-        value, path = value[key], f"{path}.{key}"
-    return reference_list(value, f"{where}: {path}")
+        value = value[key]
+    return reference_list(value, field if index is None else f"{field} of sample {index}")
 
 
 def _missing(shared: ProcessReward, data_sources: Sequence, where: Callable[[int], str]) -> Callable[[int], float]:
@@ -77,7 +77,7 @@ def compute_score(data_source, solution_str: str, ground_truth, extra_info=None,
     """
     shared = process_reward()
     texts = _check_solutions([solution_str])
-    refs = [_references(shared, ground_truth, extra_info, "ground_truth")]
+    refs = [_references(shared, ground_truth, extra_info, None)]
     return shared.score(texts, refs, _missing(shared, [data_source], lambda i: "this sample"))[0]
 
 
@@ -92,6 +92,6 @@ def compute_score_batch(data_sources: Sequence, solution_strs: Sequence[str], gr
         if len(values) != n:
             raise ValueError(f"{name} has {len(values)} values for {n} solution_strs")
     texts = _check_solutions(solution_strs)
-    refs = [_references(shared, truth, extra, f"ground_truths[{i}]")
+    refs = [_references(shared, truth, extra, i)
             for i, (truth, extra) in enumerate(zip(ground_truths, extra_infos))]
     return shared.score(texts, refs, _missing(shared, data_sources, lambda i: f"sample {i}"))
