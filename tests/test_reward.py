@@ -444,6 +444,21 @@ def test_trl_adapter_contract(fixed_scorer, reward):
     assert out[:2] == pytest.approx(expected, abs=ATOL)
 
 
+def test_trl_adapter_parse_hook(reward):
+    from torchmover.integrations.parsing import strip_reasoning
+    from torchmover.integrations.trl import as_trl_reward
+
+    f = as_trl_reward(reward, parse=strip_reasoning)
+    completions = [f"<think>{REFS[1]}</think> {HYPS[0]}", [{"role": "assistant", "content": f"<think>x</think>{HYPS[1]}"}]]
+    out = f(prompts=["p"] * 2, completions=completions, reference=REFS[:2])
+    assert out == pytest.approx(reward(HYPS[:2], REFS[:2]).tolist(), abs=ATOL)
+    assert "parse='strip_reasoning'" in repr(f)
+    with pytest.raises(TypeError, match=r"parse must return a str, got int for completions\[0\]"):
+        as_trl_reward(reward, parse=len)(prompts=["p"], completions=["a"], reference=["b"])
+    with pytest.raises(TypeError, match="parse must be a callable"):
+        as_trl_reward(reward, parse="strip")
+
+
 # --- threads and pickling ---------------------------------------------------------------------------
 
 def test_concurrent_calls_with_a_small_cache_equal_single_threaded(fixed_scorer):
