@@ -24,6 +24,7 @@ from .encoding import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES, Encoder
 from .family import (DIRECTIONS, UNNORMALIZED, WMD_TEMPERATURE, TokenCloud, member_term, pair_similarity,
                      self_similarity, token_cloud)
 from .signature import format_signature, tensor_digest
+from .transport import check_converged_temperature
 from .sentences import encode_documents
 from .weights import ENGLISH_STOPWORDS, IDF, PUNCTUATION_POLICIES, SUBWORD_POLICIES, keep_mask, ngrams, pool_subwords
 
@@ -93,6 +94,8 @@ class ScorerConfig:
             raise ValueError(f"temperature must be a positive number, got {self.temperature!r}")
         if self.n_iter is not None and (type(self.n_iter) is not int or self.n_iter < 1):
             raise ValueError(f"n_iter must be a positive int or None (converged), got {self.n_iter!r}")
+        if self.method == "twmd" and self.n_iter is None and self.temperature is not None:
+            check_converged_temperature(self.temperature)
         if type(self.ngram) is not int or self.ngram < 1:
             raise ValueError(f"ngram must be a positive int, got {self.ngram!r}")
         if not isinstance(self.idf, bool):
