@@ -524,20 +524,24 @@ class Scorer(nn.Module):
         """Save to the directory ``path``: ``encoder/`` (weights as safetensors, cut at ``layer``,
         and tokenizer), ``torchmover.json`` (the :class:`ScorerConfig` and torchmover version) and
         ``centering.safetensors`` (the fitted mean). Atomic: written to a temporary directory next to
-        ``path``, then renamed. Replaces ``path`` only if it is empty or an earlier save."""
+        ``path``, then moved in file by file, ``torchmover.json`` last, with the SHA-256 of every file.
+        Never deletes a file it did not write: files already in ``path`` are kept (a file at a name the
+        save writes that an earlier save did not write raises ``FileExistsError`` naming it)."""
         from .serialization import save_scorer
 
         save_scorer(self, path)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, device: str | torch.device | None = None,
-                        dtype: torch.dtype | None = None) -> "Scorer":
+                        dtype: torch.dtype | None = None, verify: bool = True) -> "Scorer":
         """Load a scorer written by :meth:`save_pretrained` (JSON and safetensors only, no network).
 
         It scores exactly as the saved one and has the same :attr:`signature`: the config keeps the
         original model name. Raises ``FileNotFoundError`` / ``ValueError`` naming the path for a
-        missing, incomplete or corrupt directory.
+        missing, incomplete or corrupt directory. ``verify`` (default) checks every file against the
+        SHA-256 recorded at save time and names the file that differs; ``verify=False`` skips the
+        hashing (for a huge model on trusted storage).
         """
         from .serialization import load_scorer
 
-        return load_scorer(cls, path, device=device, dtype=dtype)
+        return load_scorer(cls, path, device=device, dtype=dtype, verify=verify)
