@@ -255,7 +255,8 @@ class Scorer(nn.Module):
                  ngram: int = 1, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
         super().__init__()
         if isinstance(model, Encoder):
-            for name, value in (("layer", layer), ("special_tokens", special_tokens), ("power_mean_layers", power_mean_layers)):
+            for name, value in (("layer", layer), ("special_tokens", special_tokens), ("power_mean_layers", power_mean_layers),
+                                ("max_length", max_length)):
                 if value is not None and value != getattr(model, name):
                     raise ValueError(f"{name}={value!r} differs from the given encoder's {getattr(model, name)!r}")
             encoder = model
