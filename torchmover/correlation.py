@@ -29,12 +29,10 @@ from typing import TYPE_CHECKING, Mapping, NamedTuple, Sequence
 import numpy as np
 
 if TYPE_CHECKING:
-    import argparse
-
     from .data import Rating
 
 __all__ = ["Estimate", "GroupCorrelation", "Report", "Comparison", "correlate", "williams_test", "compare",
-           "score_and_correlate", "add_correlate_arguments", "run_correlate"]
+           "score_and_correlate"]
 
 STATISTICS = ("pearson", "spearman", "kendall")
 _LABELS = {"pearson": "Pearson r", "spearman": "Spearman ρ", "kendall": "Kendall τ-b"}
@@ -445,41 +443,3 @@ def score_and_correlate(scorer, records: Sequence[Rating], batch_size: int = 64,
     scores = scorer.score(hyps, refs, batch_size=batch_size, progress=progress)
     return correlate(scores, [r.score for r in records], [r.group for r in records], n_boot=n_boot, seed=seed,
                      confidence=confidence, metric=getattr(scorer, "signature", None))
-
-
-# --- command line --------------------------------------------------------------------------------
-
-def add_correlate_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``torchmover correlate``: the ratings, the metric (as for ``score``), the report."""
-    from .cli import add_scorer_arguments
-
-    parser.add_argument("--data", required=True,
-                        help="ratings: a .tsv file or directory, a .jsonl file, a WMT17 directory "
-                             "(DA-seglevel.csv) or a WMT DAseg directory")
-    parser.add_argument("--year", type=int, help="year of JSON-lines records without a 'year' key")
-    add_scorer_arguments(parser)
-    g = parser.add_argument_group("report")
-    g.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default: %(default)s)")
-    g.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
-    g.add_argument("--confidence", type=float, default=0.95, help="interval coverage (default: %(default)s)")
-    g.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
-    g.add_argument("--plot", metavar="OUT.png", help="also write scatter plots here (needs matplotlib)")
-
-
-def run_correlate(args: argparse.Namespace) -> None:
-    """Read ratings, score them, print the correlation table; write ``--json`` / ``--plot``."""
-    from .cli import scorer_from_args
-    from .data import read_ratings
-
-    records = read_ratings(args.data, getattr(args, "year", None))
-    if not records:
-        raise ValueError(f"no ratings in {args.data}")
-    progress = not getattr(args, "no_progress", False)
-    scorer = scorer_from_args(args, [r.ref for r in records], [r.hyp for r in records])
-    report = score_and_correlate(scorer, records, args.batch_size, n_boot=args.n_boot, seed=args.seed,
-                                 confidence=args.confidence, progress=progress)
-    print(report.to_table())
-    if args.json:
-        Path(args.json).write_text(report.to_json() + "\n", encoding="utf-8")
-    if args.plot:
-        report.plot(args.plot)

@@ -26,6 +26,7 @@ from .family import (DIRECTIONS, UNNORMALIZED, WMD_TEMPERATURE, TokenCloud, memb
 from .signature import format_signature, tensor_digest
 from .transport import check_converged_temperature
 from .sentences import encode_documents
+from .serialization import load_scorer, save_scorer
 from .weights import ENGLISH_STOPWORDS, IDF, PUNCTUATION_POLICIES, SUBWORD_POLICIES, keep_mask, ngrams, pool_subwords
 
 SENTENCE_METHODS = ("sms", "s+wms", "wms")
@@ -528,8 +529,6 @@ class Scorer(nn.Module):
         ``path``, then moved in file by file, ``torchmover.json`` last, with the SHA-256 of every file.
         Never deletes a file it did not write: files already in ``path`` are kept (a file at a name the
         save writes that an earlier save did not write raises ``FileExistsError`` naming it)."""
-        from .serialization import save_scorer
-
         save_scorer(self, path)
 
     @classmethod
@@ -543,6 +542,4 @@ class Scorer(nn.Module):
         SHA-256 recorded at save time and names the file that differs; ``verify=False`` skips the
         hashing (for a huge model on trusted storage).
         """
-        from .serialization import load_scorer
-
-        return load_scorer(cls, path, device=device, dtype=dtype, verify=verify)
+        return load_scorer(cls, ScorerConfig, path, device=device, dtype=dtype, verify=verify)

@@ -51,6 +51,7 @@ from pathlib import Path
 
 import torch
 
+from ._version import __version__
 from .checkpoint import atomic_write_text
 
 FORMAT_VERSION = 1
@@ -67,8 +68,6 @@ def save_scorer(scorer, path: str | os.PathLike) -> Path:
     Raises ``FileExistsError`` naming the files in the way (or ``path`` itself if it is a file).
     """
     from safetensors.torch import save_file
-
-    from . import __version__
 
     target = Path(path)
     if target.exists() and not target.is_dir():
@@ -219,8 +218,10 @@ def verify_files(root: Path, meta: dict) -> None:
                              "was changed after saving (verify=False loads it anyway)")
 
 
-def load_scorer(cls, path: str | os.PathLike, device=None, dtype: torch.dtype | None = None, verify: bool = True):
-    """Rebuild a ``cls`` (a :class:`~torchmover.Scorer`) saved by :func:`save_scorer`.
+def load_scorer(cls, config_type, path: str | os.PathLike, device=None, dtype: torch.dtype | None = None,
+                verify: bool = True):
+    """Rebuild a ``cls`` (a :class:`~torchmover.Scorer`, whose options are the dataclass ``config_type``,
+    :class:`~torchmover.ScorerConfig`) saved by :func:`save_scorer`.
 
     ``dtype`` defaults to the dtype the encoder was saved in; ``device`` to the CPU. ``verify`` checks
     every saved file against the SHA-256 recorded in ``torchmover.json`` first (:func:`verify_files`).
@@ -230,20 +231,19 @@ def load_scorer(cls, path: str | os.PathLike, device=None, dtype: torch.dtype | 
     from transformers import AutoModel, AutoTokenizer
 
     from .encoding import Encoder
-    from .scorer import ScorerConfig
     from .weights import IDF
 
     root = Path(path)
     meta = read_meta(root)
     if verify:
         verify_files(root, meta)
-    fields = {f.name for f in dataclasses.fields(ScorerConfig)}
+    fields = {f.name for f in dataclasses.fields(config_type)}
     unknown = sorted(set(meta["config"]) - fields)
     if unknown:
         raise ValueError(f"{str(root / CONFIG_FILE)!r} has unknown config fields {unknown} (saved by "
                          f"torchmover {meta.get('torchmover', 'unknown')}; a newer version?)")
     try:
-        config = ScorerConfig(**meta["config"])
+        config = config_type(**meta["config"])
     except (TypeError, ValueError) as e:
         raise ValueError(f"invalid config in {str(root / CONFIG_FILE)!r}: {e}") from e
     for name in (ENCODER_DIR, CENTERING_FILE):
