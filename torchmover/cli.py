@@ -4,7 +4,11 @@ Reads one text per line, writes one score per line (text or JSON lines) to ``--o
 standard output) and prints the mean and the signature to standard error.
 
 ``torchmover correlate --data RATINGS [options]`` scores human ratings (any layout of
-:mod:`torchmover.data`) and prints their correlation table (:mod:`torchmover.correlation`).
+:mod:`torchmover.data`) and prints their correlation table (:mod:`torchmover.correlation`), segment
+level and, where the ratings name the systems, system level.
+
+The command line is a thin layer: argparse options in, library calls, text out. Library modules never
+import it.
 
 ``torchmover sensitivity --data RATINGS [--factors ...] [options]`` varies one preprocessing or metric
 choice at a time and reports how much the correlation moves (:mod:`torchmover.sensitivity`).
@@ -160,6 +164,8 @@ def run_correlate(args: argparse.Namespace) -> None:
     report = score_and_correlate(scorer, records, args.batch_size, n_boot=args.n_boot, seed=args.seed,
                                  confidence=args.confidence, progress=not args.no_progress)
     print(report.to_table())
+    if report.system_level is None:
+        print("system level: not reported (the ratings do not name every segment's system)", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(report.to_json() + "\n", encoding="utf-8")
     if args.plot:
