@@ -26,6 +26,7 @@ import json
 import math
 import textwrap
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, NamedTuple, Sequence
 
@@ -320,7 +321,8 @@ def correlate(scores, human, groups: Sequence | None = None, *, systems: Sequenc
     return Report(tuple(rows), average, n_boot, confidence, seed, metric, system_level=system_level, data=data)
 
 
-def system_means(scores, human, groups: Sequence, systems: Sequence) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
+def system_means(scores, human, groups: Sequence,
+                 systems: Sequence) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
     """The mean metric score and the mean human score of each (group, system), the unit of WMT's
     system-level correlations: ``(metric_means [S], human_means [S], group [S], system [S])``, sorted
     by group, then system. ``systems[i]`` names the system of segment ``i`` (a str; never None)."""
@@ -341,7 +343,7 @@ def system_means(scores, human, groups: Sequence, systems: Sequence) -> tuple[np
 def _system_level(x, y, labels, systems, n_boot, seed, confidence, metric) -> Report | None:
     """The system-level report of :func:`correlate` (None, with a warning, if no group has 2 systems)."""
     mx, my, groups, _ = system_means(x, y, labels, systems)
-    counts = {g: groups.count(g) for g in groups}
+    counts = Counter(groups)
     single = sorted(g for g, c in counts.items() if c < 2)
     if single:
         warnings.warn(f"group(s) {single} have a single system: left out of the system level", stacklevel=3)

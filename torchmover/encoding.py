@@ -148,7 +148,7 @@ class Encoder(nn.Module):
         check_max_length(max_length)
         shortest = tokenizer.num_special_tokens_to_add() + 1
         if max_length is not None and not shortest <= max_length <= (window or max_length):
-            raise ValueError(f"max_length must be in [{shortest}, {window}] for {name!r} (its special tokens "
+            raise ValueError(f"max_length must be in [{shortest}, {window or '∞'}] for {name!r} (its special tokens "
                              f"and one token of text, up to its window), got {max_length!r}")
         self.max_length = max_length or window or 512
 
@@ -156,7 +156,10 @@ class Encoder(nn.Module):
     def from_pretrained(cls, name: str, layer: int | None = None, revision: str | None = None,
                         max_length: int | None = None, special_tokens: str = "drop",
                         power_mean_layers: int = 1, **model_kwargs) -> "Encoder":
-        """Load ``name`` (hub name or local path; the default model resolves to its offline package)."""
+        """Load ``name`` (hub name or local path; the default model resolves to its offline package).
+
+        A ``name`` that :func:`looks_like_path` must be an existing local directory (``~`` expanded):
+        otherwise ``FileNotFoundError`` says so, instead of the hub client's complaint about repo ids."""
         from transformers import AutoModel, AutoTokenizer
 
         check_max_length(max_length)

@@ -24,9 +24,9 @@ from .encoding import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES, Encoder
 from .family import (DIRECTIONS, UNNORMALIZED, WMD_TEMPERATURE, TokenCloud, member_term, pair_similarity,
                      self_similarity, token_cloud)
 from .signature import format_signature, tensor_digest
-from .transport import check_converged_temperature
 from .sentences import encode_documents
 from .serialization import load_scorer, save_scorer
+from .transport import check_converged_temperature
 from .weights import ENGLISH_STOPWORDS, IDF, PUNCTUATION_POLICIES, SUBWORD_POLICIES, keep_mask, ngrams, pool_subwords
 
 SENTENCE_METHODS = ("sms", "s+wms", "wms")
@@ -225,7 +225,9 @@ class Scorer(nn.Module):
             documents, split into sentences; ``temperature=None`` = exact, a float = tempered).
         direction: ``recall`` (default), ``precision`` or ``f1`` (twmd, trwmd, bertscore).
         temperature: for twmd / trwmd, and the tempered sentence movers (default: the model's
-            measured value in ``MODEL_DEFAULTS``, else ``DEFAULT_TEMPERATURES``).
+            measured value in ``MODEL_DEFAULTS``, else ``DEFAULT_TEMPERATURES``). Any ``T > 0``: the
+            unrolled iterations are exact down to the ``T → 0`` limit; ``n_iter=None`` needs
+            ``T >= 1e-5`` (``transport.MIN_CONVERGED_TEMPERATURE``).
         n_iter: Sinkhorn iterations for twmd (1 = the paper's default; ``None`` = converged).
         centering: ``batch``, ``running``, ``fixed`` (call :meth:`fit_centering`), ``sentence``,
             ``dimension`` or ``none``; default: the model's measured choice in ``MODEL_DEFAULTS``
@@ -234,7 +236,8 @@ class Scorer(nn.Module):
         center_scope: ``joint`` (default) or ``separate`` (hypotheses and references each on their
             own batch mean).
         multi_ref: how several references per hypothesis combine: ``max`` (default) or ``mean``.
-        max_length: encoder window in tokens (longer texts are truncated with a warning).
+        max_length: encoder window in tokens (longer texts are truncated with a warning): a positive
+            int with room for the special tokens and one token of text, at most the model's window.
         revision: model revision (hub), recorded in the signature.
         special_tokens, power_mean_layers: encoder options (:class:`~torchmover.encoding.Encoder`;
             default ``drop`` and 1, or the given encoder's).
@@ -256,8 +259,8 @@ class Scorer(nn.Module):
                  ngram: int = 1, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
         super().__init__()
         if isinstance(model, Encoder):
-            for name, value in (("layer", layer), ("special_tokens", special_tokens), ("power_mean_layers", power_mean_layers),
-                                ("max_length", max_length)):
+            for name, value in (("layer", layer), ("special_tokens", special_tokens),
+                                ("power_mean_layers", power_mean_layers), ("max_length", max_length)):
                 if value is not None and value != getattr(model, name):
                     raise ValueError(f"{name}={value!r} differs from the given encoder's {getattr(model, name)!r}")
             encoder = model

@@ -31,11 +31,11 @@ first written into a hidden staging directory next to ``path`` (a failure there 
 untouched); then the names of the files being written are recorded in ``.torchmover-saving.json`` (so
 that a retry after a crash knows them as its own), the old ``torchmover.json`` is removed, each staged
 file is moved into place with ``os.replace``, and the new ``torchmover.json`` is written last
-(fsync'ed, then renamed). At any moment
-``path`` therefore holds the previous complete save, the new complete save, or no ``torchmover.json``
-(a load then says so) — never a mixture that loads. Loading reads only JSON and safetensors
-(``use_safetensors=True``, ``local_files_only=True``: a missing ``encoder/`` is an error, never a hub
-download).
+(fsync'ed, then renamed). At any moment ``path`` therefore holds the previous complete save, the new
+complete save, or no ``torchmover.json`` (a load then says so) — never a mixture that loads.
+
+Loading reads only JSON and safetensors (``use_safetensors=True``, ``local_files_only=True``: a
+missing ``encoder/`` is an error, never a hub download).
 """
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ def tempered_residual(sim: Tensor, mask: Tensor, temperature: float, dim: int) -
     """
     has_any = mask.any(dim, keepdim=True)
     shift = sim.detach().masked_fill(~mask, NEG_INF).amax(dim, keepdim=True).masked_fill(~has_any, 0.0)
-    z = ((sim - shift) / temperature).masked_fill(~mask, torch.finfo(sim.dtype).min / 8)
+    z = (sim - shift).div_(temperature).masked_fill_(~mask, torch.finfo(sim.dtype).min / 8)  # fresh: in place
     return z, shift.squeeze(dim)
 
 
