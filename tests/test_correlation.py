@@ -423,8 +423,9 @@ def test_permutation_test_matches_a_naive_loop(method, seed):
 
 
 def test_row_ranks_match_scipy_with_ties():
-    x = np.random.default_rng(0).integers(0, 5, (7, 20)).astype(float)
-    np.testing.assert_array_equal(C._row_ranks(x), stats.rankdata(x, axis=1))
+    codes = np.random.default_rng(0).integers(0, 5, (7, 20))
+    np.testing.assert_array_equal(C._row_ranks(codes, 5), stats.rankdata(codes, axis=1))
+    np.testing.assert_array_equal(C._row_ranks(codes, 9), stats.rankdata(codes, axis=1))  # unused codes
 
 
 def test_permutation_test_known_cases():
