@@ -4,7 +4,8 @@ Layout of a saved scorer::
 
     path/
       torchmover.json          {"format": 1, "torchmover": "<version>", "config": {ScorerConfig fields},
-                                "encoder_dtype": "float32"}
+                                "encoder_dtype": "float32", "signature": "...",
+                                "files": {"<relative path>": "<SHA-256>", ...}}
       encoder/                 the encoder cut at ``layer`` (``model.safetensors``, ``config.json``)
                                and its tokenizer files, written by ``save_pretrained``
       centering.safetensors    the Centering buffers ``mean`` [D] and ``num_tokens`` []
