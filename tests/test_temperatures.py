@@ -11,9 +11,9 @@ import torch
 
 import torchmover.functional as F
 from torchmover.family import member_term, family_similarity
-from torchmover.transport import MIN_CONVERGED_TEMPERATURE, sinkhorn
+from torchmover.transport import MIN_CONVERGED_TEMPERATURE, MIN_TEMPERATURE, sinkhorn
 
-TEMPERATURES = [1e-12, 1e-9, 1e-6, 1e-3, 0.1, 1.0, 1e3, 1e6]
+TEMPERATURES = [MIN_TEMPERATURE, 1e-12, 1e-9, 1e-6, 1e-3, 0.1, 1.0, 1e3, 1e6, 1e30]
 
 
 def clouds(dtype=torch.float32):
@@ -105,6 +105,19 @@ def test_twmd_gradient_passes_gradcheck(temperature):
             h, r, temperature=temperature, n_iter=2, direction=direction), (hyp, ref))
         assert torch.autograd.gradcheck(lambda h, r: F.tempered_rwmd(
             h, r, temperature=temperature, direction=direction), (hyp, ref))
+
+
+def test_temperatures_below_float32s_range_are_rejected_by_every_entry_point(tiny_encoder):
+    from torchmover import Scorer
+
+    hyp, ref, _, _ = clouds()
+    ids = torch.zeros(hyp.shape[:2], dtype=torch.long), torch.zeros(ref.shape[:2], dtype=torch.long)
+    for bad in (MIN_TEMPERATURE / 10, 0.0, -1.0, float("nan")):
+        for call in (lambda: F.tempered_wmd(hyp, ref, temperature=bad), lambda: F.tempered_rwmd(hyp, ref, temperature=bad),
+                     lambda: F.sentence_movers(hyp, ref, None, None, *ids, temperature=bad),
+                     lambda: Scorer(tiny_encoder, temperature=bad)):
+            with pytest.raises(ValueError, match="temperature must be positive"):
+                call()
 
 
 def test_converged_solver_rejects_temperatures_below_its_range():

@@ -26,7 +26,7 @@ from .family import (DIRECTIONS, UNNORMALIZED, WMD_TEMPERATURE, TokenCloud, memb
 from .signature import format_signature, tensor_digest
 from .sentences import encode_documents
 from .serialization import load_scorer, save_scorer
-from .transport import check_converged_temperature
+from .transport import check_converged_temperature, check_temperature
 from .weights import ENGLISH_STOPWORDS, IDF, PUNCTUATION_POLICIES, SUBWORD_POLICIES, keep_mask, ngrams, pool_subwords
 
 SENTENCE_METHODS = ("sms", "s+wms", "wms")
@@ -91,8 +91,10 @@ class ScorerConfig:
         _check_choice("special_tokens", self.special_tokens, SPECIAL_TOKEN_POLICIES)
         _check_choice("subwords", self.subwords, SUBWORD_POLICIES)
         _check_choice("punctuation", self.punctuation, PUNCTUATION_POLICIES)
-        if self.temperature is not None and not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
-            raise ValueError(f"temperature must be a positive number, got {self.temperature!r}")
+        if self.temperature is not None:
+            if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+                raise ValueError(f"temperature must be a positive number, got {self.temperature!r}")
+            check_temperature(self.temperature)
         if self.n_iter is not None and (type(self.n_iter) is not int or self.n_iter < 1):
             raise ValueError(f"n_iter must be a positive int or None (converged), got {self.n_iter!r}")
         if self.method == "twmd" and self.n_iter is None and self.temperature is not None:

@@ -125,13 +125,17 @@ def sinkhorn(
         columns:  v_j = max_i (S_ij − u_i),  g_j = log b_j − LSE_i ((S_ij − u_i − v_j) / T + f_i)
         rows:     u_i = max_j (S_ij − v_j),  f_i = log a_i − LSE_j ((S_ij − u_i − v_j) / T + g_j)
 
-    This is the textbook iteration with potentials ``f_i − u_i/T`` and ``g_j − v_j/T``, so exact for
-    every ``T > 0`` (:func:`tempered_residual`): with a single potential of size ``~1/T`` the
-    log-masses are lost to rounding once ``T`` is below ~1e-6 in float32, and the plan stops meeting
-    its marginals (scores above 1). The returned plan is built from the last step's residual, so its
-    exact marginal holds to rounding. As ``T → 0`` one recall iteration sends each hypothesis token's
-    mass to its most similar reference tokens, then each reference token ships ``a_i`` to the columns
-    that chose it (or, if none did, to the columns where it is closest to the maximum).
+    This is the textbook iteration with potentials ``f_i − u_i/T`` and ``g_j − v_j/T``
+    (:func:`tempered_residual`): with a single potential of size ``~1/T`` the log-masses are lost to
+    rounding once ``T`` is below ~1e-6 in float32, and the plan stops meeting its marginals (scores
+    above 1). The returned plan is built from the last step's residual, so its exact marginal holds
+    to rounding at every ``T >= MIN_TEMPERATURE``. One iteration is exact down to the ``T → 0``
+    limit: recall sends each hypothesis token's mass to its most similar reference tokens, then each
+    reference token ships ``a_i`` to the columns that chose it (or, if none did, to the columns where
+    it is closest to the maximum). Later iterations compare shifted similarities ``S_ij − u_i`` that
+    are exactly tied in exact arithmetic; once ``T`` is below their rounding (~1e-7 in float32) a
+    tie can be broken by rounding, so for ``n_iter >= 2`` at such ``T`` the plan is still a valid
+    plan (bounded score, exact marginal) but may differ from the exact limit.
 
     Off the mask the residual holds ``finfo(dtype).min / 8`` and the potentials of padding rows and
     columns are set to it: every log-sum-exp stays finite (no ``−inf − (−inf)``, so no NaN in the
@@ -204,6 +208,18 @@ def _geomloss_warm_start(
         f, g = solver(a, x, b, y)  # [B, L1], [B, L2]
     c = cost_matrix(x, y, cost)  # [B, L1, L2]
     return a.log()[..., :, None] + b.log()[..., None, :] + (f[..., :, None] + g[..., None, :] - c) / temperature
+
+
+# The smallest temperature: float32's smallest normal number. Below it ``T`` is not representable in
+# float32 arithmetic (it rounds to a subnormal or to 0, and ``S / T`` to inf or NaN).
+MIN_TEMPERATURE = torch.finfo(torch.float32).tiny
+
+
+def check_temperature(temperature: float) -> None:
+    """Raise ``ValueError`` naming ``temperature`` unless it is at least ``MIN_TEMPERATURE`` (~1.2e-38)."""
+    if not temperature >= MIN_TEMPERATURE:
+        raise ValueError(f"temperature must be positive (at least {MIN_TEMPERATURE:.3g}, float32's smallest normal "
+                         f"number), got {temperature!r}")
 
 
 def check_converged_temperature(temperature: float) -> None:
