@@ -31,8 +31,8 @@ changes. Writes that bypass the version counter (``p.data.copy_(...)``) are not 
 :meth:`MoverReward.clear_cache` after them.
 
 Threads and processes. A reward may be called from many threads at once: its scoring, cache and
-counters run under one lock, so calls are serialised (one encoder batch at a time, which is what the
-device runs anyway); to turn many concurrent small calls into few large ones, wrap the reward in a
+counters run under one lock, so concurrent calls are serialised and each gets its own rewards; to
+turn many concurrent small calls into few large ones, wrap the reward in a
 :class:`~torchmover.batching.BatchedReward`. A reward pickles (e.g. into a worker process), fitted
 centering included, without its reference cache, which the copy refills.
 

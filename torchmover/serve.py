@@ -1,4 +1,4 @@
-"""A reward server: ``torchmover serve`` answers HTTP reward requests with a batched reward.
+"""A reward server (``torchmover serve``): HTTP reward requests answered by a batched reward.
 
 Endpoints (JSON in, JSON out):
 
@@ -21,17 +21,15 @@ method) and never affects other requests. Needs the ``serve`` extra (``pip insta
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import sys
 import threading
 from typing import Sequence
 
 from .batching import BatchedReward
 from .integrations.parsing import response_from_query
 
-__all__ = ["RewardServer", "response_from_query", "add_serve_arguments", "run_serve"]
+__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "RewardServer", "require_aiohttp", "response_from_query"]
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 2**20
 
@@ -219,51 +217,3 @@ class RewardServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-# --- command line ----------------------------------------------------------------------------------
-
-def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    from .cli import add_scorer_arguments
-
-    g = parser.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0: all)")
-    g.add_argument("--port", type=int, default=8000, help="default: 8000; 0: a free port (printed)")
-    g.add_argument("--max-batch-size", type=int, default=256, help="most pairs scored in one batch (default: 256)")
-    g.add_argument("--max-wait-ms", type=float, default=5.0,
-                   help="how long a batch waits for more requests (default: 5)")
-    g.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
-                   help=f"larger bodies are refused with 413 (default: {DEFAULT_MAX_REQUEST_BYTES})")
-    g.add_argument("--fit-references", metavar="FILE",
-                   help="references, one per line, on which the centering mean (and IDF) are fitted")
-    g.add_argument("--cache-size", type=int, default=1024, help="references kept encoded (default: 1024)")
-    add_scorer_arguments(parser)
-
-
-def run_serve(args: argparse.Namespace) -> None:
-    from .cli import CLIError, read_lines, scorer_from_args
-    from .reward import MoverReward
-
-    try:
-        require_aiohttp()
-    except ImportError as error:
-        raise CLIError(str(error)) from None
-    references = [r for r in read_lines(args.fit_references) if r.strip()] if args.fit_references else []
-    if args.fit_references and not references:
-        raise CLIError(f"{args.fit_references} has no reference")
-    scorer = scorer_from_args(args, references, references)
-    reward = MoverReward(scorer, cache_size=args.cache_size)
-    if scorer.config.centering == "batch":
-        if not references:
-            raise CLIError("this scorer centers on the batch, which would make a reward depend on the other "
-                           "requests: give --fit-references FILE to center on their mean, or --centering none")
-        reward.fit(references, args.batch_size)
-    with BatchedReward(reward, max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms) as batched:
-        server = RewardServer(batched, host=args.host, port=args.port, max_request_bytes=args.max_request_bytes)
-        with server:
-            print(f"torchmover: serving on {server.url} (POST /get_reward, /score; GET /health)", file=sys.stderr, flush=True)
-            print(f"signature: {reward.signature}", file=sys.stderr, flush=True)
-            try:
-                server.wait()
-            except KeyboardInterrupt:
-                pass
