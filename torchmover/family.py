@@ -96,9 +96,11 @@ def _placeholder_for_empty(x: Tensor, mask: Tensor, w: Tensor, empty: Tensor):
 
 class TokenCloud(NamedTuple):
     """Texts ready to be moved: ``vectors`` ``[N, L, D]`` unit token vectors (exactly 0 at padding),
-    ``mask`` ``[N, L]`` the tokens of positive mass, ``mass`` ``[N, L]`` their masses (summing to 1),
-    and ``empty`` ``[N]``: texts without such a token, which hold one placeholder token ``e₀`` of mass 1
-    instead, so that all arithmetic stays finite (every pair with an empty text scores 0)."""
+    ``mask`` ``[N, L]`` the tokens that take part (those of positive mass, plus the zero-mass matching
+    targets of :func:`token_cloud`'s ``zero_mass_targets``), ``mass`` ``[N, L]`` their masses (summing
+    to 1), and ``empty`` ``[N]``: texts without a token of positive mass, which hold one placeholder
+    token ``e₀`` of mass 1 instead, so that all arithmetic stays finite (every pair with an empty text
+    scores 0)."""
 
     vectors: Tensor
     mask: Tensor
@@ -110,13 +112,20 @@ class TokenCloud(NamedTuple):
 
 
 def token_cloud(x: Tensor, mask: Tensor, weights: Tensor | None = None, *, dtype: torch.dtype | None = None,
-                name: str = "weights") -> TokenCloud:
+                name: str = "weights", zero_mass_targets: bool = False) -> TokenCloud:
     """The :class:`TokenCloud` of token vectors ``x`` ``[N, L, D]`` with ``mask`` ``[N, L]`` and optional
     non-negative ``weights`` ``[N, L]`` (uniform over real tokens if None), in ``dtype`` (default: ``x``'s
-    promoted to at least float32)."""
+    promoted to at least float32).
+
+    A token of weight 0 is dropped, unless ``zero_mass_targets``: then it stays in the mask with mass 0,
+    a token the other text's tokens can be matched to but which ships nothing itself (bert_score's
+    [CLS]/[SEP], and its tokens of IDF 0). Only the matching members (``bertscore``: ``max_j S_ij``;
+    ``trwmd``: ``softmax_j``) see such targets; a transport plan with exact marginals sends them nothing.
+    """
     dtype = dtype or torch.promote_types(x.dtype, torch.float32)
-    mass, mask = _masses(mask, None if weights is None else weights.to(dtype), name, dtype)
-    empty = ~mask.any(-1)
+    mass, massive = _masses(mask, None if weights is None else weights.to(dtype), name, dtype)
+    mask = mask if zero_mass_targets else massive
+    empty = ~massive.any(-1)
     vectors, mask, mass = _placeholder_for_empty(_unit_vectors(x.to(dtype), mask), mask, mass, empty)
     return TokenCloud(vectors, mask, mass, empty)
 
