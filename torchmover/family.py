@@ -4,7 +4,8 @@
 ``S = X1_unit X2_unitᵀ`` (``[B, L1, L2]``) their cosine similarities and ``a`` (``[B, L1]``), ``b``
 (``[B, L2]``) the token masses (uniform over real tokens unless weights are given). Each member only
 defines its transport term ``C`` (:func:`member_term`); the rest is done once for all of them:
-:func:`token_cloud` unit-normalises each text's token vectors and folds zero weights into its mask,
+:func:`token_cloud` unit-normalises each text's token vectors and folds zero weights into its mask
+(or keeps them as zero-mass matching targets, bert_score's rule),
 :func:`pair_similarity` normalises so that ``Sim(X, X) = 1`` (each text's self-term computed once,
 however many pairs it is in) and scores a pair with an empty text (all-False mask) exactly 0.
 :func:`family_similarity` is the two in one for aligned ``[B, L, D]`` batches.

@@ -57,8 +57,9 @@ class ScorerConfig:
 
     Token policy (all explicit, see :mod:`torchmover.weights`): ``special_tokens`` (``target``: special
     tokens weigh 0 but stay matching targets, and so do tokens of IDF 0 — bert_score's rule; for
-    ``bertscore`` and ``trwmd``), ``power_mean_layers`` (encoder), ``subwords``, ``stopwords`` (a tuple of words, or ``"english"``),
-    ``punctuation`` (``keep``/``drop``/``ascii``), ``idf`` (weights from :meth:`Scorer.fit_idf`) and ``ngram``.
+    ``bertscore`` and ``trwmd``), ``power_mean_layers`` (encoder), ``subwords``, ``stopwords`` (a tuple
+    of words, or ``"english"``), ``punctuation`` (``keep``/``drop``/``ascii``), ``idf`` (weights from
+    :meth:`Scorer.fit_idf`) and ``ngram``.
     ``center_scope``: ``joint`` centers hypotheses and references together (the paper), ``separate``
     each side on its own batch mean (the TWMD authors' released code).
     """
