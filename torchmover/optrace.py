@@ -11,12 +11,15 @@ before it. :class:`OpTrace` records every aten op dispatched while it is active 
 torchmover package. Ops issued by the tokenizer or inside the encoder (``transformers`` frames) are
 outside torchmover's control and are not recorded.
 
-It also notes the host-to-device transfers torchmover asks for: tensors built from host data
-(``torch.tensor(list)``: ``aten::lift_fresh``), copies between devices, and every ``Tensor.to`` /
-``torch.as_tensor`` call given a device (seen through a ``TorchFunctionMode``: on a CPU-only machine
-moving a tensor to ``cpu`` dispatches no op at all, but on a GPU the same call is a blocking copy).
-Where these happen, before or after the encoder starts (:meth:`OpTrace.mark`), shows whether the host
-would wait for the whole encoder before it can send them.
+It also notes the blocking host-to-device transfers torchmover asks for: copies between devices and
+every ``Tensor.to(device)`` / ``torch.tensor(..., device=...)`` call that is not asynchronous (seen
+through a ``TorchFunctionMode``: on a CPU-only machine moving a tensor to ``cpu`` dispatches no op at
+all, but on a GPU the same call is a blocking copy). After the encoder has started
+(:meth:`OpTrace.mark`) each of these would make the host wait for the whole encoder.
+
+Not visible on the CPU: ``tolist()`` / ``numpy()`` of a device tensor (a copy back to the host that
+dispatches no op on a CPU tensor). torchmover calls ``tolist()`` only in the token policy, on the
+tokenizer's host tensors, before anything is sent.
 
 Used by ``tests/test_hotpath.py`` (no sync in the hot paths) and ``bench/bench_ops.py`` (op counts).
 """
@@ -41,7 +44,6 @@ SYNCING_OPS = frozenset({
     "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive",
     "aten::_assert_async.msg", "aten::bincount", "aten::histc", "aten::_to_dense",
 })
-HOST_DATA_OPS = frozenset({"aten::lift_fresh", "aten::lift_fresh_copy", "aten::lift"})
 
 
 class Op(NamedTuple):
@@ -100,13 +102,17 @@ def _issuer() -> tuple[str, tuple[str, ...]] | None:
     return stack[0], tuple(stack)
 
 
-def _device_arg(func, args, kwargs) -> bool:
-    """Whether a ``Tensor.to`` / ``torch.as_tensor`` / ``torch.tensor`` call names a device."""
+def _blocking_move(func, args, kwargs) -> bool:
+    """Whether a call moves host data to a device and makes the host wait for it: ``torch.tensor`` /
+    ``torch.as_tensor`` given a device, ``Tensor.to(device)`` / ``.cuda()`` without ``non_blocking=True``
+    (torchmover's :func:`~torchmover.transfer.send` pins the memory first, so its moves are asynchronous)."""
     if func in (torch.as_tensor, torch.tensor):
-        return True
-    if func is torch.Tensor.to:
-        return "device" in kwargs or any(isinstance(a, (str, torch.device)) for a in args[1:3])
-    return func in (torch.Tensor.cuda, torch.Tensor.cpu)
+        return kwargs.get("device") is not None
+    if func in (torch.Tensor.to, torch.Tensor.cuda):
+        names_device = func is torch.Tensor.cuda or "device" in kwargs or \
+            any(isinstance(a, (str, torch.device)) for a in args[1:3])
+        return names_device and not kwargs.get("non_blocking", False)
+    return False
 
 
 class _HostMoves(TorchFunctionMode):
@@ -118,12 +124,7 @@ class _HostMoves(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in (torch.Tensor.tolist, torch.Tensor.numpy) and self.trace.marked:
-            issuer = _issuer()
-            if issuer is not None:  # after the encoder started the tensor may be its output: a copy back
-                self.trace.ops.append(Op(f"torch.Tensor.{func.__name__}", "reads a tensor on the host after the encoder started",
-                                         issuer[0], issuer[1], True))
-        elif _device_arg(func, args, kwargs):
+        if _blocking_move(func, args, kwargs):
             issuer = _issuer()
             if issuer is not None:
                 self.trace.ops.append(Op(f"torch.{getattr(func, '__name__', func)} (device move)", "",
@@ -183,8 +184,7 @@ class OpTrace(TorchDispatchMode):
     def late_host_data(self) -> list[Op]:
         """Host data sent to the device after :meth:`mark` (the encoder's start)."""
         return [op for op in self.ops if op.after_mark and
-                (op.name.split(".")[0] in HOST_DATA_OPS or op.sync == "copy between devices"
-                 or op.name.endswith("(device move)"))]
+                (op.sync == "copy between devices" or op.name.endswith("(device move)"))]
 
     def counts(self) -> dict[str, int]:
         """Number of ops per issuing torchmover file."""
