@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Hashable, Sequence
 
+import torch
 from torch import Tensor
 
 from .transfer import to_device
@@ -41,6 +42,24 @@ class TokenArena:
     def __len__(self) -> int:
         return len(self.spans)
 
+    @classmethod
+    def of(cls, batches: Sequence[tuple[Sequence[Hashable], object]]) -> "TokenArena":
+        """An arena of ``(keys, units)`` batches (as :meth:`add`), each field written by one ``cat``."""
+        arena = cls(type(batches[0][1]))
+        for keys, units in batches:
+            arena._span(keys, units.mask.shape[1])
+        arena.fields = [None if f is None else torch.cat([u[k].flatten(0, 1) for _, u in batches])
+                        for k, f in enumerate(batches[0][1])]
+        return arena
+
+    def _span(self, keys: Sequence[Hashable], width: int) -> None:
+        """Record ``keys`` as ``width`` rows each from row ``size`` on."""
+        for i, key in enumerate(keys):
+            self.remove(key)
+            self.spans[key] = (self.size + i * width, width)
+        self.size += len(keys) * width
+        self.live += len(keys) * width
+
     def add(self, keys: Sequence[Hashable], units) -> None:
         """Append the texts ``keys`` (row ``i`` of padded ``units`` ``[N, L, ...]`` is ``keys[i]``), each
         as ``L`` rows. A key already present is replaced (its old rows become a hole)."""
@@ -54,11 +73,7 @@ class TokenArena:
         for field, values in zip(self.fields, flat):
             if field is not None:
                 field[self.size:self.size + n * width] = values
-        for i, key in enumerate(keys):
-            self.remove(key)
-            self.spans[key] = (self.size + i * width, width)
-        self.size += n * width
-        self.live += n * width
+        self._span(keys, width)
 
     def remove(self, key: Hashable) -> None:
         """Forget ``key`` (no-op if absent); its rows become a hole."""
@@ -90,8 +105,8 @@ class TokenArena:
         capacity = max(rows, 2 * capacity)
         grown = []
         for field in self.fields:
-            if field is not None:
-                new = field.new_zeros((capacity, *field.shape[1:]))
+            if field is not None:  # rows past ``size`` are never read: left uninitialised
+                new = field.new_empty((capacity, *field.shape[1:]))
                 new[:self.size] = field[:self.size]
                 field = new
             grown.append(field)

@@ -162,11 +162,11 @@ class Encoder(nn.Module):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def tokenize(self, texts: Sequence[str]) -> dict[str, Tensor]:
-        """Pad and truncate ``texts``; warns, naming them, about texts longer than ``max_length``."""
+    def tokenize(self, texts: Sequence[str]):
+        """Pad and truncate ``texts`` (a ``BatchEncoding`` of Python lists, with the fast tokenizer's
+        ``encodings``); warns, naming them, about texts longer than ``max_length``."""
         batch = self.tokenizer(
-            list(texts), padding=True, truncation=True, max_length=self.max_length,
-            return_special_tokens_mask=True, return_tensors="pt",
+            list(texts), padding=True, truncation=True, max_length=self.max_length, return_special_tokens_mask=True,
         )
         cut = [i for i, e in enumerate(batch.encodings) if e.overflowing]
         if cut:
@@ -187,18 +187,20 @@ class Encoder(nn.Module):
         (:func:`~torchmover.transfer.send`) before the model runs.
         """
         batch = self.tokenize(texts)
-        special = batch.pop("special_tokens_mask").bool()
+        names = [k for k in batch if k != "special_tokens_mask"]  # the model's inputs
         word_lists = [[-1 if w is None else w for w in e.word_ids] for e in batch.encodings]
-        word_ids = torch.tensor(word_lists, dtype=torch.long).reshape(batch["input_ids"].shape)  # [N, L]
-        mask = batch["attention_mask"].bool()  # [N, L]
+        n, length = len(word_lists), len(word_lists[0]) if word_lists else 0
+        host = torch.tensor([v for rows in [batch[k] for k in names] + [batch["special_tokens_mask"], word_lists]
+                             for row in rows for v in row], dtype=torch.long).reshape(len(names) + 2, n, length)
+        *inputs, special, word_ids = host.unbind(0)
+        mask = inputs[names.index("attention_mask")].bool()  # [N, L]
         if self.special_tokens == "drop":
-            mask &= ~special
+            mask &= special == 0
         elif self.special_tokens == "cls":
-            mask &= ~special | (torch.arange(mask.shape[1]) == 0)
+            mask &= (special == 0) | (torch.arange(mask.shape[1]) == 0)
         if token_policy is not None:
-            mask = token_policy(mask, batch["input_ids"], word_ids)
-        names = list(batch.keys())
-        host = torch.stack([batch[k].long() for k in names] + [mask.long(), word_ids])  # [k, N, L]
+            mask = token_policy(mask, inputs[names.index("input_ids")], word_ids)
+        host = torch.cat([host[:len(names)], mask.long().unsqueeze(0), word_ids.unsqueeze(0)])  # [k, N, L]
         *inputs, mask, word_ids = send(host, self.device).unbind(0)  # the one transfer
         inputs = dict(zip(names, inputs))
         outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)

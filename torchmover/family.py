@@ -81,12 +81,13 @@ def _unit_vectors(x: Tensor, mask: Tensor) -> Tensor:
 
 def _placeholder_for_empty(x: Tensor, mask: Tensor, w: Tensor, empty: Tensor):
     """Replace the texts where ``empty`` ``[B]`` by one placeholder unit token (e₀, mass 1) so that all
-    arithmetic stays finite; their pairs' scores are set to 0 afterwards."""
+    arithmetic stays finite; their pairs' scores are set to 0 afterwards. ``x`` must be a fresh
+    tensor of the caller's (e.g. from :func:`_unit_vectors`): its first token row is written in place."""
     if x.shape[1] == 0:
         x, mask, w = x.new_zeros(x.shape[0], 1, x.shape[2]), mask.new_zeros(mask.shape[0], 1), w.new_zeros(w.shape[0], 1)
     first = (torch.arange(mask.shape[1], device=mask.device) == 0) & empty.unsqueeze(-1)  # [B, L]
     e0 = (torch.arange(x.shape[-1], device=x.device) == 0).to(x.dtype)
-    x = torch.where(first.unsqueeze(-1), e0, x)
+    x[:, 0] = torch.where(empty.unsqueeze(-1), e0, x[:, 0])
     return x, mask | first, torch.where(first, torch.ones_like(w), w)
 
 

@@ -419,7 +419,10 @@ class Scorer(nn.Module):
                          stopwords=c.stopwords, punctuation=c.punctuation)
 
     def center(self, units: Units) -> Units:
-        """Apply the centering module to the units' vectors."""
+        """Apply the centering module to the units' vectors (``none``: the units as they are, padding
+        included: the family masks it)."""
+        if self.centering.mode == "none":
+            return units
         return units._replace(vectors=self.centering(units.vectors, units.mask))
 
     def score_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int,
@@ -542,18 +545,14 @@ class Scorer(nn.Module):
 
     def _embed_distinct(self, hyps: list[str], groups: list[list[str]], batch_size: int,
                         progress: bool) -> TokenArena:
-        """Units of every distinct text (keyed by text), encoded in batches of similar token length."""
+        """Units of every distinct text (keyed by text), encoded in batches of texts of similar length
+        (in characters: a free proxy of the token count, which the encoder trims each batch to)."""
         from tqdm.auto import tqdm
 
-        texts = _distinct_texts(hyps, groups)
-        lengths = [len(ids) for ids in self.encoder.tokenizer(texts, add_special_tokens=False)["input_ids"]]
-        texts = [t for _, t in sorted(zip(lengths, texts), key=lambda pair: pair[0])]
-        arena = TokenArena(Units)
-        for start in tqdm(range(0, len(texts), batch_size), desc="encoding", unit="batch", disable=not progress,
-                          leave=False):
-            batch = texts[start:start + batch_size]
-            arena.add(batch, self.embed(batch))
-        return arena
+        texts = sorted(_distinct_texts(hyps, groups), key=len)
+        batches = [texts[start:start + batch_size] for start in range(0, len(texts), batch_size)]
+        return TokenArena.of([(batch, self.embed(batch)) for batch in
+                              tqdm(batches, desc="encoding", unit="batch", disable=not progress, leave=False)])
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Save to the directory ``path``: ``encoder/`` (weights as safetensors, cut at ``layer``,
