@@ -42,7 +42,7 @@ SYNCING_OPS = frozenset({
     "aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::argwhere", "aten::masked_select",
     "aten::is_nonzero", "aten::equal", "aten::allclose", "aten::_assert_async", "aten::_unique",
     "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive",
-    "aten::_assert_async.msg", "aten::bincount", "aten::histc", "aten::_to_dense",
+    "aten::_assert_async.msg", "aten::bincount", "aten::histc",
 })
 
 
@@ -72,7 +72,8 @@ def _sync_reason(name: str, args, kwargs) -> str:
     if base == "aten::repeat_interleave" and kwargs.get("output_size") is None and \
             not (len(args) > 3 and args[3] is not None):
         return "repeat_interleave without output_size"
-    if base in ("aten::_to_copy", "aten::copy_"):
+    non_blocking = kwargs.get("non_blocking", False) or (base == "aten::copy_" and len(args) > 2 and args[2] is True)
+    if base in ("aten::_to_copy", "aten::copy_") and not non_blocking:
         devices = {a.device for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)}
         target = kwargs.get("device")
         if target is not None:
@@ -185,11 +186,3 @@ class OpTrace(TorchDispatchMode):
         """Host data sent to the device after :meth:`mark` (the encoder's start)."""
         return [op for op in self.ops if op.after_mark and
                 (op.sync == "copy between devices" or op.name.endswith("(device move)"))]
-
-    def counts(self) -> dict[str, int]:
-        """Number of ops per issuing torchmover file."""
-        out: dict[str, int] = {}
-        for op in self.kernel_ops:
-            key = op.frame.split(":")[0]
-            out[key] = out.get(key, 0) + 1
-        return out
