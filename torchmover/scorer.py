@@ -502,11 +502,13 @@ class Scorer(nn.Module):
         order.
 
         As the peers do it: every distinct text of the list (of each chunk of ``SCORE_CHUNK``
-        hypotheses) is encoded once, in batches of ``batch_size`` texts of similar token length
-        (trimmed to their longest); then the pairs are scored in length-sorted batches of
-        ``batch_size`` hypotheses. Each such batch is centered as a ``forward`` call on it would be,
-        so with ``centering="batch"`` scores depend on ``batch_size`` and on the other texts; use a
-        batch-independent centering (``none``, ``fixed``) for scores that do not.
+        hypotheses) is encoded once, in batches of ``batch_size`` texts of similar length (trimmed to
+        their longest) kept on the device in a :class:`~torchmover.arena.TokenArena`; then the pairs
+        are scored in length-sorted batches of ``batch_size`` hypotheses, each gathered from it by
+        indices built on the host and sent in one transfer per chunk. Each such batch is centered as a
+        ``forward`` call on it would be, so with ``centering="batch"`` scores depend on ``batch_size``
+        and on the other texts; use a batch-independent centering (``none``, ``fixed``) for scores
+        that do not. The scores stay on the device until the end: nothing in the loop waits for it.
         """
         from tqdm.auto import tqdm
 
