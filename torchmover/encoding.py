@@ -8,6 +8,7 @@ truncated with a warning that names them.
 from __future__ import annotations
 
 import importlib
+import os
 import warnings
 from typing import Callable, NamedTuple, Sequence
 
@@ -73,6 +74,20 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+def looks_like_path(name: str) -> bool:
+    """Whether ``name`` is meant as a local path rather than a hub id (``name`` or ``organisation/name``):
+    it starts with ``/``, ``./``, ``../`` or ``~``, contains ``os.sep`` where that is not ``/``, or has
+    more than one ``/``."""
+    return (name.startswith(("/", "./", "../", "~", ".\\", "..\\")) or (os.sep != "/" and os.sep in name)
+            or name.count("/") > 1)
+
+
+def check_max_length(max_length) -> None:
+    """Raise ``ValueError`` naming ``max_length`` unless it is ``None`` or a positive int."""
+    if max_length is not None and (type(max_length) is not int or max_length < 1):
+        raise ValueError(f"max_length must be a positive int (tokens) or None (the model's window), got {max_length!r}")
+
+
 def default_layer(name: str, num_hidden_layers: int) -> int:
     """The recorded default layer of ``name`` (see ``DEFAULT_LAYERS``), else the last layer."""
     if name in DEFAULT_LAYERS:
@@ -136,16 +151,31 @@ class Encoder(nn.Module):
         self.model, self.tokenizer, self.layer, self.name, self.revision = model, tokenizer, layer, name, revision
         limits = [m for m in (tokenizer.model_max_length, getattr(model.config, "max_position_embeddings", None))
                   if isinstance(m, int) and m < 1_000_000]
-        self.max_length = max_length or (min(limits) if limits else 512)
+        window = min(limits) if limits else None
+        check_max_length(max_length)
+        shortest = tokenizer.num_special_tokens_to_add() + 1
+        if max_length is not None and not shortest <= max_length <= (window or max_length):
+            raise ValueError(f"max_length must be in [{shortest}, {window or '∞'}] for {name!r} (its special tokens "
+                             f"and one token of text, up to its window), got {max_length!r}")
+        self.max_length = max_length or window or 512
 
     @classmethod
     def from_pretrained(cls, name: str, layer: int | None = None, revision: str | None = None,
                         max_length: int | None = None, special_tokens: str = "drop",
                         power_mean_layers: int = 1, **model_kwargs) -> "Encoder":
-        """Load ``name`` (hub name or local path; the default model resolves to its offline package)."""
+        """Load ``name`` (hub name or local path; the default model resolves to its offline package).
+
+        A ``name`` that :func:`looks_like_path` must be an existing local directory (``~`` expanded):
+        otherwise ``FileNotFoundError`` says so, instead of the hub client's complaint about repo ids."""
         from transformers import AutoModel, AutoTokenizer
 
+        check_max_length(max_length)
         path = resolve_model_path(name)
+        if looks_like_path(path):
+            path = os.path.expanduser(path)
+            if not os.path.isdir(path):
+                raise FileNotFoundError(f"model={name!r}: no such local directory (a hub id has the form "
+                                        "'name' or 'organisation/name')")
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, use_fast=True)
         model = AutoModel.from_pretrained(path, revision=revision, **model_kwargs)
         layer = default_layer(name, model.config.num_hidden_layers) if layer is None else layer

@@ -20,7 +20,8 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from .transport import TransportPlan, converged_sinkhorn, cost_matrix, masked_logsumexp, sinkhorn
+from .transport import (TransportPlan, converged_sinkhorn, cost_matrix, masked_logsumexp, sinkhorn,
+                        tempered_residual)
 
 DIRECTIONS = ("recall", "precision", "f1")
 WMD_TEMPERATURE = 1e-3
@@ -240,14 +241,15 @@ def _twmd_term(temperature: float, n_iter: int | None, exact: str, plans: list |
 
 
 def _relaxed_term(temperature: float, exact: str) -> TransportTerm:
+    """``π_ij = a_i softmax_j(S_ij / T)`` (rows) or ``b_j softmax_i(S_ij / T)`` (columns), the softmax
+    taken on :func:`~torchmover.transport.tempered_residual` so that it stays exact for any ``T > 0``."""
+    dim = -1 if exact == "rows" else -2
+
     def term(x, y, mask, a, b):
         sim = _sim(x, y)
-        if exact == "rows":  # π_ij = a_i softmax_j(S_ij / T)
-            log_p = sim / temperature - masked_logsumexp(sim / temperature, mask, -1)
-            plan = log_p.masked_fill(~mask, float("-inf")).exp() * a.unsqueeze(-1)
-        else:  # π_ij = b_j softmax_i(S_ij / T)
-            log_p = sim / temperature - masked_logsumexp(sim / temperature, mask, -2)
-            plan = log_p.masked_fill(~mask, float("-inf")).exp() * b.unsqueeze(-2)
+        z, _ = tempered_residual(sim, mask, temperature, dim)
+        log_p = (z - masked_logsumexp(z, mask, dim)).masked_fill(~mask, float("-inf"))
+        plan = log_p.exp() * (a if exact == "rows" else b).unsqueeze(dim)
         return (plan * sim).sum((-1, -2))
     return term
 

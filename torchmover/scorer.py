@@ -27,6 +27,8 @@ from .family import (DIRECTIONS, UNNORMALIZED, WMD_TEMPERATURE, TokenCloud, memb
                      self_similarity, token_cloud)
 from .signature import format_signature, tensor_digest
 from .sentences import encode_documents
+from .serialization import load_scorer, save_scorer
+from .transport import check_converged_temperature, check_temperature
 from .weights import ENGLISH_STOPWORDS, IDF, PUNCTUATION_POLICIES, SUBWORD_POLICIES, keep_mask, ngrams, pool_subwords
 
 SENTENCE_METHODS = ("sms", "s+wms", "wms")
@@ -91,10 +93,14 @@ class ScorerConfig:
         _check_choice("special_tokens", self.special_tokens, SPECIAL_TOKEN_POLICIES)
         _check_choice("subwords", self.subwords, SUBWORD_POLICIES)
         _check_choice("punctuation", self.punctuation, PUNCTUATION_POLICIES)
-        if self.temperature is not None and not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
-            raise ValueError(f"temperature must be a positive number, got {self.temperature!r}")
+        if self.temperature is not None:
+            if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+                raise ValueError(f"temperature must be a positive number, got {self.temperature!r}")
+            check_temperature(self.temperature)
         if self.n_iter is not None and (type(self.n_iter) is not int or self.n_iter < 1):
             raise ValueError(f"n_iter must be a positive int or None (converged), got {self.n_iter!r}")
+        if self.method == "twmd" and self.n_iter is None and self.temperature is not None:
+            check_converged_temperature(self.temperature)
         if type(self.ngram) is not int or self.ngram < 1:
             raise ValueError(f"ngram must be a positive int, got {self.ngram!r}")
         if not isinstance(self.idf, bool):
@@ -254,7 +260,9 @@ class Scorer(nn.Module):
             documents, split into sentences; ``temperature=None`` = exact, a float = tempered).
         direction: ``recall`` (default), ``precision`` or ``f1`` (twmd, trwmd, bertscore).
         temperature: for twmd / trwmd, and the tempered sentence movers (default: the model's
-            measured value in ``MODEL_DEFAULTS``, else ``DEFAULT_TEMPERATURES``).
+            measured value in ``MODEL_DEFAULTS``, else ``DEFAULT_TEMPERATURES``). Any ``T > 0``: the
+            unrolled iterations are exact down to the ``T → 0`` limit; ``n_iter=None`` needs
+            ``T >= 1e-5`` (``transport.MIN_CONVERGED_TEMPERATURE``).
         n_iter: Sinkhorn iterations for twmd (1 = the paper's default; ``None`` = converged).
         centering: ``batch``, ``running``, ``fixed`` (call :meth:`fit_centering`), ``sentence``,
             ``dimension`` or ``none``; default: the model's measured choice in ``MODEL_DEFAULTS``
@@ -263,7 +271,8 @@ class Scorer(nn.Module):
         center_scope: ``joint`` (default) or ``separate`` (hypotheses and references each on their
             own batch mean).
         multi_ref: how several references per hypothesis combine: ``max`` (default) or ``mean``.
-        max_length: encoder window in tokens (longer texts are truncated with a warning).
+        max_length: encoder window in tokens (longer texts are truncated with a warning): a positive
+            int with room for the special tokens and one token of text, at most the model's window.
         revision: model revision (hub), recorded in the signature.
         special_tokens, power_mean_layers: encoder options (:class:`~torchmover.encoding.Encoder`;
             default ``drop`` and 1, or the given encoder's).
@@ -285,7 +294,8 @@ class Scorer(nn.Module):
                  ngram: int = 1, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
         super().__init__()
         if isinstance(model, Encoder):
-            for name, value in (("layer", layer), ("special_tokens", special_tokens), ("power_mean_layers", power_mean_layers)):
+            for name, value in (("layer", layer), ("special_tokens", special_tokens),
+                                ("power_mean_layers", power_mean_layers), ("max_length", max_length)):
                 if value is not None and value != getattr(model, name):
                     raise ValueError(f"{name}={value!r} differs from the given encoder's {getattr(model, name)!r}")
             encoder = model
@@ -560,20 +570,20 @@ class Scorer(nn.Module):
         """Save to the directory ``path``: ``encoder/`` (weights as safetensors, cut at ``layer``,
         and tokenizer), ``torchmover.json`` (the :class:`ScorerConfig` and torchmover version) and
         ``centering.safetensors`` (the fitted mean). Atomic: written to a temporary directory next to
-        ``path``, then renamed. Replaces ``path`` only if it is empty or an earlier save."""
-        from .serialization import save_scorer
-
+        ``path``, then moved in file by file, ``torchmover.json`` last, with the SHA-256 of every file.
+        Never deletes a file it did not write: files already in ``path`` are kept (a file at a name the
+        save writes that an earlier save did not write raises ``FileExistsError`` naming it)."""
         save_scorer(self, path)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, device: str | torch.device | None = None,
-                        dtype: torch.dtype | None = None) -> "Scorer":
+                        dtype: torch.dtype | None = None, verify: bool = True) -> "Scorer":
         """Load a scorer written by :meth:`save_pretrained` (JSON and safetensors only, no network).
 
         It scores exactly as the saved one and has the same :attr:`signature`: the config keeps the
         original model name. Raises ``FileNotFoundError`` / ``ValueError`` naming the path for a
-        missing, incomplete or corrupt directory.
+        missing, incomplete or corrupt directory. ``verify`` (default) checks every file against the
+        SHA-256 recorded at save time and names the file that differs; ``verify=False`` skips the
+        hashing (for a huge model on trusted storage).
         """
-        from .serialization import load_scorer
-
-        return load_scorer(cls, path, device=device, dtype=dtype)
+        return load_scorer(cls, ScorerConfig, path, device=device, dtype=dtype, verify=verify)
