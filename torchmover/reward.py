@@ -270,7 +270,11 @@ class MoverReward:
         order = [row[t] for t in texts]
         index, order = to_device([plan.index, None if order == list(range(len(plan.texts))) else order],
                                  self._like().device)
-        units = self._references(plan, index)
+        try:
+            units = self._references(plan, index)
+        except BaseException:
+            self._abandon(plan)
+            raise
         return units if order is None else units.select(order)
 
     def _plan_references(self, texts: list[str]) -> _ReferencePlan:
@@ -296,6 +300,14 @@ class MoverReward:
                     free.append(slot)
                 self._lru[t] = free.pop()
         return _ReferencePlan(cached, missing, index, width, evicted)
+
+    def _abandon(self, plan: _ReferencePlan) -> None:
+        """Undo the LRU bookkeeping of ``plan`` for a call that failed before storing its references."""
+        for t in plan.missing:
+            if t not in self._arena:
+                self._lru.pop(t, None)
+        for t in plan.evicted:
+            self._arena.remove(t)
 
     def _references(self, plan: _ReferencePlan, index: Tensor) -> Units:
         """The device side: padded units of ``plan.texts`` (cached rows gathered with the sent ``index``,
@@ -390,8 +402,12 @@ class MoverReward:
                                                            {t: i for i, t in enumerate(ref_texts)}),
                                   *self_term_lists], like.device)
         with _eval_mode(self._scorer), torch.no_grad():
-            hyp_units = self._scorer.embed(hyp_texts)
-            ref_units = self._references(plan, index)
+            try:
+                hyp_units = self._scorer.embed(hyp_texts)
+                ref_units = self._references(plan, index)
+            except BaseException:  # e.g. out of memory in the encoder: the cache stays consistent
+                self._abandon(plan)
+                raise
             hyp_units = hyp_units._replace(vectors=centering(hyp_units.vectors, hyp_units.mask))
             ref_units = ref_units._replace(vectors=centering(ref_units.vectors, ref_units.mask))
             ref_self = self._reference_self_terms(ref_texts, ref_units, centering, sent[3:]) if self.cache_size else None
