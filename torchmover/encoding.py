@@ -2,7 +2,8 @@
 
 The vectors are ``hidden_states[layer]`` (index 0 = the embedding layer); layers above the chosen one
 are removed from the model so they are never computed. Special tokens ([CLS], [SEP], <s>, ...) are
-dropped through the tokenizer's special-tokens mask. Texts longer than the model's window are
+dropped through the tokenizer's special-tokens mask (or kept, see ``SPECIAL_TOKEN_POLICIES``). Outer
+whitespace is stripped before tokenizing. Texts longer than the model's window are
 truncated with a warning that names them.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch import Tensor, nn
 from .transfer import send
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-SPECIAL_TOKEN_POLICIES = ("drop", "cls", "keep")
+SPECIAL_TOKEN_POLICIES = ("drop", "cls", "keep", "target")
 
 # token_policy(mask, input_ids, word_ids) -> mask, on the host's [N, L] tensors (see Encoder.forward)
 TokenPolicy = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -45,10 +46,13 @@ class TokenEmbeddings(NamedTuple):
 
     Attributes:
         embeddings: ``[N, L, D]`` token vectors of the chosen layer.
-        mask: ``[N, L]`` True for real (non-special, non-padding) tokens.
+        mask: ``[N, L]`` True for the tokens that take part: not padding, and special tokens only
+            as the encoder's ``special_tokens`` policy keeps them.
         input_ids: ``[N, L]`` token ids (padding included).
         word_ids: ``[N, L]`` index of the word each token belongs to (``-1`` for special tokens and
             padding), from the fast tokenizer: subword pieces of one word share an index.
+        special: ``[N, L]`` True for the special tokens ([CLS], [SEP], <s>, ...; not padding), whatever
+            the policy.
         num_words: the most words in one text (``max(word_ids) + 1``, known on the host: no device read).
     """
 
@@ -56,6 +60,7 @@ class TokenEmbeddings(NamedTuple):
     mask: Tensor
     input_ids: Tensor | None = None
     word_ids: Tensor | None = None
+    special: Tensor | None = None
     num_words: int | None = None
 
 
@@ -128,7 +133,10 @@ class Encoder(nn.Module):
         max_length: window in tokens (default: the tokenizer's / model's maximum).
         special_tokens: which special tokens count as real tokens: ``drop`` (all dropped, the
             default), ``cls`` (the first one — [CLS] / <s> — kept, the others dropped: the TWMD
-            authors' code) or ``keep`` (all kept: MoverScore v2, where IDF then gives them weight 0).
+            authors' code), ``keep`` (all kept: MoverScore v2, where IDF then gives them weight 0) or
+            ``target`` (all kept in the mask, like ``keep``; the :class:`~torchmover.Scorer` then gives
+            them mass 0 but leaves them as matching targets: bert_score, where [CLS] and [SEP]
+            weigh 0 yet every token's best match is searched among them too).
         power_mean_layers: ``k > 1`` replaces the layer's vectors by the concatenated power means
             ``[mean, max, min]`` over layers ``layer − k + 1 … layer`` (MoverScore's Eq. 3–5,
             ``p ∈ {1, +∞, −∞}``), so the vectors have ``3·hidden_size`` dimensions.
@@ -193,10 +201,15 @@ class Encoder(nn.Module):
         return next(self.model.parameters()).device
 
     def tokenize(self, texts: Sequence[str]):
-        """Pad and truncate ``texts`` (a ``BatchEncoding`` of Python lists, with the fast tokenizer's
-        ``encodings``); warns, naming them, about texts longer than ``max_length``."""
+        """Strip, pad and truncate ``texts`` (a ``BatchEncoding`` of Python lists, with the fast
+        tokenizer's ``encodings``); warns, naming them, about texts longer than ``max_length``.
+
+        Leading and trailing whitespace is stripped first, as bert_score does: a WordPiece tokenizer
+        ignores it anyway, a byte-level BPE one (RoBERTa, GPT-2) would make it tokens ("Ġ") of no word.
+        """
         batch = self.tokenizer(
-            list(texts), padding=True, truncation=True, max_length=self.max_length, return_special_tokens_mask=True,
+            [t.strip() for t in texts], padding=True, truncation=True, max_length=self.max_length,
+            return_special_tokens_mask=True,
         )
         cut = [i for i, e in enumerate(batch.encodings) if e.overflowing]
         if cut:
@@ -208,13 +221,14 @@ class Encoder(nn.Module):
         return batch
 
     def forward(self, texts: Sequence[str], token_policy: TokenPolicy | None = None) -> TokenEmbeddings:
-        """Token vectors of ``hidden_states[layer]`` with special tokens and padding masked out.
+        """Token vectors of ``hidden_states[layer]`` with padding, and special tokens as the policy says,
+        masked out.
 
         Everything the device needs is built on the host from the tokenizer's output first: the
         model inputs, the mask (special tokens, then ``token_policy(mask, input_ids, word_ids)`` if
-        given, e.g. the stopword / punctuation / subword policy of :func:`torchmover.weights.keep_mask`)
-        and the word ids; they are sent to the model's device in one asynchronous transfer
-        (:func:`~torchmover.transfer.send`) before the model runs.
+        given, e.g. the stopword / punctuation / subword policy of :func:`torchmover.weights.keep_mask`),
+        the word ids and the special tokens; they are sent to the model's device in one asynchronous
+        transfer (:func:`~torchmover.transfer.send`) before the model runs.
         """
         batch = self.tokenize(texts)
         names = [k for k in batch if k != "special_tokens_mask"]  # the model's inputs
@@ -224,19 +238,20 @@ class Encoder(nn.Module):
                              for row in rows for v in row], dtype=torch.long).reshape(len(names) + 2, n, length)
         *inputs, special, word_ids = host.unbind(0)
         mask = inputs[names.index("attention_mask")].bool()  # [N, L]
+        special = (special != 0) & mask  # [N, L], padding excluded
         if self.special_tokens == "drop":
-            mask &= special == 0
+            mask &= ~special
         elif self.special_tokens == "cls":
-            mask &= (special == 0) | (torch.arange(mask.shape[1]) == 0)
+            mask &= ~special | (torch.arange(mask.shape[1]) == 0)
         if token_policy is not None:
             mask = token_policy(mask, inputs[names.index("input_ids")], word_ids)
-        host = torch.cat([host[:len(names)], mask.long().unsqueeze(0), word_ids.unsqueeze(0)])  # [k, N, L]
-        *inputs, mask, word_ids = send(host, self.device).unbind(0)  # the one transfer
+        host = torch.cat([host[:len(names)], torch.stack([mask.long(), word_ids, special.long()])])  # [k, N, L]
+        *inputs, mask, word_ids, special = send(host, self.device).unbind(0)  # the one transfer
         inputs = dict(zip(names, inputs))
         outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
         num_words = max((max(row) + 1 for row in word_lists if row), default=0)
         return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask != 0, inputs["input_ids"], word_ids,
-                               num_words)
+                               special != 0, num_words)
 
     def _layer_vectors(self, hidden_states) -> Tensor:
         """``hidden_states[layer]``, or the power means ``[mean, max, min]`` over the last
