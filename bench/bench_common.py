@@ -1,8 +1,15 @@
-"""What the WMT benchmark scripts share: their command line's data and output directories."""
+"""What the WMT benchmark scripts share: their command line's data and output directories, a seeded
+sample of WMT pairs, agreement statistics between two score lists, and a markdown report writer that
+records the machine's load."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+import random
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,8 +28,6 @@ def wmt_parser(doc: str) -> argparse.ArgumentParser:
 
 def load_average() -> str:
     """The machine's load average (1/5/15 min), e.g. ``0.55/1.06/1.26``."""
-    import os
-
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
@@ -36,3 +41,37 @@ def write_report(out: Path, name: str, title: str, command: str, notes: list[str
     out.mkdir(parents=True, exist_ok=True)
     (out / name).write_text(report, encoding="utf-8")
     print(report)
+
+
+def load_sample(data_dir: Path, n: int, seed: int = 0) -> list[dict]:
+    """``n`` rows spread evenly over every ``*.tsv`` of ``data_dir`` (sorted), seeded per file."""
+    files = sorted(data_dir.glob("*.tsv"))
+    if not files:
+        raise SystemExit(f"--data {data_dir}: no *.tsv files")
+    rows = []
+    for k, path in enumerate(files):
+        from torchmover.data import read_tsv  # here, not at import: the MoverScore shim stubs transformers
+
+        file_rows = [dataclasses.asdict(r) for r in read_tsv(path)]
+        take = n // len(files) + (k < n % len(files))
+        rows += random.Random(f"{seed}-{path.name}").sample(file_rows, take)
+    return rows
+
+
+def pearson(x, y) -> float:
+    return float(np.corrcoef(np.asarray(x, float), np.asarray(y, float))[0, 1])
+
+
+def spearman(x, y) -> float:
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(x, y).statistic)
+
+
+def agreement(a, b) -> dict:
+    """Pearson r, Spearman ρ and the max / mean / median absolute difference of two score lists, and
+    where the largest difference is."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    d = np.abs(a - b)
+    return {"pearson": pearson(a, b), "spearman": spearman(a, b), "max_abs": float(d.max()),
+            "mean_abs": float(d.mean()), "median_abs": float(np.median(d)), "argmax": int(d.argmax())}

@@ -31,6 +31,7 @@ from .weights import ENGLISH_STOPWORDS, IDF, PUNCTUATION_POLICIES, SUBWORD_POLIC
 
 SENTENCE_METHODS = ("sms", "s+wms", "wms")
 METHODS = ("twmd", "trwmd", "wmd", "moverscore", "bertscore", "sbert", "cka") + SENTENCE_METHODS
+MATCHING_METHODS = ("bertscore", "trwmd")  # members whose plan ignores one side's masses: zero-mass targets matter
 MULTI_REF = ("max", "mean")
 CENTER_SCOPES = ("joint", "separate")
 NAMED_STOPWORDS = {"english": ENGLISH_STOPWORDS}
@@ -56,9 +57,11 @@ MODEL_DEFAULTS = {
 class ScorerConfig:
     """Every choice of a :class:`Scorer` that changes a score (serialised with the model).
 
-    Token policy (all explicit, see :mod:`torchmover.weights`): ``special_tokens``,
-    ``power_mean_layers`` (encoder), ``subwords``, ``stopwords`` (a tuple of words, or ``"english"``),
-    ``punctuation`` (``keep``/``drop``/``ascii``), ``idf`` (weights from :meth:`Scorer.fit_idf`) and ``ngram``.
+    Token policy (all explicit, see :mod:`torchmover.weights`): ``special_tokens`` (``target``: special
+    tokens weigh 0 but stay matching targets, and so do tokens of IDF 0 — bert_score's rule; for
+    ``bertscore`` and ``trwmd``), ``power_mean_layers`` (encoder), ``subwords``, ``stopwords`` (a tuple
+    of words, or ``"english"``), ``punctuation`` (``keep``/``drop``/``ascii``), ``idf`` (weights from
+    :meth:`Scorer.fit_idf`) and ``ngram``.
     ``center_scope``: ``joint`` centers hypotheses and references together (the paper), ``separate``
     each side on its own batch mean (the TWMD authors' released code).
     """
@@ -108,6 +111,11 @@ class ScorerConfig:
         if self.method in SENTENCE_METHODS and not (self.token_policy_is_identity and not self.idf and self.ngram == 1):
             raise ValueError(f"method={self.method!r} moves words and sentences of whole documents: it takes no "
                              "subwords/stopwords/punctuation/idf/ngram options")
+        if self.special_tokens == "target" and (self.method not in MATCHING_METHODS or self.subwords == "mean"
+                                                or self.ngram > 1):
+            raise ValueError(f"special_tokens='target' (zero-mass matching targets) is defined for the methods "
+                             f"{MATCHING_METHODS} on tokens (not subwords='mean', not ngram > 1), got "
+                             f"method={self.method!r}, subwords={self.subwords!r}, ngram={self.ngram!r}")
         if self.temperature is None and self.method in DEFAULT_TEMPERATURES:
             object.__setattr__(self, "temperature", DEFAULT_TEMPERATURES[self.method])
         object.__setattr__(self, "stopwords", _stopword_tuple(self.stopwords))
@@ -256,7 +264,9 @@ class Scorer(nn.Module):
             int with room for the special tokens and one token of text, at most the model's window.
         revision: model revision (hub), recorded in the signature.
         special_tokens, power_mean_layers: encoder options (:class:`~torchmover.encoding.Encoder`;
-            default ``drop`` and 1, or the given encoder's).
+            default ``drop`` and 1, or the given encoder's). ``special_tokens="target"`` (``bertscore``,
+            ``trwmd``): special tokens get mass 0 but stay matching targets, and so do tokens of IDF 0
+            (bert_score's rule).
         subwords, stopwords, punctuation, idf, ngram: the token policy (:mod:`torchmover.weights`);
             ``idf=True`` needs :meth:`fit_idf`.
         device, dtype: where and in which precision the encoder runs (scores are float32 or wider).
@@ -402,6 +412,8 @@ class Scorer(nn.Module):
             mask = keep_mask(mask, tokens.input_ids, tokens.word_ids, self.encoder.tokenizer, subwords=c.subwords,
                              stopwords=c.stopwords, punctuation=c.punctuation)
         weights = [self.idf[side](tokens.input_ids).to(x.device) for side in ("hyp", "ref")] if c.idf else []
+        if c.special_tokens == "target":  # in the mask as matching targets, with mass 0
+            weights = [w * ~tokens.special for w in weights] if weights else [(~tokens.special).to(x.dtype)] * 2
         if c.subwords == "mean":
             x, mask, *weights = pool_subwords(x, mask, tokens.word_ids, *weights)
         return Units(x, mask, *weights)
@@ -434,7 +446,8 @@ class Scorer(nn.Module):
         x, mask, weights = units.vectors, units.mask, units.hyp_weights if side == "hyp" else units.ref_weights
         if self.config.ngram > 1:
             x, mask, weights = ngrams(x, mask, mask.to(x.dtype) if weights is None else weights, self.config.ngram)
-        return token_cloud(x, mask, weights, name=f"{side}_weights")
+        return token_cloud(x, mask, weights, name=f"{side}_weights",
+                           zero_mass_targets=self.config.special_tokens == "target")
 
     def self_similarities(self, units: Units, side: str = "ref") -> Tensor | None:
         """``C(X, X)`` ``[N]`` of each text of centered ``units`` (the normaliser of its scores), or
