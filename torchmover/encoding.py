@@ -121,6 +121,32 @@ def _truncate_layers(model: nn.Module, layer: int) -> None:
     warnings.warn(f"could not find the layer list of {type(model).__name__}; computing all layers")
 
 
+def _remove_output_capturing_hooks(model: nn.Module) -> None:
+    """Remove the forward hooks that transformers' output capturing (transformers >= 5) installs on a
+    model's first forward, and mark them as not installed, so that the next forward installs them
+    again. They are local functions, which cannot be pickled."""
+    for module in model.modules():
+        for key, hook in list(module._forward_hooks.items()):
+            if getattr(hook, "__module__", None) == "transformers.utils.output_capturing":
+                del module._forward_hooks[key]
+        if getattr(module, "_output_capturing_hooks_installed", False):
+            module._output_capturing_hooks_installed = False
+
+
+def _register_output_capturing(model: nn.Module) -> None:
+    """Register the outputs a model class can capture, as its constructor does (transformers >= 5
+    keeps them in a per-process registry by class, read when the hooks are installed): a model
+    unpickled in a fresh process was never constructed there and would return no hidden states."""
+    try:
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    except ImportError:  # transformers < 5 captures hidden states without hooks
+        return
+    for module in model.modules():
+        can_record = getattr(module, "_can_record_outputs", None)
+        if can_record and not _CAN_RECORD_REGISTRY.get(module):
+            _CAN_RECORD_REGISTRY[module] = can_record
+
+
 class Encoder(nn.Module):
     """A tokenizer and a Hugging Face encoder cut at ``layer``, mapping texts to token vectors.
 
@@ -166,6 +192,16 @@ class Encoder(nn.Module):
             raise ValueError(f"max_length must be in [{shortest}, {window or '∞'}] for {name!r} (its special tokens "
                              f"and one token of text, up to its window), got {max_length!r}")
         self.max_length = max_length or window or 512
+
+    def __getstate__(self) -> dict:
+        """Picklable after a forward pass: the output-capturing hooks transformers installed are
+        removed (the next forward installs them again)."""
+        _remove_output_capturing_hooks(self.model)
+        return super().__getstate__()
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        _register_output_capturing(self.model)
 
     @classmethod
     def from_pretrained(cls, name: str, layer: int | None = None, revision: str | None = None,

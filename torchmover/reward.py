@@ -38,6 +38,12 @@ encoder runs, and the scores stay on the device (``tests/test_hotpath.py`` prove
 per-call NaN check either: that no NaN comes out is a property of the family's arithmetic, tested on
 degenerate inputs.
 
+Threads and processes. A reward may be called from many threads at once: its scoring, cache and
+counters run under one lock, so concurrent calls are serialised and each gets its own rewards; to
+turn many concurrent small calls into few large ones, wrap the reward in a
+:class:`~torchmover.batching.BatchedReward`. A reward pickles (e.g. into a worker process), fitted
+centering included, without its reference cache, which the copy refills.
+
 Degenerate generations. A text with no real token (empty or whitespace-only) scores exactly 0 (as
 does a pair with an empty reference); punctuation-only or repetitive texts get their ordinary,
 finite score. No length or repetition penalty is applied implicitly; pass ``shaping`` to apply one
@@ -46,7 +52,9 @@ explicitly.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
+import threading
 from collections import OrderedDict
 from typing import Callable, NamedTuple, Sequence
 
@@ -56,7 +64,7 @@ from torch import Tensor, nn
 from .arena import TokenArena
 from .transfer import to_device
 from .centering import Centering
-from .scorer import PairIndex, Scorer, Units, _check_references, _check_texts, pair_lists
+from .scorer import PairIndex, Scorer, Units, _as_list, _check_references, _check_texts, pair_lists
 
 __all__ = ["CacheInfo", "GroupReward", "GroupRewardResult", "MoverReward", "SelfCriticalResult",
            "SelfCriticalReward", "TRLReward", "as_trl_reward", "group_advantages"]
@@ -141,6 +149,15 @@ class _ReferencePlan(NamedTuple):
         return self.cached + self.missing
 
 
+def _synchronized(method):
+    """Run ``method`` under the reward's lock (re-entrant: locked methods call each other)."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked
+
+
 class MoverReward:
     """``reward(hyps, refs) -> Tensor[B]``: the scorer's score of each hypothesis against its
     reference(s), as a reward (no graph; the scorer in eval mode for the call, each of its modules'
@@ -176,6 +193,20 @@ class MoverReward:
         self._fingerprint: tuple | None = None
         self._centering_fingerprint: tuple | None = None
         self._hits = self._misses = self._invalidations = 0
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict:
+        """Pickled without its lock and reference cache (the copy starts with an empty cache; the
+        counters are kept)."""
+        state = self.__dict__.copy()
+        del state["_lock"]
+        state.update(_arena=TokenArena(Units), _lru=OrderedDict(), _self_terms=None, _known_self_terms=set(),
+                     _fingerprint=None, _centering_fingerprint=None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     @property
     def scorer(self) -> Scorer:
@@ -220,6 +251,7 @@ class MoverReward:
             "reward.fit(reference_texts) first"
         )
 
+    @_synchronized
     def fit(self, texts: Sequence[str], batch_size: int = 64) -> "MoverReward":
         """Center every reward on the mean of all real token vectors of ``texts`` (e.g. the training
         references), instead of the scorer's centering; the scorer is not modified. Also fills the
@@ -238,9 +270,11 @@ class MoverReward:
 
     # --- reference cache ---------------------------------------------------------------------------
 
+    @_synchronized
     def cache_info(self) -> CacheInfo:
         return CacheInfo(self._hits, self._misses, self.cache_size, len(self._lru), self._invalidations)
 
+    @_synchronized
     def clear_cache(self) -> None:
         """Forget every cached reference (counters are kept)."""
         self._arena.clear()
@@ -257,6 +291,7 @@ class MoverReward:
             self.clear_cache()
             self._fingerprint = fingerprint
 
+    @_synchronized
     def reference_embeddings(self, texts: Sequence[str]) -> list[Units]:
         """Units of each text (:meth:`Scorer.embed`: before centering, real units only ``[n_i, ...]``,
         no graph), from the cache where present; the missing distinct texts are encoded in one batch."""
@@ -383,6 +418,7 @@ class MoverReward:
         """Rewards ``[B]`` of ``hyps`` against ``refs`` (one str, or a list of str, per hypothesis)."""
         return self.score(hyps, refs)
 
+    @_synchronized
     def score(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> Tensor:
         """Rewards ``[B]``: ``Sim(hyp, ref)`` of the configured family member on centered token
         vectors, pooled over several references by the scorer's ``multi_ref``, then ``shaping``."""
@@ -471,8 +507,7 @@ class GroupReward(MoverReward):
 
     def __call__(self, completions: Sequence[Sequence[str]],
                  refs: Sequence[str] | Sequence[Sequence[str]]) -> GroupRewardResult:
-        if isinstance(completions, str) or not isinstance(completions, Sequence):
-            raise TypeError(f"completions must be a list of lists of strings, got {type(completions).__name__}")
+        completions = _as_list("completions", completions, "lists of strings", ndim=2)
         groups = [_check_texts(f"completions[{i}]", c) for i, c in enumerate(completions)]
         sizes = {len(c) for c in groups}
         if len(sizes) > 1:
@@ -593,13 +628,11 @@ def _row_references(value, i: int, column: str) -> list[str] | None:
         return None
     if isinstance(value, str):
         return [value]
-    if isinstance(value, Sequence):
-        refs = [r for r in value if r is not None]
-        for r in refs:
-            if not isinstance(r, str):
-                raise TypeError(f"{column}[{i}] must hold strings, got {type(r).__name__}")
-        return refs or None
-    raise TypeError(f"{column}[{i}] must be a str, a list of str or None, got {type(value).__name__}")
+    refs = [r for r in _as_list(f"{column}[{i}]", value, "strings (or a str, or None)") if r is not None]
+    for r in refs:
+        if not isinstance(r, str):
+            raise TypeError(f"{column}[{i}] must hold strings, got {type(r).__name__}")
+    return refs or None
 
 
 def as_trl_reward(scorer_or_reward: Scorer | MoverReward, reference_column: str = "reference",

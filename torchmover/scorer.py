@@ -145,19 +145,33 @@ def _check_choice(name: str, value, choices) -> None:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
 
 
+def _as_list(name: str, values, what: str, ndim: int = 1) -> list:
+    """``values`` as a list: any sequence but a str, or an array with ``ndim`` dimensions or fewer
+    that has ``tolist`` (a NumPy array of ``str`` or ``object``, a pandas Series; ``ndim`` 2 gives
+    a list of rows)."""
+    if isinstance(values, Sequence) and not isinstance(values, (str, bytes)):
+        return list(values)
+    if hasattr(values, "tolist") and isinstance(getattr(values, "ndim", None), int) and not isinstance(values, Tensor):
+        if not 1 <= values.ndim <= ndim:
+            raise ValueError(f"{name} must be a {'1-D' if ndim == 1 else f'1-D to {ndim}-D'} array of {what}, "
+                             f"got shape {tuple(values.shape)}")
+        return values.tolist()
+    raise TypeError(f"{name} must be a list of {what}, got {type(values).__name__}")
+
+
 def _check_texts(name: str, texts) -> list[str]:
-    if isinstance(texts, str) or not isinstance(texts, Sequence):
-        raise TypeError(f"{name} must be a list of strings, got {type(texts).__name__}")
+    """``texts`` (any sequence of str, or a 1-D array of them) as a list of str."""
+    texts = _as_list(name, texts, "strings")
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             raise TypeError(f"{name}[{i}] must be a str, got {type(t).__name__}")
-    return list(texts)
+    return texts
 
 
 def _check_references(hyps: list[str], refs) -> list[list[str]]:
-    """``refs`` as one list of references per hypothesis (a plain list = one reference each)."""
-    if isinstance(refs, str) or not isinstance(refs, Sequence):
-        raise TypeError(f"refs must be a list of strings or of lists of strings, got {type(refs).__name__}")
+    """``refs`` as one list of references per hypothesis (a plain list = one reference each; a 2-D
+    array = one row of references each)."""
+    refs = _as_list("refs", refs, "strings or of lists of strings", ndim=2)
     if len(refs) != len(hyps):
         raise ValueError(f"hyps and refs must have the same length, got {len(hyps)} and {len(refs)}")
     groups = []
