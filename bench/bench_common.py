@@ -1,9 +1,11 @@
 """What the WMT benchmark scripts share: their command line's data and output directories, a seeded
-sample of WMT pairs, and agreement statistics between two score lists."""
+sample of WMT pairs, agreement statistics between two score lists, and a markdown report writer that
+records the machine's load."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import random
 from pathlib import Path
 
@@ -26,8 +28,6 @@ def wmt_parser(doc: str) -> argparse.ArgumentParser:
 
 def load_average() -> str:
     """The machine's load average (1/5/15 min), e.g. ``0.55/1.06/1.26``."""
-    import os
-
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
@@ -41,6 +41,7 @@ def write_report(out: Path, name: str, title: str, command: str, notes: list[str
     out.mkdir(parents=True, exist_ok=True)
     (out / name).write_text(report, encoding="utf-8")
     print(report)
+
 
 def load_sample(data_dir: Path, n: int, seed: int = 0) -> list[dict]:
     """``n`` rows spread evenly over every ``*.tsv`` of ``data_dir`` (sorted), seeded per file."""

@@ -387,6 +387,20 @@ def test_clear_cache_for_writes_through_data(tiny_encoder):
     torch.testing.assert_close(reward(HYPS, REFS), MoverReward(scorer, cache_size=0)(HYPS, REFS), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("cache_size", [1024, 1])
+def test_cache_consistent_after_a_failed_call(fixed_scorer, cache_size):
+    """An exception in the encoder (e.g. out of memory) leaves no half-cached reference behind."""
+    reward = MoverReward(fixed_scorer, cache_size=cache_size)
+    reward(HYPS[:1], REFS[:1])
+    forward = fixed_scorer.encoder.forward
+    fixed_scorer.encoder.forward = lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("out of memory"))
+    with pytest.raises(RuntimeError, match="out of memory"):
+        reward(HYPS[:2], REFS[1:3])
+    fixed_scorer.encoder.forward = forward
+    torch.testing.assert_close(reward(HYPS, REFS), MoverReward(fixed_scorer, cache_size=0)(HYPS, REFS),
+                               atol=ATOL, rtol=0)
+
+
 def test_cache_size_validated(fixed_scorer):
     with pytest.raises(ValueError, match="cache_size"):
         MoverReward(fixed_scorer, cache_size=-1)

