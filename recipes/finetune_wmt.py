@@ -4,6 +4,27 @@ The whole pipeline is trained end to end — encoder -> batch centering -> tempe
 with an L2 loss against the human score through an affine calibration:
 
     L = mean_i (a · Sim(hyp_i, ref_i) + b − human_i)²          (a, b learned with the encoder)
+        [+ w · (1 − r_batch(a·Sim + b, human))]                    (--loss mse+pearson, --loss-weight w)
+        [+ w · mean_{human_i > human_j} log(1 + exp(−(ŷ_i − ŷ_j)))] (--loss mse+rank: RankNet on the batch)
+
+Centering: training vs evaluation
+---------------------------------
+In training, ``forward`` centers each (global) micro-batch on its own mean token (``--centering batch``,
+the paper's protocol; ``fixed`` keeps the untuned training texts' mean instead). Every evaluation —
+untuned baseline, dev per epoch, final test — and the saved ``final/`` scorer center on a *fixed*
+mean: the mean token of the training texts (``--centering-fit-size`` of them, seeded) under the
+encoder being evaluated, so a pair's score does not depend on the other pairs scored with it.
+
+Model selection and seeds
+-------------------------
+The test set is never used for a choice. With a dev split (``--dev-fraction``, carved from the
+training files), dev Pearson r is measured after every epoch; the final model is the best dev epoch,
+and ``--patience P`` stops after P epochs without a better one. ``--seeds 0,1,2`` runs the recipe
+once per seed (dev split, training subset, data order, dropout) in ``OUTPUT/seed-S`` and writes
+``OUTPUT/seeds.md`` / ``seeds.json``: before / after / Δ per seed and mean ± sd; a finished seed
+is not rerun, an interrupted one resumes. ``--layer`` picks the layer read; the blocks above it are
+cut off (never computed, so never trained); ``--layer-decay γ`` gives block k of K the learning
+rate ``lr·γ^(K−k)`` (embeddings ``lr·γ^K``), ``--freeze-below K`` freezes the lowest blocks.
 
 Why the calibration starts from a least-squares fit
 ---------------------------------------------------
@@ -35,7 +56,8 @@ Outputs (``--output DIR``)
   continues exactly (same data order, dropout masks, optimiser state), read with
   ``torch.load(weights_only=True)``.
 - ``final/``: the fine-tuned scorer (``Scorer.from_pretrained("DIR/final")``: encoder safetensors,
-  ``torchmover.json``, centering statistics) and ``final/calibration.json`` (``a``, ``b``).
+  ``torchmover.json``, ``centering="fixed"`` with the training texts' mean) and
+  ``final/calibration.json`` (``a``, ``b``); ``result.json``: the run's summary.
 - ``test_report.json`` and ``table.txt``: per-language-pair Kendall τ and Pearson r before and after
   fine-tuning (the paper's Table 4 layout), on ``--test`` or, without it, on the dev split.
 
@@ -140,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--patience", type=int, default=0,
                    help="early stopping: stop after this many epochs without a better dev Pearson r (0: "
                         "train every epoch); with a dev split the final model is always the best dev epoch")
-    o.add_argument("--loss", default="mse", choices=("mse", "mse+pearson", "mse+rank"),
+    o.add_argument("--loss", default="mse+pearson", choices=("mse", "mse+pearson", "mse+rank"),
                    help="mse: (a·Sim + b − human)²; +pearson adds w·(1 − r) of each batch; +rank adds w × the "
                         "mean logistic loss of the batch's pairs ordered by the human scores")
     o.add_argument("--loss-weight", type=float, default=1.0, help="w of the correlation term of --loss")
@@ -148,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="layer-wise lr decay: block k of K (from 1) gets lr·γ^(K−k), the embeddings lr·γ^K")
     o.add_argument("--batch-size", type=int, default=16, help="pairs per process and micro-batch")
     o.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimiser step")
-    o.add_argument("--lr", type=float, default=5e-5, help="peak AdamW learning rate of the encoder")
+    o.add_argument("--lr", type=float, default=1e-4, help="peak AdamW learning rate of the encoder")
     o.add_argument("--calibration-lr", type=float, help="learning rate of a, b (default: --lr; 0 freezes)")
     o.add_argument("--calibration-init", default="lsq", choices=("lsq", "identity"),
                    help="lsq: least-squares fit of the untuned scores; identity: a=1, b=0")
