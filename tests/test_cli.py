@@ -72,8 +72,10 @@ def test_a_printed_signature_reproduces_the_scores(tmp_path, tiny_model_dir, cap
     out, err = capsys.readouterr()
     signature = signature_of(err)
     assert "weights:idf-" in signature and "stop:english" in signature and "ngram:2" in signature
+    assert str(tiny_model_dir) not in signature  # a local model is named, never by its path
     hyps, refs = str(tmp_path / "hyps.txt"), str(tmp_path / "refs.txt")
-    assert main(["score", "--hyps", hyps, "--refs", refs, "--signature", signature, "--no-progress"]) == 0
+    assert main(["score", "--hyps", hyps, "--refs", refs, "--signature", signature, "--model", str(tiny_model_dir),
+                 "--no-progress"]) == 0
     out2, err2 = capsys.readouterr()
     assert out2 == out and signature_of(err2) == signature
 

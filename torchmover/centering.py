@@ -96,9 +96,19 @@ class Centering(nn.Module):
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}, dim={self.mean.numel()}, momentum={self.momentum}"
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor, mean: Tensor | None = None) -> Tensor:
+        """Center ``x`` (``[B, L, D]``, ``mask``: ``[B, L]``) by the module's mode.
+
+        ``mean`` (``batch`` mode only): subtract this ``[D]`` vector instead of the batch's own mean —
+        the mean of a larger set of texts that ``x`` is part of (``Scorer.score`` passes the mean of
+        every text of the call, so that scores do not depend on how the call is batched).
+        """
         from .distributed import global_token_mean, is_distributed
 
+        if mean is not None:
+            if self.mode != "batch":
+                raise ValueError(f"an explicit mean is only defined for mode='batch', this module uses {self.mode!r}")
+            return center(x, mask, "fixed", mean)
         sync = self.sync and self.training and is_distributed()  # batch mean over all ranks
         if self.mode in ("none", "dimension", "sentence") or (self.mode == "batch" and not sync):
             return center(x, mask, self.mode)

@@ -4,11 +4,18 @@ The vectors are ``hidden_states[layer]`` (index 0 = the embedding layer); layers
 are removed from the model so they are never computed. Special tokens ([CLS], [SEP], <s>, ...) are
 dropped through the tokenizer's special-tokens mask. Texts longer than the model's window are
 truncated with a warning that names them.
+
+A model loaded from a local directory is named by what the directory says, never by its path
+(:func:`local_model_name`), and pinned by a hash of its weights (:func:`weights_digest`), so two
+machines with the same weights print the same signature.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
+import re
 import warnings
+from pathlib import Path
 from typing import NamedTuple, Sequence
 
 import torch
@@ -66,6 +73,53 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+_CARD_ID = re.compile(r"""(?:from_pretrained|SentenceTransformer)\(\s*['"]([A-Za-z0-9][\w.-]*/[\w.-]+)['"]""")
+
+
+def local_model_name(path: str | Path, model_type: str = "model") -> str:
+    """The name of the model in the local directory ``path``, for signatures (never the path):
+
+    1. the hub id of a Hugging Face cache snapshot (``.../models--owner--name/snapshots/<commit>``);
+    2. the one hub id its model card (``README.md``) loads, as sentence-transformers directories
+       carry it (``SentenceTransformer('owner/name')`` / ``from_pretrained('owner/name')``);
+    3. the config's ``_name_or_path`` when it is a hub id rather than a path (older ``transformers``
+       save it; it may name the model a fine-tuned one started from — the weights hash tells them apart);
+    4. else ``local-<model_type>`` (e.g. ``local-bert``): pass ``name=`` for a better one.
+    """
+    root = Path(path).resolve()
+    for part in reversed(root.parts):
+        if part.startswith("models--"):
+            return part.removeprefix("models--").replace("--", "/")
+    card = root / "README.md"
+    if card.is_file():
+        ids = set(_CARD_ID.findall(card.read_text(encoding="utf-8", errors="replace")))
+        if len(ids) == 1:
+            return ids.pop()
+    config = root / "config.json"
+    if config.is_file():
+        import json
+
+        try:
+            recorded = json.loads(config.read_text(encoding="utf-8")).get("_name_or_path")
+        except (ValueError, AttributeError):
+            recorded = None
+        if isinstance(recorded, str) and _HUB_ID.fullmatch(recorded) and not Path(recorded).exists():
+            return recorded
+    return f"local-{model_type}"
+
+
+def weights_digest(model: nn.Module) -> str:
+    """Short SHA-256 of a model's weights (every state-dict tensor: name, dtype, shape and bytes, in
+    name order) — the same wherever the files are, different when any weight differs."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        data = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"{name}|{data.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:10]
+
+
 def default_layer(name: str, num_hidden_layers: int) -> int:
     """The recorded default layer of ``name`` (see ``DEFAULT_LAYERS``), else the last layer."""
     if name in DEFAULT_LAYERS:
@@ -101,8 +155,9 @@ class Encoder(nn.Module):
         model: an ``transformers`` encoder (``AutoModel``).
         tokenizer: its (fast) tokenizer.
         layer: hidden layer to read, ``0 <= layer <= num_hidden_layers`` (0 = embeddings).
-        name: the model's hub name, recorded in the signature.
-        revision: the model revision, recorded in the signature when known.
+        name: the model's hub name, recorded in the signature (never a machine path).
+        revision: the model revision, recorded in the signature when known (for a local directory,
+            ``weights-<hash>`` of its weights).
         max_length: window in tokens (default: the tokenizer's / model's maximum).
         special_tokens: which special tokens count as real tokens: ``drop`` (all dropped, the
             default), ``cls`` (the first one — [CLS] / <s> — kept, the others dropped: the TWMD
@@ -134,17 +189,32 @@ class Encoder(nn.Module):
     @classmethod
     def from_pretrained(cls, name: str, layer: int | None = None, revision: str | None = None,
                         max_length: int | None = None, special_tokens: str = "drop",
-                        power_mean_layers: int = 1, **model_kwargs) -> "Encoder":
-        """Load ``name`` (hub name or local path; the default model resolves to its offline package)."""
+                        power_mean_layers: int = 1, model_name: str | None = None, **model_kwargs) -> "Encoder":
+        """Load ``name`` (hub name or local path; the default model resolves to its offline package).
+
+        A local directory ``name`` is recorded as ``model_name`` if given, else as the hub id the
+        directory records (:func:`local_model_name`), with ``revision="weights-<hash>"`` of the weights
+        cut at ``layer`` (:func:`weights_digest`); a ``revision`` given for a directory must equal it
+        (e.g. from a printed signature: the weights are checked).
+        """
         from transformers import AutoModel, AutoTokenizer
 
         path = resolve_model_path(name)
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, use_fast=True)
-        model = AutoModel.from_pretrained(path, revision=revision, **model_kwargs)
-        layer = default_layer(name, model.config.num_hidden_layers) if layer is None else layer
-        revision = revision or getattr(model.config, "_commit_hash", None)
-        return cls(model.eval(), tokenizer, layer, name=name, revision=revision, max_length=max_length,
-                   special_tokens=special_tokens, power_mean_layers=power_mean_layers)
+        local = Path(name).is_dir()
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=None if local else revision, use_fast=True)
+        model = AutoModel.from_pretrained(path, revision=None if local else revision, **model_kwargs)
+        recorded = model_name or (local_model_name(name, model.config.model_type) if local else name)
+        layer = default_layer(recorded, model.config.num_hidden_layers) if layer is None else layer
+        encoder = cls(model.eval(), tokenizer, layer, name=recorded, max_length=max_length,
+                      special_tokens=special_tokens, power_mean_layers=power_mean_layers)
+        if local:
+            digest = f"weights-{weights_digest(encoder.model)}"
+            if revision is not None and revision != digest:
+                raise ValueError(f"the weights in {name!r} hash to {digest}, not the given revision {revision!r}")
+            encoder.revision = digest
+        else:
+            encoder.revision = revision or getattr(model.config, "_commit_hash", None)
+        return encoder
 
     @property
     def hidden_size(self) -> int:

@@ -36,7 +36,8 @@ For each factor ``f`` and group ``g``, with ``r_k`` the correlation at level ``k
 
 Both are in percent; the ``average`` column is the unweighted mean of the groups' values (not the CV
 of the averaged correlation). Scores use ``scorer.score(..., batch_size)`` with one ``batch_size`` for
-every variant (default 32, the TWMD paper's), so ``batch`` centering sees the same batches throughout.
+every variant (default 32, the TWMD paper's); ``batch`` centering uses the mean of every text of the
+call, whatever the ``batch_size``.
 
 Cost. The base :class:`~torchmover.Scorer` is built once; variants share its encoder
 (``Scorer(base.encoder, **options)``), and the encoder's outputs are memoised per batch of texts, so
@@ -513,8 +514,7 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
             Its IDF and fixed centering are (re)fitted here on the records.
         factors: names from ``FACTORS`` (a list or a comma-separated string); ``None``: every factor
             that applies to the base method (``temperature`` needs twmd/trwmd, ``iterations`` twmd).
-        batch_size: hypotheses per ``scorer.score`` batch, the same for every variant (batch
-            centering depends on it).
+        batch_size: hypotheses per ``scorer.score`` batch, the same for every variant.
         progress: a tqdm bar over the variants.
         encoder_for_layer: ``k -> Encoder`` at layer ``k`` for the ``layer`` factor (default:
             ``Encoder.from_pretrained`` of the base model with its encoder options).

@@ -4,7 +4,7 @@ Layout of a saved scorer::
 
     path/
       torchmover.json          {"format": 1, "torchmover": "<version>", "config": {ScorerConfig fields},
-                                "encoder_dtype": "float32"}
+                                "encoder_dtype": "float32", "baseline": [P, R, F1] or null}
       encoder/                 the encoder cut at ``layer`` (``model.safetensors``, ``config.json``)
                                and its tokenizer files, written by ``save_pretrained``
       centering.safetensors    the Centering buffers ``mean`` [D] and ``num_tokens`` []
@@ -69,6 +69,7 @@ def save_scorer(scorer, path: str | os.PathLike) -> Path:
             "torchmover": __version__,
             "config": dataclasses.asdict(scorer.config),
             "encoder_dtype": str(next(encoder.model.parameters()).dtype).removeprefix("torch."),
+            "baseline": None if scorer.baseline is None else list(scorer.baseline),  # rescaling, fit_baseline
             "signature": scorer.signature,  # informative only: the signature of the saved scorer
         }
         with open(tmp / CONFIG_FILE, "w", encoding="utf-8") as f:
@@ -134,7 +135,7 @@ def load_scorer(cls, path: str | os.PathLike, device=None, dtype: torch.dtype | 
     from transformers import AutoModel, AutoTokenizer
 
     from .encoding import Encoder
-    from .scorer import ScorerConfig
+    from .scorer import PRF, ScorerConfig
     from .weights import IDF
 
     root = Path(path)
@@ -179,6 +180,12 @@ def load_scorer(cls, path: str | os.PathLike, device=None, dtype: torch.dtype | 
     if missing:
         raise ValueError(f"{CENTERING_FILE} in {str(root)!r} lacks {sorted(missing)}")
     scorer.centering.load_state_dict(buffers)
+    baseline = meta.get("baseline")
+    if baseline is not None:
+        if not (isinstance(baseline, list) and len(baseline) == 3
+                and all(isinstance(b, (int, float)) and b < 1 for b in baseline)):
+            raise ValueError(f"corrupt baseline in {str(root / CONFIG_FILE)!r}: expected three numbers < 1, got {baseline!r}")
+        scorer.baseline = PRF(*map(float, baseline))
     if (root / IDF_FILE).is_file():
         try:
             saved = json.loads((root / IDF_FILE).read_text(encoding="utf-8"))
