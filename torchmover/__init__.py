@@ -2,10 +2,11 @@
 from . import functional
 from .centering import Centering, center
 from .encoding import DEFAULT_MODEL, Encoder, TokenEmbeddings
+from .evaluate import score
 from .presets import PRESETS
-from .scorer import Scorer, ScorerConfig, Units
+from .scorer import PRF, Scorer, ScorerConfig, Units
 
 __version__ = "0.1.0"
 
-__all__ = ["Centering", "DEFAULT_MODEL", "Encoder", "PRESETS", "Scorer", "ScorerConfig", "TokenEmbeddings",
-           "Units", "center", "functional", "__version__"]
+__all__ = ["Centering", "DEFAULT_MODEL", "Encoder", "PRESETS", "PRF", "Scorer", "ScorerConfig", "TokenEmbeddings",
+           "Units", "center", "functional", "score", "__version__"]
