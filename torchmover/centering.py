@@ -74,7 +74,8 @@ class Centering(nn.Module):
     slices of a batch center, score and backpropagate like one process on the whole batch. Every rank
     must then run forward and backward in step, as with SyncBatchNorm. Eval mode (the default of a
     :class:`~torchmover.Scorer`, and always inside ``Scorer.score``) centers each process's batch
-    locally, so evaluating on one rank never waits for the others.
+    locally, so evaluating on one rank never waits for the others (``Scorer.score(...,
+    centering_group=...)``, as ``MoverMetric.compute`` uses it, centers on every rank's texts instead).
     """
 
     def __init__(self, mode: str = "batch", dim: int | None = None, momentum: float = 0.1,

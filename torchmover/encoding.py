@@ -158,6 +158,8 @@ class Encoder(nn.Module):
         name: the model's hub name, recorded in the signature (never a machine path).
         revision: the model revision, recorded in the signature when known (for a local directory,
             ``weights-<hash>`` of its weights).
+        source: where the model was loaded from (hub name or local path; default ``name``), to load
+            it again (e.g. at another layer); never printed in a signature.
         max_length: window in tokens (default: the tokenizer's / model's maximum).
         special_tokens: which special tokens count as real tokens: ``drop`` (all dropped, the
             default), ``cls`` (the first one — [CLS] / <s> — kept, the others dropped: the TWMD
@@ -168,7 +170,8 @@ class Encoder(nn.Module):
     """
 
     def __init__(self, model: nn.Module, tokenizer, layer: int, name: str, revision: str | None = None,
-                 max_length: int | None = None, special_tokens: str = "drop", power_mean_layers: int = 1):
+                 max_length: int | None = None, special_tokens: str = "drop", power_mean_layers: int = 1,
+                 source: str | None = None):
         super().__init__()
         n_layers = model.config.num_hidden_layers
         if not isinstance(layer, int) or not 0 <= layer <= n_layers:
@@ -182,6 +185,7 @@ class Encoder(nn.Module):
             raise TypeError(f"a fast tokenizer is needed (special-tokens and truncation info), got {type(tokenizer).__name__}")
         _truncate_layers(model, max(layer, 1))  # keep one block: with none, no hidden states come out
         self.model, self.tokenizer, self.layer, self.name, self.revision = model, tokenizer, layer, name, revision
+        self.source = source or name
         limits = [m for m in (tokenizer.model_max_length, getattr(model.config, "max_position_embeddings", None))
                   if isinstance(m, int) and m < 1_000_000]
         self.max_length = max_length or (min(limits) if limits else 512)
@@ -193,9 +197,9 @@ class Encoder(nn.Module):
         """Load ``name`` (hub name or local path; the default model resolves to its offline package).
 
         A local directory ``name`` is recorded as ``model_name`` if given, else as the hub id the
-        directory records (:func:`local_model_name`), with ``revision="weights-<hash>"`` of the weights
-        cut at ``layer`` (:func:`weights_digest`); a ``revision`` given for a directory must equal it
-        (e.g. from a printed signature: the weights are checked).
+        directory records (:func:`local_model_name`), with ``revision="weights-<hash>"`` of all its
+        weights (:func:`weights_digest`, whatever the layer); a ``revision`` given for a directory must
+        equal it (e.g. from a printed signature: the weights are checked).
         """
         from transformers import AutoModel, AutoTokenizer
 
@@ -205,16 +209,15 @@ class Encoder(nn.Module):
         model = AutoModel.from_pretrained(path, revision=None if local else revision, **model_kwargs)
         recorded = model_name or (local_model_name(name, model.config.model_type) if local else name)
         layer = default_layer(recorded, model.config.num_hidden_layers) if layer is None else layer
-        encoder = cls(model.eval(), tokenizer, layer, name=recorded, max_length=max_length,
-                      special_tokens=special_tokens, power_mean_layers=power_mean_layers)
         if local:
-            digest = f"weights-{weights_digest(encoder.model)}"
+            digest = f"weights-{weights_digest(model)}"
             if revision is not None and revision != digest:
                 raise ValueError(f"the weights in {name!r} hash to {digest}, not the given revision {revision!r}")
-            encoder.revision = digest
+            revision = digest
         else:
-            encoder.revision = revision or getattr(model.config, "_commit_hash", None)
-        return encoder
+            revision = revision or getattr(model.config, "_commit_hash", None)
+        return cls(model.eval(), tokenizer, layer, name=recorded, revision=revision, max_length=max_length,
+                   special_tokens=special_tokens, power_mean_layers=power_mean_layers, source=name)
 
     @property
     def hidden_size(self) -> int:

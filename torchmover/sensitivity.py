@@ -479,9 +479,9 @@ def _original_layers(encoder: Encoder) -> int:
     from .encoding import resolve_model_path
 
     try:
-        return int(AutoConfig.from_pretrained(resolve_model_path(encoder.name)).num_hidden_layers)
+        return int(AutoConfig.from_pretrained(resolve_model_path(encoder.source)).num_hidden_layers)
     except (OSError, ValueError) as error:
-        raise ValueError(f"the layer factor needs the model's configuration, and {encoder.name!r} could not be "
+        raise ValueError(f"the layer factor needs the model's configuration, and {encoder.source!r} could not be "
                          f"loaded ({error}); pass encoder_for_layer= and n_layers=") from error
 
 
@@ -559,9 +559,9 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
             if encoder_for_layer is not None:
                 encoder = encoder_for_layer(layer)
             else:
-                encoder = Encoder.from_pretrained(config.model, layer=layer, revision=config.revision,
+                encoder = Encoder.from_pretrained(base.encoder.source, layer=layer, revision=config.revision,
                                                   max_length=config.max_length, special_tokens=config.special_tokens,
-                                                  power_mean_layers=config.power_mean_layers)
+                                                  power_mean_layers=config.power_mean_layers, model_name=config.model)
                 encoder.to(base.encoder.device)
             if encoder.layer != layer:
                 raise ValueError(f"encoder_for_layer({layer}) returned an encoder at layer {encoder.layer}")
