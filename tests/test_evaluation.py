@@ -166,6 +166,8 @@ def test_a_local_model_is_named_by_its_weights_not_its_path(tiny_model_dir, tmp_
     assert a.signature == b.signature
     assert "model:local-bert@weights-" in a.signature and str(tmp_path) not in a.signature
     assert "model:me/tiny@weights-" in Scorer(str(copies[0]), layer=2, name="me/tiny").signature
+    with pytest.raises(ValueError, match="local directories"):  # a hub model keeps its hub id
+        Scorer("roberta-base", name="me/tiny")
 
     weights = load_file(str(copies[1] / "model.safetensors"))
     name = next(k for k in weights if k.endswith("word_embeddings.weight"))

@@ -205,9 +205,12 @@ class Encoder(nn.Module):
 
         path = resolve_model_path(name)
         local = Path(name).is_dir()
+        if not local and model_name not in (None, name):
+            raise ValueError(f"model_name={model_name!r} is for local directories; the hub model {name!r} is "
+                             "named by its hub id")
         tokenizer = AutoTokenizer.from_pretrained(path, revision=None if local else revision, use_fast=True)
         model = AutoModel.from_pretrained(path, revision=None if local else revision, **model_kwargs)
-        recorded = model_name or (local_model_name(name, model.config.model_type) if local else name)
+        recorded = (model_name or local_model_name(name, model.config.model_type)) if local else name
         layer = default_layer(recorded, model.config.num_hidden_layers) if layer is None else layer
         if local:
             digest = f"weights-{weights_digest(model)}"
