@@ -5,7 +5,8 @@ On ``--pairs`` WMT15-16 pairs (shuffled with seed 0), the default encoder with `
 - batch-size independence: ``score`` at several ``batch_size`` against ``forward`` on the whole list
   (max abs difference; float32 rounding expected);
 - cost: the encoding pass alone (every distinct text once, length-sorted batches of 64), ``score``
-  (recall) and ``score(return_all=True)`` (P, R, F1), each the median of ``--repeats`` runs;
+  (recall) and ``score(return_all=True)`` (P, R, F1), each the median of ``--repeats`` runs, in wall
+  seconds and in this process's CPU seconds (less sensitive to other processes on a shared machine);
 - rescaling: Pearson r with the human scores before and after ``fit_baseline`` on the references
   (identical up to float rounding: a linear map), and the baselines.
 
@@ -30,13 +31,15 @@ from torchmover.data import read_tsv_dir
 from bench_common import wmt_parser
 
 
-def median_seconds(fn, repeats: int) -> float:
-    times = []
+def median_seconds(fn, repeats: int) -> tuple[float, float]:
+    """Median wall and process-CPU seconds of ``fn()``."""
+    wall, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -74,17 +77,16 @@ def main() -> None:
         f"# bench_evaluation: {args.pairs} WMT15-16 pairs, {scorer.config.model}, centering=batch, "
         f"{args.threads} threads, median of {args.repeats}",
         "",
-        f"load average before: {os.getloadavg()[0]:.2f}",
+        f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}",
         "",
         "| batch_size | max abs diff of score vs forward on the whole list |",
         "|---|---|",
         *[f"| {bs} | {d:.2e} |" for bs, d in diffs.items()],
         "",
-        "| step | seconds | vs encoding |",
-        "|---|---|---|",
-        f"| encoding pass alone | {encode:.2f} | 1.00x |",
-        f"| score (recall) | {recall:.2f} | {recall / encode:.2f}x |",
-        f"| score(return_all=True) | {prf:.2f} | {prf / encode:.2f}x |",
+        "| step | wall s | CPU s | CPU vs encoding |",
+        "|---|---|---|---|",
+        *[f"| {step} | {wall:.2f} | {cpu:.2f} | {cpu / encode[1]:.2f}x |" for step, (wall, cpu) in
+          (("encoding pass alone", encode), ("score (recall)", recall), ("score(return_all=True)", prf))],
         "",
         "| direction | baseline b | Pearson r raw | Pearson r rescaled |",
         "|---|---|---|---|",
