@@ -59,12 +59,13 @@ class IDF:
 
     @classmethod
     def fit(cls, texts: Iterable[str], tokenizer) -> "IDF":
-        """Count, for every token id, how many of ``texts`` contain it (special tokens included)."""
+        """Count, for every token id, how many of ``texts`` contain it (special tokens included; texts
+        stripped and truncated as the encoder does)."""
         texts = list(texts)
         if not texts or not all(isinstance(t, str) for t in texts):
             raise ValueError("IDF.fit needs a non-empty list of strings")
         counts: Counter = Counter()
-        for ids in tokenizer(texts, truncation=True)["input_ids"]:
+        for ids in tokenizer([t.strip() for t in texts], truncation=True)["input_ids"]:
             counts.update(set(ids))
         return cls(counts, len(texts))
 
