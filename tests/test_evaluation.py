@@ -152,6 +152,12 @@ def test_rescale_errors(tiny_encoder):
         Scorer(tiny_encoder, rescale=True).fit_baseline(CORPUS, n_pairs=0)
     with pytest.raises(ValueError, match="rescale"):
         Scorer(tiny_encoder, rescale="yes")
+    scorer = Scorer(tiny_encoder, rescale=True)
+    for wrong in ([0.1, 0.2], [0.1, 0.2, 1.0], ["0.1", 0.2, 0.3]):
+        with pytest.raises(ValueError, match="three numbers < 1"):
+            scorer.baseline = wrong
+    scorer.baseline = (0.5, 0.25, 0.0)
+    assert scorer.baseline == PRF(0.5, 0.25, 0.0)
 
 
 # --- signatures of local models ------------------------------------------------------------------------
