@@ -36,13 +36,16 @@ def test_separate_scope_centers_each_side_on_all_of_its_texts(tiny_encoder):
     """The analogue for center_scope="separate": hypotheses on the mean of every hypothesis, references
     on the mean of every reference — checked against a centering="fixed" path fed those two means."""
     from torchmover.centering import token_mean
+    from torchmover.scorer import call_plan, plan_lists
+    from torchmover.transfer import to_device
 
     scorer = Scorer(tiny_encoder, centering="batch", center_scope="separate")
     hyps, refs = HYPS[:4], [r if isinstance(r, str) else r[0] for r in REFS[:4]]
+    texts, groups = list(dict.fromkeys(hyps + refs)), [[x] for x in refs]
     with torch.no_grad():
         h, r = scorer.embed(list(dict.fromkeys(hyps))), scorer.embed(list(dict.fromkeys(refs)))
-        expected = scorer._score_embedded(hyps, [[x] for x in refs], list(dict.fromkeys(hyps + refs)),
-                                          scorer.embed(list(dict.fromkeys(hyps + refs))),
+        plan = call_plan(hyps, to_device(plan_lists(hyps, groups, texts), None))
+        expected = scorer._score_embedded(plan, scorer.embed(texts),
                                           means=(token_mean(h.vectors, h.mask), token_mean(r.vectors, r.mask)))
     torch.testing.assert_close(scorer.score(hyps, refs, batch_size=1, progress=False), expected)
 

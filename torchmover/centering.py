@@ -113,11 +113,13 @@ class Centering(nn.Module):
         self.mode, self.momentum, self.sync = mode, momentum, bool(sync)
         self.register_buffer("mean", torch.zeros(dim or 0))
         self.register_buffer("num_tokens", torch.zeros((), dtype=torch.long))
+        self._fitted = False  # num_tokens > 0, mirrored on the host so that checking it reads no device data
 
     @property
     def fitted(self) -> bool:
-        """Whether the buffer holds a mean (from :meth:`fit`, a running estimate, or a state dict)."""
-        return int(self.num_tokens) > 0
+        """Whether the buffer holds a mean (from :meth:`fit`, a running estimate, or a state dict).
+        Kept on the host: reading it never waits for the device."""
+        return self._fitted
 
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}, dim={self.mean.numel()}, momentum={self.momentum}"
@@ -162,6 +164,7 @@ class Centering(nn.Module):
         else:
             self.mean.copy_(batch_mean)
         self.num_tokens += n_tokens
+        self._fitted = True
 
     @torch.no_grad()
     def fit(self, embeddings, mask: Tensor | None = None) -> "Centering":
@@ -183,6 +186,7 @@ class Centering(nn.Module):
         self._resize(total)
         self.mean.copy_((total / count).to(self.mean))
         self.num_tokens.fill_(count)
+        self._fitted = True
         return self
 
     def _resize(self, like: Tensor) -> None:
@@ -194,3 +198,4 @@ class Centering(nn.Module):
         if saved is not None:
             self._resize(saved)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._fitted = bool(self.num_tokens > 0)  # once, when loading

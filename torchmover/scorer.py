@@ -19,6 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from . import functional as F
+from .arena import TokenArena
+from .transfer import to_device
 from .centering import MODULE_MODES, Centering
 from .encoding import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES, Encoder
 from .family import (DIRECTIONS, UNNORMALIZED, WMD_TEMPERATURE, TokenCloud, member_term, pair_similarity,
@@ -148,19 +150,33 @@ def _check_choice(name: str, value, choices) -> None:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
 
 
+def _as_list(name: str, values, what: str, ndim: int = 1) -> list:
+    """``values`` as a list: any sequence but a str, or an array with ``ndim`` dimensions or fewer
+    that has ``tolist`` (a NumPy array of ``str`` or ``object``, a pandas Series; ``ndim`` 2 gives
+    a list of rows)."""
+    if isinstance(values, Sequence) and not isinstance(values, (str, bytes)):
+        return list(values)
+    if hasattr(values, "tolist") and isinstance(getattr(values, "ndim", None), int) and not isinstance(values, Tensor):
+        if not 1 <= values.ndim <= ndim:
+            raise ValueError(f"{name} must be a {'1-D' if ndim == 1 else f'1-D to {ndim}-D'} array of {what}, "
+                             f"got shape {tuple(values.shape)}")
+        return values.tolist()
+    raise TypeError(f"{name} must be a list of {what}, got {type(values).__name__}")
+
+
 def _check_texts(name: str, texts) -> list[str]:
-    if isinstance(texts, str) or not isinstance(texts, Sequence):
-        raise TypeError(f"{name} must be a list of strings, got {type(texts).__name__}")
+    """``texts`` (any sequence of str, or a 1-D array of them) as a list of str."""
+    texts = _as_list(name, texts, "strings")
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             raise TypeError(f"{name}[{i}] must be a str, got {type(t).__name__}")
-    return list(texts)
+    return texts
 
 
 def _check_references(hyps: list[str], refs) -> list[list[str]]:
-    """``refs`` as one list of references per hypothesis (a plain list = one reference each)."""
-    if isinstance(refs, str) or not isinstance(refs, Sequence):
-        raise TypeError(f"refs must be a list of strings or of lists of strings, got {type(refs).__name__}")
+    """``refs`` as one list of references per hypothesis (a plain list = one reference each; a 2-D
+    array = one row of references each)."""
+    refs = _as_list("refs", refs, "strings or of lists of strings", ndim=2)
     if len(refs) != len(hyps):
         raise ValueError(f"hyps and refs must have the same length, got {len(hyps)} and {len(refs)}")
     groups = []
@@ -223,17 +239,48 @@ def _distinct_texts(hyps: list[str], groups: list[list[str]]) -> list[str]:
     return list(dict.fromkeys(hyps + [r for g in groups for r in g]))
 
 
-def pair_index(hyps: list[str], groups: list[list[str]], hyp_row: dict[str, int], ref_row: dict[str, int],
-               device=None) -> PairIndex:
-    """Index every (hypothesis, reference) pair into rows of distinct texts."""
-    def index(values):
-        return torch.tensor(values, dtype=torch.long, device=device)
-
+def pair_lists(hyps: list[str], groups: list[list[str]], hyp_row: dict[str, int],
+               ref_row: dict[str, int]) -> PairIndex:
+    """:func:`pair_index` as host lists (``None`` where the rows are simply ``0, 1, …``)."""
     def rows(values, n_rows):
-        return None if values == list(range(n_rows)) else index(values)
+        return None if values == list(range(n_rows)) else values
     return PairIndex(rows([hyp_row[hyps[i]] for i, g in enumerate(groups) for _ in g], len(hyp_row)),
                      rows([ref_row[t] for g in groups for t in g], len(ref_row)),
-                     index([i for i, g in enumerate(groups) for _ in g]))
+                     [i for i, g in enumerate(groups) for _ in g])
+
+
+def pair_index(hyps: list[str], groups: list[list[str]], hyp_row: dict[str, int], ref_row: dict[str, int],
+               device=None) -> PairIndex:
+    """Index every (hypothesis, reference) pair into rows of distinct texts (built on the host, sent to
+    ``device`` in one transfer)."""
+    return PairIndex(*to_device(pair_lists(hyps, groups, hyp_row, ref_row), device))
+
+
+class CallPlan(NamedTuple):
+    """Where the texts of a call's pairs are, in the units of its distinct texts (hypotheses first):
+    the first ``n_hyp_texts`` rows are the distinct hypotheses, ``ref_rows`` the distinct references,
+    ``index`` the pairs (into those two), ``n_hyps`` the hypotheses. Built on the host and sent to the
+    device in one transfer before the encoder runs (:meth:`Scorer.plan`)."""
+
+    n_hyp_texts: int
+    ref_rows: Tensor
+    index: PairIndex
+    n_hyps: int
+
+
+def plan_lists(hyps: list[str], groups: list[list[str]], texts: list[str]) -> list[list[int] | None]:
+    """The host lists of a :class:`CallPlan` (``ref_rows`` and the :class:`PairIndex`) of ``texts``
+    (:func:`_distinct_texts`)."""
+    row = {t: i for i, t in enumerate(texts)}
+    hyp_texts = list(dict.fromkeys(hyps))
+    ref_texts = list(dict.fromkeys(r for g in groups for r in g))
+    return [[row[t] for t in ref_texts], *pair_lists(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
+                                                     {t: i for i, t in enumerate(ref_texts)})]
+
+
+def call_plan(hyps: list[str], sent: Sequence[Tensor | None]) -> CallPlan:
+    """The :class:`CallPlan` of ``hyps`` from the sent :func:`plan_lists`."""
+    return CallPlan(len(dict.fromkeys(hyps)), sent[0], PairIndex(*sent[1:4]), len(hyps))
 
 
 class Scorer(nn.Module):
@@ -464,21 +511,27 @@ class Scorer(nn.Module):
         if c.method in SENTENCE_METHODS:  # whole documents, per sentence when longer than the window
             documents = encode_documents(self.encoder, texts)
             return Units(documents.embeddings, documents.mask, sentence_ids=documents.sentence_ids)
-        tokens = self.encoder(texts)
+        tokens = self.encoder(texts) if c.token_policy_is_identity else self.encoder(texts, token_policy=self._keep_mask)
         x, mask = tokens.embeddings, tokens.mask
-        if not c.token_policy_is_identity:
-            mask = keep_mask(mask, tokens.input_ids, tokens.word_ids, self.encoder.tokenizer, subwords=c.subwords,
-                             stopwords=c.stopwords, punctuation=c.punctuation)
-        weights = [self.idf[side](tokens.input_ids).to(x.device) for side in ("hyp", "ref")] if c.idf else []
+        weights = [self.idf[side](tokens.input_ids) for side in ("hyp", "ref")] if c.idf else []
         if c.special_tokens == "target":  # in the mask as matching targets, with mass 0
             weights = [w * ~tokens.special for w in weights] if weights else [(~tokens.special).to(x.dtype)] * 2
         if c.subwords == "mean":
-            x, mask, *weights = pool_subwords(x, mask, tokens.word_ids, *weights)
+            x, mask, *weights = pool_subwords(x, mask, tokens.word_ids, *weights, num_words=tokens.num_words)
         return Units(x, mask, *weights)
 
+    def _keep_mask(self, mask: Tensor, input_ids: Tensor, word_ids: Tensor) -> Tensor:
+        """The token policy (:func:`~torchmover.weights.keep_mask`), run by the encoder on the host."""
+        c = self.config
+        return keep_mask(mask, input_ids, word_ids, self.encoder.tokenizer, subwords=c.subwords,
+                         stopwords=c.stopwords, punctuation=c.punctuation)
+
     def center(self, units: Units, mean: Tensor | None = None) -> Units:
-        """Apply the centering module to the units' vectors (``mean``: an explicit batch mean, see
+        """Apply the centering module to the units' vectors (``none``: the units as they are, padding
+        included: the family masks it; ``mean``: an explicit batch mean, see
         :meth:`Centering.forward <torchmover.Centering.forward>`)."""
+        if self.centering.mode == "none":
+            return units
         return units._replace(vectors=self.centering(units.vectors, units.mask, mean))
 
     def score_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int,
@@ -541,7 +594,7 @@ class Scorer(nn.Module):
         x, mask, weights = units.vectors, units.mask, units.hyp_weights if side == "hyp" else units.ref_weights
         if self.config.ngram > 1:
             x, mask, weights = ngrams(x, mask, mask.to(x.dtype) if weights is None else weights, self.config.ngram)
-        return token_cloud(x, mask, weights, name=f"{side}_weights",
+        return token_cloud(x, mask, weights, name=f"{side}_weights", validate=False,  # IDF: never negative
                            zero_mass_targets=self.config.special_tokens == "target")
 
     def self_similarities(self, units: Units, side: str = "ref") -> Tensor | None:
@@ -582,32 +635,25 @@ class Scorer(nn.Module):
             empty = torch.zeros(0, device=self.encoder.device)
             return PRF(empty, empty, empty) if return_all else empty
         texts = _distinct_texts(hyps, groups)
-        return self._score_embedded(hyps, groups, texts, self.embed(texts), return_all=return_all)
+        plan = call_plan(hyps, to_device(plan_lists(hyps, groups, texts), self.encoder.device))  # before the encoder
+        return self._score_embedded(plan, self.embed(texts), return_all=return_all)
 
-    def _score_embedded(self, hyps: list[str], groups: list[list[str]], texts: list[str], units: Units, *,
-                        return_all: bool = False, means: tuple[Tensor, ...] | None = None) -> Tensor | PRF:
-        """Center ``units`` (one row per text of ``texts``) and score every pair (``[B]``, or ``PRF``).
-        ``means``: explicit batch-centering means (one, joint; or the hypotheses' and the
-        references', separate) instead of those of ``units`` (see :meth:`score`)."""
-        row = {t: i for i, t in enumerate(texts)}
-        device = units.mask.device
-        hyp_texts = list(dict.fromkeys(hyps))
-        ref_texts = list(dict.fromkeys(r for g in groups for r in g))
+    def _score_embedded(self, plan: CallPlan, units: Units, *, return_all: bool = False,
+                        means: tuple[Tensor, ...] | None = None) -> Tensor | PRF:
+        """Center ``units`` (one row per distinct text of the call, hypotheses first) and score every
+        pair of ``plan`` (``[B]``, or ``PRF``). ``means``: explicit batch-centering means (one, joint;
+        or the hypotheses' and the references', separate) instead of those of ``units`` (see :meth:`score`)."""
+        hyp_rows = slice(0, plan.n_hyp_texts)
         hyp_mean, ref_mean = (None, None) if means is None else (means[0], means[-1])
-
-        def rows(side_texts):
-            return torch.tensor([row[t] for t in side_texts], device=device)
         if self.config.center_scope == "joint":
             centered = self.center(units, hyp_mean)
-            hyp_units, ref_units = centered.select(rows(hyp_texts)), centered.select(rows(ref_texts))
+            hyp_units, ref_units = centered.select(hyp_rows), centered.select(plan.ref_rows)
         else:
-            hyp_units = self.center(units.select(rows(hyp_texts)), hyp_mean)
-            ref_units = self.center(units.select(rows(ref_texts)), ref_mean)
-        index = pair_index(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
-                           {t: i for i, t in enumerate(ref_texts)}, device)
+            hyp_units = self.center(units.select(hyp_rows), hyp_mean)
+            ref_units = self.center(units.select(plan.ref_rows), ref_mean)
         if return_all:
-            return self.score_all_pairs(hyp_units, ref_units, index, len(hyps))
-        return self.score_pairs(hyp_units, ref_units, index, len(hyps))
+            return self.score_all_pairs(hyp_units, ref_units, plan.index, plan.n_hyps)
+        return self.score_pairs(hyp_units, ref_units, plan.index, plan.n_hyps)
 
     @torch.no_grad()
     def score(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]],
@@ -617,9 +663,11 @@ class Scorer(nn.Module):
         order (``return_all=True``: ``PRF(precision, recall, f1)`` of them, from the same encoding).
 
         As the peers do it: every distinct text of the list (of each chunk of ``SCORE_CHUNK``
-        hypotheses) is encoded once, in batches of ``batch_size`` texts of similar token length
-        (trimmed to their longest); then the pairs are scored in length-sorted batches of
-        ``batch_size`` hypotheses.
+        hypotheses) is encoded once, in batches of ``batch_size`` texts of similar length (trimmed to
+        their longest) kept on the device in a :class:`~torchmover.arena.TokenArena`; then the pairs
+        are scored in length-sorted batches of ``batch_size`` hypotheses, each gathered from it by
+        indices built on the host and sent in one transfer per chunk. The scores stay on the device
+        until the end: nothing in the loop waits for it.
 
         Scores do not depend on ``batch_size`` nor on the other pairs of a batch: ``batch`` centering
         uses the mean of every real token of the call's distinct texts (``center_scope="separate"``:
@@ -638,7 +686,8 @@ class Scorer(nn.Module):
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         order = sorted(range(len(hyps)), key=lambda i: -(len(hyps[i]) + max(map(len, groups[i]))))
         chunks = [order[start:start + SCORE_CHUNK] for start in range(0, len(order), SCORE_CHUNK)]
-        out = torch.zeros(3 if return_all else 1, len(hyps))
+        device = self.encoder.device
+        out = torch.zeros(3 if return_all else 1, len(hyps), device=device)
         was_training = self.training
         self.eval()
         try:
@@ -646,68 +695,74 @@ class Scorer(nn.Module):
             if self.config.centering == "batch":
                 means, kept = self._call_means(hyps, groups, chunks, batch_size, progress, centering_group)
             with tqdm(total=len(hyps), desc="scoring", unit="pair", disable=not progress) as bar:
-                for k in reversed(range(len(chunks))):
-                    chunk = chunks[k]
-                    units = kept if kept is not None and k == len(chunks) - 1 else self._embed_distinct(
+                for c in reversed(range(len(chunks))):
+                    chunk = chunks[c]
+                    arena = kept if kept is not None and c == len(chunks) - 1 else self._embed_distinct(
                         [hyps[i] for i in chunk], [groups[i] for i in chunk], batch_size, progress)
                     kept = None
+                    batches, lists = [], []  # every batch's indices, built on the host, sent in one transfer
                     for start in range(0, len(chunk), batch_size):
                         idx = chunk[start:start + batch_size]
                         batch_hyps, batch_groups = [hyps[i] for i in idx], [groups[i] for i in idx]
                         texts = _distinct_texts(batch_hyps, batch_groups)
-                        batch_units = Units.pad([units[t] for t in texts])
-                        scores = self._score_embedded(batch_hyps, batch_groups, texts, batch_units,
+                        rows, width = arena.index(texts)
+                        batches.append((batch_hyps, len(texts), width))
+                        lists += [idx, rows, *plan_lists(batch_hyps, batch_groups, texts)]
+                    sent = to_device(lists, device)
+                    for k, (batch_hyps, n_texts, width) in enumerate(batches):
+                        idx, rows, *plan = sent[6 * k:6 * k + 6]
+                        scores = self._score_embedded(call_plan(batch_hyps, plan), arena.gather(rows, n_texts, width),
                                                       return_all=return_all, means=means)
-                        out[:, idx] = torch.stack(list(scores) if return_all else [scores]).float().cpu()
-                        bar.update(len(idx))
+                        out.index_copy_(1, idx, torch.stack(list(scores) if return_all else [scores]).float())
+                        bar.update(len(batch_hyps))
         finally:
             self.train(was_training)
+        out = out.cpu()
         return PRF(*out) if return_all else out[0]
 
     def _call_means(self, hyps: list[str], groups: list[list[str]], chunks: list[list[int]], batch_size: int,
-                    progress: bool, group) -> tuple[tuple[Tensor, ...], dict[str, Units] | None]:
+                    progress: bool, group) -> tuple[tuple[Tensor, ...], TokenArena | None]:
         """First pass of :meth:`score` under ``batch`` centering: the mean unit vector of the call's
         distinct texts — ``μ = Σ_texts Σ_tokens x / Σ_texts n_tokens`` (float64 sums), one mean
         (``joint``) or the hypotheses' and the references' (``separate``) — summed over the ranks of
-        ``group`` if given. Returns the means and the units of the last chunk (to be reused)."""
+        ``group`` if given. Returns the means and the arena of the last chunk (to be reused)."""
         import torch.distributed as dist
 
         sides = (None,) if self.config.center_scope == "joint" else ("hyp", "ref")
         dim, device = self.encoder.hidden_size, self.encoder.device
         stats = {side: torch.zeros(dim + 1, dtype=torch.float64, device=device) for side in sides}  # (Σ x, n)
         seen = {side: set() for side in sides}
-        units = None
+        arena = None
         for chunk in chunks:
             chunk_hyps, chunk_groups = [hyps[i] for i in chunk], [groups[i] for i in chunk]
-            units = self._embed_distinct(chunk_hyps, chunk_groups, batch_size, progress)
-            side_texts = {None: units, "hyp": chunk_hyps, "ref": [r for g in chunk_groups for r in g]}
+            arena = self._embed_distinct(chunk_hyps, chunk_groups, batch_size, progress)
+            side_texts = {None: _distinct_texts(chunk_hyps, chunk_groups), "hyp": chunk_hyps,
+                          "ref": [r for g in chunk_groups for r in g]}
             for side in sides:
-                for text in dict.fromkeys(side_texts[side]):
-                    if text not in seen[side]:
-                        seen[side].add(text)
-                        vectors = units[text].vectors
-                        stats[side][:-1] += vectors.double().sum(0)
-                        stats[side][-1] += vectors.shape[0]
+                new = [t for t in dict.fromkeys(side_texts[side]) if t not in seen[side]]
+                seen[side].update(new)
+                if new:
+                    rows, width = arena.index(new)
+                    units = arena.gather(to_device([rows], device)[0], len(new), width)
+                    real = units.mask.unsqueeze(-1)
+                    stats[side][:-1] += torch.where(real, units.vectors, torch.zeros_like(units.vectors)).double().sum((0, 1))
+                    stats[side][-1] += units.mask.sum()
         if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
             for side in sides:
                 dist.all_reduce(stats[side], op=dist.ReduceOp.SUM, group=group)
         means = tuple((stats[side][:-1] / stats[side][-1].clamp_min(1)).float() for side in sides)
-        return means, units
+        return means, arena
 
     def _embed_distinct(self, hyps: list[str], groups: list[list[str]], batch_size: int,
-                        progress: bool) -> dict[str, Units]:
-        """Unpadded units of every distinct text, encoded in batches of similar token length."""
+                        progress: bool) -> TokenArena:
+        """Units of every distinct text (keyed by text), encoded in batches of texts of similar length
+        (in characters: a free proxy of the token count, which the encoder trims each batch to)."""
         from tqdm.auto import tqdm
 
-        texts = _distinct_texts(hyps, groups)
-        lengths = [len(ids) for ids in self.encoder.tokenizer(texts, add_special_tokens=False)["input_ids"]]
-        texts = [t for _, t in sorted(zip(lengths, texts), key=lambda pair: pair[0])]
-        units: dict[str, Units] = {}
-        for start in tqdm(range(0, len(texts), batch_size), desc="encoding", unit="batch", disable=not progress,
-                          leave=False):
-            batch = texts[start:start + batch_size]
-            units.update(zip(batch, self.embed(batch).unpad()))
-        return units
+        texts = sorted(_distinct_texts(hyps, groups), key=len)
+        batches = [texts[start:start + batch_size] for start in range(0, len(texts), batch_size)]
+        return TokenArena.of([(batch, self.embed(batch)) for batch in
+                              tqdm(batches, desc="encoding", unit="batch", disable=not progress, leave=False)])
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Save to the directory ``path``: ``encoder/`` (weights as safetensors, cut at ``layer``,
