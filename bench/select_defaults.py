@@ -10,7 +10,9 @@ Every distinct text is encoded once (all 6 layers, length-sorted batches, specia
 the tokenizer's special-tokens mask as in ``torchmover.encoding.Encoder``) and kept in memory. Scores
 come from ``torchmover.functional`` on batches of 32 pairs formed exactly as ``Scorer.score`` forms
 them (pairs sorted by decreasing ``len(hyp) + len(ref)``; the distinct texts of a batch are padded
-together and centered together), so the sweep's numbers can be compared with ``Scorer().score``.
+together and centered together), so the sweep's numbers can be compared with ``Scorer().score``
+(for ``batch`` centering: with the scorer called on those batches of 32 — ``Scorer.score`` itself
+centers ``batch`` on the mean of the whole call, independently of ``batch_size``).
 
 Centering modes: ``none``; ``batch`` (mean of all real tokens of the batch's distinct hyps and refs,
 the paper's choice); ``fixed`` (mean of all real tokens of every distinct text of the data set);

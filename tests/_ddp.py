@@ -116,3 +116,15 @@ def metric_worker(rank: int, world_size: int, hyps, refs, corpus) -> dict:
     metric.update(h[1:], r[1:])
     value = metric.compute()
     return {"score": value["score"], "per_sample": value["per_sample"], "local": torch.cat(metric.scores)}
+
+
+def batch_metric_worker(rank: int, world_size: int, hyps, refs) -> dict:
+    """``MoverMetric`` with batch centering, updated with this rank's slice (two updates), computed."""
+    from torchmover.metric import MoverMetric
+
+    metric = MoverMetric(tiny_scorer("batch").eval(), return_per_sample=True)
+    h, r = hyps[rank::world_size], refs[rank::world_size]
+    metric.update(h[:1], r[:1])
+    metric.update(h[1:], r[1:])
+    value = metric.compute()
+    return {"score": value["score"], "per_sample": value["per_sample"], "n_local": len(metric.preds)}

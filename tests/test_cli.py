@@ -72,8 +72,10 @@ def test_a_printed_signature_reproduces_the_scores(tmp_path, tiny_model_dir, cap
     out, err = capsys.readouterr()
     signature = signature_of(err)
     assert "weights:idf-" in signature and "stop:english" in signature and "ngram:2" in signature
+    assert str(tiny_model_dir) not in signature  # a local model is named, never by its path
     hyps, refs = str(tmp_path / "hyps.txt"), str(tmp_path / "refs.txt")
-    assert main(["score", "--hyps", hyps, "--refs", refs, "--signature", signature, "--no-progress"]) == 0
+    assert main(["score", "--hyps", hyps, "--refs", refs, "--signature", signature, "--model", str(tiny_model_dir),
+                 "--no-progress"]) == 0
     out2, err2 = capsys.readouterr()
     assert out2 == out and signature_of(err2) == signature
 
@@ -86,3 +88,49 @@ def test_preset_with_overrides_and_a_stopword_file(tmp_path, tiny_model_dir, cap
     with pytest.raises(SystemExit):
         run(tmp_path, tiny_model_dir, "--preset", "trwmd-b", "--signature", signature)
     assert "not both" in capsys.readouterr().err
+
+
+def test_all_prints_precision_recall_f1_per_line(tmp_path, tiny_model_dir, capsys):
+    assert run(tmp_path, tiny_model_dir, "--all") == 0
+    out, err = capsys.readouterr()
+    rows = [[float(v) for v in line.split()] for line in out.splitlines()]
+    assert len(rows) == 3 and all(len(r) == 3 for r in rows) and rows[1] == [0.0, 0.0, 0.0]
+    assert "mean P R F1: " in err
+    assert run(tmp_path, tiny_model_dir) == 0
+    recall = [float(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r[1] for r in rows] == pytest.approx(recall, abs=2e-6)  # the default direction is recall
+    assert run(tmp_path, tiny_model_dir, "--all", "--format", "jsonl") == 0
+    first = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert set(first) == {"line", "precision", "recall", "f1"}
+
+
+def test_literal_hypothesis_and_references(tmp_path, tiny_model_dir, capsys):
+    args = ["score", "--model", str(tiny_model_dir), "--layer", "2", "--no-progress"]
+    assert main([*args, "--hyp", "the cat sat", "--ref", "a cat sat", "--ref", "the cat sat"]) == 0
+    assert float(capsys.readouterr().out) == pytest.approx(1.0, abs=1e-5)  # max over the two references
+    hyps = write(tmp_path / "h.txt", ["the cat sat"])
+    refs = write(tmp_path / "r.txt", ["a cat sat"])
+    assert main([*args, "--hyp", "the cat sat", "--ref", "a cat sat"]) == 0
+    literal = capsys.readouterr().out
+    assert main([*args, "--hyps", hyps, "--refs", refs]) == 0
+    assert capsys.readouterr().out == literal
+    for wrong in (["--hyp", "x", "--refs", refs], ["--hyps", hyps, "--ref", "x"], ["--hyp", "x"]):
+        with pytest.raises(SystemExit):
+            main([*args, *wrong])
+        assert "--ref" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*args, "--hyp", "x", "--hyps", hyps, "--ref", "y"])  # one source of hypotheses
+    capsys.readouterr()
+
+
+def test_rescale_fits_the_baseline_on_the_references_or_a_given_corpus(tmp_path, tiny_model_dir, capsys):
+    assert run(tmp_path, tiny_model_dir, "--rescale") == 0
+    out, err = capsys.readouterr()
+    assert "|rescale:b=" in err
+    corpus = write(tmp_path / "corpus.txt", ["the red car", "a small child runs", "we eat food", "the moon"])
+    assert run(tmp_path, tiny_model_dir, "--rescale", "--baseline-corpus", corpus) == 0
+    out2, err2 = capsys.readouterr()
+    assert out2 != out and signature_of(err2) != signature_of(err)
+    with pytest.raises(SystemExit):
+        run(tmp_path, tiny_model_dir, "--baseline-corpus", corpus)
+    assert "--rescale" in capsys.readouterr().err

@@ -46,13 +46,84 @@ def test_two_updates_equal_one_on_the_union(fixed_scorer):
     torch.testing.assert_close(twice.compute(), once.compute())
 
 
-def test_batch_centering_makes_the_result_depend_on_the_updates(tiny_encoder):
-    """Documented: with centering="batch" a score depends on the other texts of its update."""
-    once, twice = MoverMetric(Scorer(tiny_encoder)), MoverMetric(Scorer(tiny_encoder))
-    once.update(HYPS, REFS)
-    twice.update(HYPS[:2], REFS[:2])
-    twice.update(HYPS[2:], REFS[2:])
-    assert not torch.allclose(twice.compute(), once.compute())
+@pytest.mark.parametrize("scope", ["joint", "separate"])
+def test_batch_centering_result_does_not_depend_on_the_updates(tiny_encoder, scope):
+    """With centering="batch" compute() centers on every text seen: the same result however the data
+    is cut into updates, equal to the scorer's forward on the whole list at once."""
+    scorer = Scorer(tiny_encoder, centering="batch", center_scope=scope)
+    with torch.no_grad():
+        whole = scorer(HYPS, REFS)
+    for cuts in ([5], [2, 5], [1, 2, 3, 4, 5]):
+        metric, start = MoverMetric(scorer, return_per_sample=True), 0
+        for end in cuts:
+            metric.update(HYPS[start:end], REFS[start:end])
+            start = end
+        value = metric.compute()
+        torch.testing.assert_close(value["per_sample"], whole)
+        torch.testing.assert_close(value["score"], whole.mean())
+        assert metric.scores == [] and len(metric.preds) == len(HYPS)
+
+
+def test_batch_centering_forward_is_the_batch_value_and_accumulates(tiny_encoder):
+    scorer = Scorer(tiny_encoder, centering="batch")
+    metric = MoverMetric(scorer)
+    loss = metric(HYPS[:3], REFS[:3])
+    with torch.no_grad():
+        torch.testing.assert_close(loss.detach(), scorer(HYPS[:3], REFS[:3]).mean())
+    assert loss.requires_grad
+    metric(HYPS[3:], REFS[3:])
+    with torch.no_grad():
+        torch.testing.assert_close(metric.compute(), scorer(HYPS, REFS).mean())
+    metric.reset()
+    assert metric.preds == [] and metric.targets == []
+
+
+def test_scores_in_eval_mode_when_the_parent_trains_unless_asked(fixed_scorer):
+    parent = torch.nn.Module()
+    parent.metric = MoverMetric(fixed_scorer, return_per_sample=True)
+    parent.train()
+    assert fixed_scorer.training
+    with torch.no_grad():
+        expected = fixed_scorer.eval()(HYPS, REFS)
+    parent.train()
+    for _ in range(2):  # dropout would make the two updates differ
+        parent.metric.update(HYPS, REFS)
+    per_sample = parent.metric.compute()["per_sample"]
+    torch.testing.assert_close(per_sample, torch.cat([expected, expected]))
+    assert fixed_scorer.training and fixed_scorer.encoder.training  # modes restored
+
+    trained = MoverMetric(fixed_scorer, return_per_sample=True, train_scorer=True)
+    trained.update(HYPS, REFS)
+    assert not torch.allclose(trained.compute()["per_sample"], expected)  # dropout on: asked for
+    with pytest.raises(TypeError, match="train_scorer"):
+        MoverMetric(fixed_scorer, train_scorer="yes")
+
+
+@pytest.mark.parametrize("centering", ["fixed", "batch"])
+def test_a_single_string_pair(fixed_scorer, tiny_encoder, centering):
+    scorer = fixed_scorer if centering == "fixed" else Scorer(tiny_encoder, centering="batch")
+    metric = MoverMetric(scorer, return_per_sample=True)
+    metric.update("the cat sat on the mat", "a cat was on the mat")
+    with torch.no_grad():
+        expected = scorer(["the cat sat on the mat"], ["a cat was on the mat"])
+    torch.testing.assert_close(metric.compute()["per_sample"].reshape(1), expected)
+
+
+def test_plot_bounds(fixed_scorer, tiny_encoder):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    metric = MoverMetric(fixed_scorer)
+    assert (metric.plot_lower_bound, metric.plot_upper_bound) == (-1.0, 1.0)
+    metric.update(HYPS, REFS)
+    _, ax = metric.plot()
+    low, high = ax.get_ylim()
+    assert low < -1.0 and 1.0 < high < 1.5  # the bounds, with torchmetrics' margin
+    rescaled = MoverMetric(Scorer(tiny_encoder, centering="none", rescale=True).fit_baseline(HYPS, progress=False))
+    rescaled.update(HYPS, REFS)
+    _, ax = rescaled.plot()
+    assert ax.get_ylim()[0] > -1.0  # no lower bound: rescaled scores may go below -1, the axis follows them
 
 
 def test_reset(fixed_scorer):
@@ -134,3 +205,15 @@ def test_ddp_compute_equals_one_process_on_the_union(fixed_scorer, tmp_path):
         torch.testing.assert_close(out["score"], single.mean())
         torch.testing.assert_close(out["per_sample"], torch.cat([single[0::2], single[1::2]]))  # rank-major
     torch.testing.assert_close(ranks[1]["local"], single[1::2])  # compute() leaves the local state
+
+
+def test_ddp_batch_centering_compute_equals_one_process_on_the_union(tiny_encoder, tmp_path):
+    """Under DDP the mean is over every rank's texts (all-reduce of token sums and counts)."""
+    ranks = _ddp.run(_ddp.batch_metric_worker, 2, tmp_path, HYPS, REFS, timeout=90)
+    scorer = Scorer(tiny_encoder, centering="batch")
+    with torch.no_grad():  # one process, the texts of both ranks (no text is on both ranks here)
+        single = scorer(HYPS, REFS)
+    for out in ranks:
+        torch.testing.assert_close(out["per_sample"], torch.cat([single[0::2], single[1::2]]))
+        torch.testing.assert_close(out["score"], single.mean())
+    assert [out["n_local"] for out in ranks] == [3, 2]  # each rank keeps only its own texts

@@ -99,7 +99,8 @@ class Centering(nn.Module):
     slices of a batch center, score and backpropagate like one process on the whole batch. Every rank
     must then run forward and backward in step, as with SyncBatchNorm. Eval mode (the default of a
     :class:`~torchmover.Scorer`, and always inside ``Scorer.score``) centers each process's batch
-    locally, so evaluating on one rank never waits for the others.
+    locally, so evaluating on one rank never waits for the others (``Scorer.score(...,
+    centering_group=...)``, as ``MoverMetric.compute`` uses it, centers on every rank's texts instead).
     """
 
     def __init__(self, mode: str = "batch", dim: int | None = None, momentum: float = 0.1,
@@ -123,7 +124,17 @@ class Centering(nn.Module):
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}, dim={self.mean.numel()}, momentum={self.momentum}"
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor, mean: Tensor | None = None) -> Tensor:
+        """Center ``x`` (``[B, L, D]``, ``mask``: ``[B, L]``) by the module's mode.
+
+        ``mean`` (``batch`` mode only): subtract this ``[D]`` vector instead of the batch's own mean —
+        the mean of a larger set of texts that ``x`` is part of (``Scorer.score`` passes the mean of
+        every text of the call, so that scores do not depend on how the call is batched).
+        """
+        if mean is not None:
+            if self.mode != "batch":
+                raise ValueError(f"an explicit mean is only defined for mode='batch', this module uses {self.mode!r}")
+            return center(x, mask, "fixed", mean)
         sync = self.sync and self.training and is_distributed()  # batch mean over all ranks
         if self.mode in ("none", "dimension", "sentence") or (self.mode == "batch" and not sync):
             return center(x, mask, self.mode)

@@ -1,6 +1,7 @@
 """Command line: ``torchmover score --hyps H --refs R [--refs R2] [options]``.
 
-Reads one text per line, writes one score per line (text or JSON lines) to ``--output`` (default:
+Reads one text per line (or one literal hypothesis ``--hyp TEXT`` with its references ``--ref TEXT``),
+writes one score per line (``--all``: ``P R F1``; text or JSON lines) to ``--output`` (default:
 standard output) and prints the mean and the signature to standard error.
 
 ``torchmover correlate --data RATINGS [options]`` scores human ratings (any layout of
@@ -29,6 +30,7 @@ from .correlation import score_and_correlate
 from .batching import BatchedReward
 from .data import read_ratings
 from .encoding import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES
+from .evaluate import fit_to_call
 from .family import DIRECTIONS
 from .presets import PRESETS, preset_options, signature_options
 from .reward import MoverReward
@@ -80,6 +82,11 @@ def add_scorer_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--center-scope", choices=CENTER_SCOPES, help="default: joint")
     g.add_argument("--multi-ref", choices=MULTI_REF, help="default: max")
     g.add_argument("--max-length", type=int, help="encoder window in tokens")
+    g.add_argument("--name", help="the model's name in the signature when --model is a local directory "
+                                  "(default: the hub id the directory records)")
+    g.add_argument("--rescale", action="store_const", const=True,
+                   help="report (s - b) / (1 - b), b = mean score of random unrelated pairs of --baseline-corpus")
+    g.add_argument("--baseline-corpus", help="file, one text per line, for --rescale's baseline (default: the references)")
     g = parser.add_argument_group("token policy")
     g.add_argument("--special-tokens", choices=SPECIAL_TOKEN_POLICIES, help="default: drop")
     g.add_argument("--subwords", choices=SUBWORD_POLICIES, help="default: all")
@@ -96,12 +103,13 @@ def add_scorer_arguments(parser: argparse.ArgumentParser) -> None:
 
 _SCORER_OPTIONS = ("model", "layer", "method", "direction", "temperature", "n_iter", "centering", "center_scope",
                    "multi_ref", "max_length", "special_tokens", "subwords", "stopwords", "punctuation", "idf",
-                   "ngram", "device")
+                   "ngram", "rescale", "name", "device")
 
 
 def scorer_from_args(args: argparse.Namespace, references: list[str], hypotheses: list[str]):
-    """The Scorer the options describe, with its corpus statistics fitted on the call's texts:
-    IDF on the references and hypotheses, a fixed/running centering mean on the references."""
+    """The Scorer the options describe, with its corpus statistics fitted on the call's texts
+    (:func:`torchmover.evaluate.fit_to_call`): IDF on the references and hypotheses, a fixed/running
+    centering mean on the references, the rescaling baseline on ``--baseline-corpus`` or the references."""
     if args.preset and args.signature:
         raise CLIError("give --preset or --signature, not both")
     given = {k: getattr(args, k) for k in _SCORER_OPTIONS if getattr(args, k, None) is not None}
@@ -111,33 +119,46 @@ def scorer_from_args(args: argparse.Namespace, references: list[str], hypotheses
                else {**signature_options(args.signature, given.get("stopwords")), **given} if args.signature
                else given)
     scorer = Scorer(**options)
-    progress = not args.no_progress
-    references = list(dict.fromkeys(references))
-    if scorer.config.idf:
-        scorer.fit_idf(references, list(dict.fromkeys(hypotheses)))
-    if scorer.config.centering in ("fixed", "running"):
-        scorer.fit_centering(references, args.batch_size, progress=progress)
-    return scorer
+    baseline_corpus = getattr(args, "baseline_corpus", None)
+    if baseline_corpus is not None and not scorer.config.rescale:
+        raise CLIError("--baseline-corpus needs --rescale")
+    return fit_to_call(scorer, references, hypotheses, batch_size=args.batch_size, progress=not args.no_progress,
+                       baseline_corpus=None if baseline_corpus is None else read_lines(baseline_corpus))
 
 
-def run_score(args: argparse.Namespace) -> None:
+def call_texts(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
+    """The hypotheses and their references: from files (``--hyps``, ``--refs`` ...), or one literal
+    hypothesis (``--hyp``) with its literal references (``--ref`` ...)."""
+    if args.hyp is not None:
+        if args.refs or not args.ref:
+            raise CLIError("--hyp TEXT takes its references as --ref TEXT (one or more), not --refs FILE")
+        return [args.hyp], [list(args.ref)]
+    if args.ref or not args.refs:
+        raise CLIError("--hyps FILE takes reference files as --refs FILE (one or more), not --ref TEXT")
     hyps = read_lines(args.hyps)
     ref_files = [read_lines(path) for path in args.refs]
     for path, lines in zip(args.refs, ref_files):
         if len(lines) != len(hyps):
             raise CLIError(f"{path} has {len(lines)} lines but {args.hyps} has {len(hyps)}: one reference per hypothesis line")
-    refs = [list(group) for group in zip(*ref_files)]
+    return hyps, [list(group) for group in zip(*ref_files)]
+
+
+def run_score(args: argparse.Namespace) -> None:
+    hyps, refs = call_texts(args)
     scorer = scorer_from_args(args, [r for group in refs for r in group], hyps)
-    scores = scorer.score(hyps, refs, batch_size=args.batch_size, progress=not args.no_progress).tolist()
+    scores = scorer.score(hyps, refs, batch_size=args.batch_size, progress=not args.no_progress, return_all=args.all)
+    columns = scores._fields if args.all else ("score",)
+    rows = list(zip(*(s.tolist() for s in scores))) if args.all else [(s,) for s in scores.tolist()]
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
-        for i, s in enumerate(scores):
-            out.write(json.dumps({"line": i + 1, "score": s}) + "\n" if args.format == "jsonl" else f"{s:.6f}\n")
+        for i, row in enumerate(rows):
+            out.write(json.dumps({"line": i + 1, **dict(zip(columns, row))}) + "\n" if args.format == "jsonl"
+                      else " ".join(f"{v:.6f}" for v in row) + "\n")
     finally:
         if args.output:
             out.close()
-    mean = sum(scores) / len(scores) if scores else float("nan")
-    print(f"mean: {mean:.6f} (n={len(scores)})", file=sys.stderr)
+    means = " ".join(f"{sum(col) / len(col):.6f}" if col else "nan" for col in zip(*rows)) if rows else "nan"
+    print(f"mean{' P R F1' if args.all else ''}: {means} (n={len(rows)})", file=sys.stderr)
     print(f"signature: {scorer.signature}", file=sys.stderr)
 
 
@@ -259,9 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     score = commands.add_parser("score", help="score hypotheses against references, one text per line")
-    score.add_argument("--hyps", required=True, help="file with one hypothesis per line")
-    score.add_argument("--refs", required=True, action="append",
+    hyps = score.add_mutually_exclusive_group(required=True)
+    hyps.add_argument("--hyps", help="file with one hypothesis per line (with --refs FILE)")
+    hyps.add_argument("--hyp", metavar="TEXT", help="one hypothesis given as literal text (with --ref TEXT)")
+    score.add_argument("--refs", action="append", default=[],
                        help="file with one reference per line; repeat for several references")
+    score.add_argument("--ref", metavar="TEXT", action="append", default=[],
+                       help="a reference of --hyp as literal text; repeat for several references")
+    score.add_argument("--all", action="store_true", help="print precision, recall and F1 per line (P R F1)")
     score.add_argument("--output", help="write scores here (default: standard output)")
     score.add_argument("--format", default="text", choices=("text", "jsonl"))
     add_scorer_arguments(score)

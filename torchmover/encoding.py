@@ -5,12 +5,19 @@ are removed from the model so they are never computed. Special tokens ([CLS], [S
 dropped through the tokenizer's special-tokens mask (or kept, see ``SPECIAL_TOKEN_POLICIES``). Outer
 whitespace is stripped before tokenizing. Texts longer than the model's window are
 truncated with a warning that names them.
+
+A model loaded from a local directory is named by what the directory says, never by its path
+(:func:`local_model_name`), and pinned by a hash of its weights (:func:`weights_digest`), so two
+machines with the same weights print the same signature.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
+import re
 import warnings
+from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
 import torch
@@ -77,6 +84,53 @@ def resolve_model_path(name: str) -> str:
         except ImportError:
             pass
     return name
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+_CARD_ID = re.compile(r"""(?:from_pretrained|SentenceTransformer)\(\s*['"]([A-Za-z0-9][\w.-]*/[\w.-]+)['"]""")
+
+
+def local_model_name(path: str | Path, model_type: str = "model") -> str:
+    """The name of the model in the local directory ``path``, for signatures (never the path):
+
+    1. the hub id of a Hugging Face cache snapshot (``.../models--owner--name/snapshots/<commit>``);
+    2. the one hub id its model card (``README.md``) loads, as sentence-transformers directories
+       carry it (``SentenceTransformer('owner/name')`` / ``from_pretrained('owner/name')``);
+    3. the config's ``_name_or_path`` when it is a hub id rather than a path (older ``transformers``
+       save it; it may name the model a fine-tuned one started from — the weights hash tells them apart);
+    4. else ``local-<model_type>`` (e.g. ``local-bert``): pass ``name=`` for a better one.
+    """
+    root = Path(path).resolve()
+    for part in reversed(root.parts):
+        if part.startswith("models--"):
+            return part.removeprefix("models--").replace("--", "/")
+    card = root / "README.md"
+    if card.is_file():
+        ids = set(_CARD_ID.findall(card.read_text(encoding="utf-8", errors="replace")))
+        if len(ids) == 1:
+            return ids.pop()
+    config = root / "config.json"
+    if config.is_file():
+        import json
+
+        try:
+            recorded = json.loads(config.read_text(encoding="utf-8")).get("_name_or_path")
+        except (ValueError, AttributeError):
+            recorded = None
+        if isinstance(recorded, str) and _HUB_ID.fullmatch(recorded) and not Path(recorded).exists():
+            return recorded
+    return f"local-{model_type}"
+
+
+def weights_digest(model: nn.Module) -> str:
+    """Short SHA-256 of a model's weights (every state-dict tensor: name, dtype, shape and bytes, in
+    name order) — the same wherever the files are, different when any weight differs."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        data = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"{name}|{data.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:10]
 
 
 def looks_like_path(name: str) -> bool:
@@ -154,8 +208,11 @@ class Encoder(nn.Module):
         model: an ``transformers`` encoder (``AutoModel``).
         tokenizer: its (fast) tokenizer.
         layer: hidden layer to read, ``0 <= layer <= num_hidden_layers`` (0 = embeddings).
-        name: the model's hub name, recorded in the signature.
-        revision: the model revision, recorded in the signature when known.
+        name: the model's hub name, recorded in the signature (never a machine path).
+        revision: the model revision, recorded in the signature when known (for a local directory,
+            ``weights-<hash>`` of its weights).
+        source: where the model was loaded from (hub name or local path; default ``name``), to load
+            it again (e.g. at another layer); never printed in a signature.
         max_length: window in tokens (default: the tokenizer's / model's maximum).
         special_tokens: which special tokens count as real tokens: ``drop`` (all dropped, the
             default), ``cls`` (the first one — [CLS] / <s> — kept, the others dropped: the TWMD
@@ -169,7 +226,8 @@ class Encoder(nn.Module):
     """
 
     def __init__(self, model: nn.Module, tokenizer, layer: int, name: str, revision: str | None = None,
-                 max_length: int | None = None, special_tokens: str = "drop", power_mean_layers: int = 1):
+                 max_length: int | None = None, special_tokens: str = "drop", power_mean_layers: int = 1,
+                 source: str | None = None):
         super().__init__()
         n_layers = model.config.num_hidden_layers
         if not isinstance(layer, int) or not 0 <= layer <= n_layers:
@@ -183,6 +241,7 @@ class Encoder(nn.Module):
             raise TypeError(f"a fast tokenizer is needed (special-tokens and truncation info), got {type(tokenizer).__name__}")
         _truncate_layers(model, max(layer, 1))  # keep one block: with none, no hidden states come out
         self.model, self.tokenizer, self.layer, self.name, self.revision = model, tokenizer, layer, name, revision
+        self.source = source or name
         limits = [m for m in (tokenizer.model_max_length, getattr(model.config, "max_position_embeddings", None))
                   if isinstance(m, int) and m < 1_000_000]
         window = min(limits) if limits else None
@@ -206,11 +265,17 @@ class Encoder(nn.Module):
     @classmethod
     def from_pretrained(cls, name: str, layer: int | None = None, revision: str | None = None,
                         max_length: int | None = None, special_tokens: str = "drop",
-                        power_mean_layers: int = 1, **model_kwargs) -> "Encoder":
+                        power_mean_layers: int = 1, model_name: str | None = None, **model_kwargs) -> "Encoder":
         """Load ``name`` (hub name or local path; the default model resolves to its offline package).
 
         A ``name`` that :func:`looks_like_path` must be an existing local directory (``~`` expanded):
-        otherwise ``FileNotFoundError`` says so, instead of the hub client's complaint about repo ids."""
+        otherwise ``FileNotFoundError`` says so, instead of the hub client's complaint about repo ids.
+
+        A local directory ``name`` is recorded as ``model_name`` if given, else as the hub id the
+        directory records (:func:`local_model_name`), with ``revision="weights-<hash>"`` of all its
+        weights (:func:`weights_digest`, whatever the layer); a ``revision`` given for a directory must
+        equal it (e.g. from a printed signature: the weights are checked).
+        """
         from transformers import AutoModel, AutoTokenizer
 
         check_max_length(max_length)
@@ -220,12 +285,23 @@ class Encoder(nn.Module):
             if not os.path.isdir(path):
                 raise FileNotFoundError(f"model={name!r}: no such local directory (a hub id has the form "
                                         "'name' or 'organisation/name')")
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, use_fast=True)
-        model = AutoModel.from_pretrained(path, revision=revision, **model_kwargs)
-        layer = default_layer(name, model.config.num_hidden_layers) if layer is None else layer
-        revision = revision or getattr(model.config, "_commit_hash", None)
-        return cls(model.eval(), tokenizer, layer, name=name, revision=revision, max_length=max_length,
-                   special_tokens=special_tokens, power_mean_layers=power_mean_layers)
+        local = os.path.isdir(os.path.expanduser(name))
+        if not local and model_name not in (None, name):
+            raise ValueError(f"model_name={model_name!r} is for local directories; the hub model {name!r} is "
+                             "named by its hub id")
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=None if local else revision, use_fast=True)
+        model = AutoModel.from_pretrained(path, revision=None if local else revision, **model_kwargs)
+        recorded = (model_name or local_model_name(path, model.config.model_type)) if local else name
+        layer = default_layer(recorded, model.config.num_hidden_layers) if layer is None else layer
+        if local:
+            digest = f"weights-{weights_digest(model)}"
+            if revision is not None and revision != digest:
+                raise ValueError(f"the weights in {name!r} hash to {digest}, not the given revision {revision!r}")
+            revision = digest
+        else:
+            revision = revision or getattr(model.config, "_commit_hash", None)
+        return cls(model.eval(), tokenizer, layer, name=recorded, revision=revision, max_length=max_length,
+                   special_tokens=special_tokens, power_mean_layers=power_mean_layers, source=name)
 
     @property
     def hidden_size(self) -> int:

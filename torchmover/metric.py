@@ -1,23 +1,28 @@
 """``MoverMetric``: a :class:`~torchmover.Scorer` as a ``torchmetrics.Metric`` (``pip install torchmover[metrics]``).
 
-The metric is a stateful shell around the scorer and adds only accumulation: ``update`` scores a
-batch and appends the per-hypothesis scores ``s_i`` to the list state ``scores`` (all-gathered with
-``dist_reduce_fx="cat"`` under DDP); ``compute`` returns their mean over every hypothesis seen, on
-every rank,
+The metric is a stateful shell around the scorer and adds only accumulation: ``compute`` returns the
+mean of the per-prediction scores ``s_i`` over every prediction seen, on every rank,
 
     score = (1 / N) Σ_{i=1}^{N} s_i,
 
 so a corpus split over W processes gives the score of one process on the whole corpus.
 
-Centering: with ``centering="batch"`` (the default for models without measured defaults) each ``s_i``
-depends on the other texts
-of its ``update`` call, so accumulated results depend on how the corpus is cut into updates. Fit a
-``fixed`` centering (:meth:`~torchmover.Scorer.fit_centering`) for scores that do not. A scorer in
-training mode with batch centering inside a DDP job centers each ``update`` over all ranks' batches
-(:class:`~torchmover.Centering` ``sync``), so every rank must then call ``update`` in step.
+Centering, and why results do not depend on how the data is cut into ``update`` calls:
+
+- with a centering independent of the batch (``none``, ``fixed``, ...) ``update`` scores its batch at
+  once and appends the ``s_i`` to the list state ``scores`` (all-gathered with ``dist_reduce_fx="cat"``);
+- with ``batch`` centering, ``update`` only keeps the texts (``preds``, ``targets``: local list states,
+  never gathered) and ``compute`` scores them all with :meth:`Scorer.score <torchmover.Scorer.score>`,
+  which centers on the mean of every distinct text seen (under DDP: of every rank's, through one
+  all-reduce of token sums and counts), then gathers the scores. ``s_i`` therefore equals what the
+  scorer's ``forward`` gives on the whole corpus at once, however the updates were cut.
+
+The scorer scores in eval mode (no dropout) even when the module that holds the metric is training,
+unless ``train_scorer=True``.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any, Sequence
 
@@ -33,7 +38,8 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         "(or `pip install torchmetrics`)"
     ) from e
 
-from .scorer import Scorer
+from .reward import _eval_mode
+from .scorer import Scorer, _check_references, _check_texts
 
 _SCORER_OPTIONS = frozenset(inspect.signature(Scorer.__init__).parameters) - {"self"}
 
@@ -48,12 +54,18 @@ class MoverMetric(Metric):
         return_per_sample: make :meth:`compute` return ``{"score": mean, "per_sample": scores}``
             (``scores``: ``[N]``, in update order; under DDP rank 0's then rank 1's ...) instead of
             the mean alone.
+        train_scorer: score with the scorer in its own mode (dropout when training, per-batch
+            centering synchronised across ranks) — to fine-tune the scorer through ``forward``. By
+            default (False) every call runs the scorer in eval mode, even when the metric's parent
+            module is training, and its modes are restored afterwards.
         **kwargs: the remaining keyword arguments go to ``torchmetrics.Metric``
             (``sync_on_compute``, ``dist_sync_on_step``, ``process_group``, ...).
 
-    ``metric(preds, target)`` (``forward``) returns the batch's mean with autograd intact, e.g. as a
+    ``preds`` and ``target`` may also be a single string each (one pair).
+    ``metric(preds, target)`` (``forward``) returns the batch's value — the scorer's ``forward`` on
+    the batch alone, whose ``batch`` centering uses the batch's mean — with autograd intact, e.g. as a
     loss for fine-tuning the scorer; ``update`` runs without grad, as in every torchmetrics metric,
-    and the accumulated ``scores`` never keep a graph. The scorer is a submodule: ``.to(device)``
+    and the accumulated state never keeps a graph. The scorer is a submodule: ``.to(device)``
     moves it, and its weights are part of the metric's ``state_dict``.
 
     Example:
@@ -67,10 +79,15 @@ class MoverMetric(Metric):
     higher_is_better = True
     full_state_update = False
     plot_legend_name = "score"
+    plot_lower_bound = -1.0  # scores are normalised similarities, Sim(X, X) = 1 (rescaled: no lower bound)
+    plot_upper_bound = 1.0
 
     scores: list[Tensor]
+    preds: list[str]
+    targets: list[tuple[str, ...]]
 
-    def __init__(self, scorer: Scorer | None = None, *, return_per_sample: bool = False, **kwargs: Any):
+    def __init__(self, scorer: Scorer | None = None, *, return_per_sample: bool = False, train_scorer: bool = False,
+                 **kwargs: Any):
         scorer_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _SCORER_OPTIONS}
         super().__init__(**kwargs)
         if scorer is None:
@@ -79,21 +96,63 @@ class MoverMetric(Metric):
             raise TypeError(f"scorer must be a torchmover.Scorer or None, got {type(scorer).__name__}")
         elif scorer_kwargs:
             raise ValueError(f"pass either scorer or Scorer options, not both: got scorer and {sorted(scorer_kwargs)}")
-        if not isinstance(return_per_sample, bool):
-            raise TypeError(f"return_per_sample must be a bool, got {type(return_per_sample).__name__}")
+        for option, value in (("return_per_sample", return_per_sample), ("train_scorer", train_scorer)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{option} must be a bool, got {type(value).__name__}")
         self.scorer = scorer
         self.return_per_sample = return_per_sample
+        self.train_scorer = train_scorer
         self.add_state("scores", default=[], dist_reduce_fx="cat")
+        # batch centering: the texts, scored together in compute (kept per rank, never gathered)
+        self.add_state("preds", default=[], dist_reduce_fx=None)
+        self.add_state("targets", default=[], dist_reduce_fx=None)
 
-    def update(self, preds: Sequence[str], target: Sequence[str] | Sequence[Sequence[str]]) -> None:
-        """Score ``preds`` against ``target`` (one reference per prediction, or a list of them)."""
-        self.scores.append(self.scorer(preds, target))  # [B]
+    @property
+    def _scores_at_compute(self) -> bool:
+        """Whether scoring waits for :meth:`compute` (``batch`` centering: the mean of every text)."""
+        return self.scorer.config.centering == "batch"
+
+    def _scoring_mode(self):
+        return contextlib.nullcontext() if self.train_scorer else _eval_mode(self.scorer)
+
+    def update(self, preds: str | Sequence[str], target: str | Sequence[str] | Sequence[Sequence[str]]) -> None:
+        """Score ``preds`` against ``target`` (one reference per prediction, or a list of them; or
+        one string each)."""
+        if isinstance(preds, str):
+            preds, target = [preds], [target]
+        if self._scores_at_compute:
+            preds = _check_texts("preds", preds)
+            self.preds.extend(preds)
+            self.targets.extend(tuple(group) for group in _check_references(preds, target))
+            return
+        with self._scoring_mode():
+            self.scores.append(self.scorer(preds, target))  # [B]
 
     def compute(self) -> Tensor | dict[str, Tensor]:
         """Mean score over every prediction seen (NaN before any); see ``return_per_sample``."""
-        scores = dim_zero_cat(self.scores) if len(self.scores) else torch.zeros(0)  # [N]
+        scores = self._scores_of_texts() if self._scores_at_compute else (
+            dim_zero_cat(self.scores) if len(self.scores) else torch.zeros(0))  # [N]
         mean = scores.mean() if scores.numel() else torch.tensor(float("nan"), device=scores.device)
         return {"score": mean, "per_sample": scores} if self.return_per_sample else mean
+
+    def _scores_of_texts(self) -> Tensor:
+        """``batch`` centering: the kept texts scored together. In ``forward`` (the batch's texts
+        only) by the scorer's differentiable ``forward``; else by ``Scorer.score`` on the mean of
+        every rank's texts, then gathered rank by rank."""
+        import torch.distributed as dist
+        from torchmetrics.utilities.distributed import gather_all_tensors
+
+        from .distributed import is_distributed
+
+        refs = [list(group) for group in self.targets]
+        if self._enable_grad:  # set by torchmetrics while forward computes the batch value
+            with self._scoring_mode():
+                return self.scorer(self.preds, refs)
+        group = self.process_group or (dist.group.WORLD if dist.is_available() else None)
+        synced = self._to_sync and is_distributed(self.process_group)
+        scores = self.scorer.score(self.preds, refs, progress=False, centering_group=group if synced else None)
+        scores = scores.to(self.device)
+        return torch.cat(gather_all_tensors(scores, group)) if synced else scores
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         value = super().forward(*args, **kwargs)
@@ -105,11 +164,17 @@ class MoverMetric(Metric):
         """Plot a value of :meth:`compute` / ``forward`` (or a sequence of them, e.g. one per epoch);
         default: the current :meth:`compute`. Needs ``matplotlib``. Returns ``(figure, axes)``.
 
-        With ``return_per_sample`` the mean (``"score"``) is plotted.
+        With ``return_per_sample`` the mean (``"score"``) is plotted. The y axis spans the bounds
+        ``[plot_lower_bound, plot_upper_bound] = [-1, 1]`` (a rescaled scorer: no lower bound).
         """
+        from torchmetrics.utilities.plot import plot_single_or_multi_val
+
         val = self.compute() if val is None else val
         if isinstance(val, dict):
             val = val["score"]
         elif isinstance(val, Sequence) and val and isinstance(val[0], dict):
             val = [v["score"] for v in val]
-        return self._plot(val, ax)
+        return plot_single_or_multi_val(
+            val, ax=ax, higher_is_better=self.higher_is_better, name=type(self).__name__,
+            lower_bound=None if self.scorer.config.rescale else self.plot_lower_bound,
+            upper_bound=self.plot_upper_bound, legend_name=self.plot_legend_name)

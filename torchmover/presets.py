@@ -17,7 +17,8 @@ Presets:
                recall, batch centering of hypotheses and references together.
 ``twmd-b-authors`` the released TWMD-b code's choices where they differ: [CLS] kept and the final
                separator dropped, references and candidates centered separately on their own batch
-               means (score in mini-batches of 32: ``scorer.score(..., batch_size=32)``), and its
+               means (their code centers each mini-batch of 32 pairs: call the scorer on slices
+               of 32 pairs to reproduce that; ``scorer.score`` centers on the whole call), and its
                "recall" (= precision here).
 ``trwmd-b``    TRWMD-b: the closed-form relaxation, T = 0.15.
 ``twmd``       TWMD without centering at the paper's T = 0.02.
@@ -80,9 +81,9 @@ def preset_options(name: str, **overrides) -> dict:
 def signature_options(signature: str, stopwords=None) -> dict:
     """Scorer options that reproduce a printed signature.
 
-    Statistics fitted on a corpus (IDF dictionaries, a ``fixed``/``running`` centering mean) are not
-    in the signature — only their hashes are: the options ask for them (``idf=True``,
-    ``centering="fixed"``) and the caller refits on the same corpus, after which
+    Statistics fitted on a corpus (IDF dictionaries, a ``fixed``/``running`` centering mean, a
+    rescaling baseline) are not in the signature — only their hashes or values are: the options ask
+    for them (``idf=True``, ``centering="fixed"``, ``rescale=True``) and the caller refits on the same corpus, after which
     ``scorer.signature`` equals ``signature`` again. A custom stopword list must be passed
     (``stopwords=...``). Warns when the signature was made with other library versions.
     """
@@ -98,6 +99,7 @@ def signature_options(signature: str, stopwords=None) -> dict:
         raise ValueError(f"the signature uses a custom stopword list ({stop}); pass it as stopwords=[...]")
     options["stopwords"] = stopwords if stop.startswith("custom-") else (() if stop == "none" else stop)
     options["idf"] = f.get("weights", "uniform").startswith("idf")
+    options["rescale"] = "rescale" in f  # the baseline itself is refitted: Scorer.fit_baseline
     if "direction" in f:
         options["direction"] = f["direction"]
     if "T" in f and method not in ("wmd", "moverscore"):

@@ -33,6 +33,7 @@ from .weights import ENGLISH_STOPWORDS, IDF, PUNCTUATION_POLICIES, SUBWORD_POLIC
 
 SENTENCE_METHODS = ("sms", "s+wms", "wms")
 METHODS = ("twmd", "trwmd", "wmd", "moverscore", "bertscore", "sbert", "cka") + SENTENCE_METHODS
+DIRECTED_METHODS = ("twmd", "trwmd", "bertscore")  # the members with a precision and a recall term
 MATCHING_METHODS = ("bertscore", "trwmd")  # members whose plan ignores one side's masses: zero-mass targets matter
 MULTI_REF = ("max", "mean")
 CENTER_SCOPES = ("joint", "separate")
@@ -66,6 +67,8 @@ class ScorerConfig:
     :meth:`Scorer.fit_idf`) and ``ngram``.
     ``center_scope``: ``joint`` centers hypotheses and references together (the paper), ``separate``
     each side on its own batch mean (the TWMD authors' released code).
+    ``rescale``: map every score ``s`` to ``(s − b) / (1 − b)`` with the baseline ``b`` of unrelated
+    pairs (:meth:`Scorer.fit_baseline`).
     """
 
     model: str = DEFAULT_MODEL
@@ -86,6 +89,7 @@ class ScorerConfig:
     punctuation: str = "keep"
     idf: bool = False
     ngram: int = 1
+    rescale: bool = False
 
     def __post_init__(self):
         _check_choice("method", self.method, METHODS)
@@ -106,8 +110,9 @@ class ScorerConfig:
             check_converged_temperature(self.temperature)
         if type(self.ngram) is not int or self.ngram < 1:
             raise ValueError(f"ngram must be a positive int, got {self.ngram!r}")
-        if not isinstance(self.idf, bool):
-            raise ValueError(f"idf must be True or False, got {self.idf!r}")
+        for name in ("idf", "rescale"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.center_scope == "separate" and self.centering != "batch":
             raise ValueError("center_scope='separate' needs centering='batch' (each side's own batch mean)")
         if self.method in SENTENCE_METHODS and not (self.token_policy_is_identity and not self.idf and self.ngram == 1):
@@ -210,6 +215,15 @@ class Units(NamedTuple):
                        for k in range(len(Units._fields))))
 
 
+class PRF(NamedTuple):
+    """Precision, recall and F1 (each ``Tensor[B]``, or a float for a :attr:`Scorer.baseline`), in
+    BERTScore's order and sense (recall: every reference token ships exactly its mass)."""
+
+    precision: Tensor
+    recall: Tensor
+    f1: Tensor
+
+
 class PairIndex(NamedTuple):
     """One row per (hypothesis, reference) pair: ``hyp`` / ``ref`` rows into the hypothesis / reference
     units (None where pair ``p`` is simply row ``p`` of all the rows: nothing to gather), and
@@ -302,6 +316,10 @@ class Scorer(nn.Module):
             (bert_score's rule).
         subwords, stopwords, punctuation, idf, ngram: the token policy (:mod:`torchmover.weights`);
             ``idf=True`` needs :meth:`fit_idf`.
+        rescale: report ``(s − b) / (1 − b)`` instead of ``s``, with ``b`` the score of unrelated
+            pairs (needs :meth:`fit_baseline`): a linear map for readability, correlations unchanged.
+        name: the model's name in the :attr:`signature` when ``model`` is a local directory (default:
+            the hub id the directory records, see :func:`torchmover.encoding.local_model_name`).
         device, dtype: where and in which precision the encoder runs (scores are float32 or wider).
 
     Example:
@@ -315,18 +333,19 @@ class Scorer(nn.Module):
                  multi_ref: str = "max", max_length: int | None = None, revision: str | None = None,
                  special_tokens: str | None = None, power_mean_layers: int | None = None, subwords: str = "all",
                  stopwords: Sequence[str] | str = (), punctuation: str = "keep", idf: bool = False,
-                 ngram: int = 1, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
+                 ngram: int = 1, rescale: bool = False, name: str | None = None,
+                 device: str | torch.device | None = None, dtype: torch.dtype | None = None):
         super().__init__()
         if isinstance(model, Encoder):
-            for name, value in (("layer", layer), ("special_tokens", special_tokens),
-                                ("power_mean_layers", power_mean_layers), ("max_length", max_length)):
-                if value is not None and value != getattr(model, name):
-                    raise ValueError(f"{name}={value!r} differs from the given encoder's {getattr(model, name)!r}")
+            for option, value in (("layer", layer), ("special_tokens", special_tokens),
+                                  ("power_mean_layers", power_mean_layers), ("max_length", max_length), ("name", name)):
+                if value is not None and value != getattr(model, option):
+                    raise ValueError(f"{option}={value!r} differs from the given encoder's {getattr(model, option)!r}")
             encoder = model
         elif isinstance(model, str):
             encoder = Encoder.from_pretrained(model, layer=layer, revision=revision, max_length=max_length,
                                               special_tokens=special_tokens or "drop",
-                                              power_mean_layers=power_mean_layers or 1)
+                                              power_mean_layers=power_mean_layers or 1, model_name=name)
         else:
             raise TypeError(f"model must be a model name, a path or an Encoder, got {type(model).__name__}")
         tuned = MODEL_DEFAULTS.get(encoder.name, {})
@@ -340,16 +359,34 @@ class Scorer(nn.Module):
             multi_ref=multi_ref, max_length=encoder.max_length, revision=encoder.revision,
             special_tokens=encoder.special_tokens, power_mean_layers=encoder.power_mean_layers,
             subwords=subwords, stopwords=stopwords, punctuation=punctuation, idf=idf, ngram=ngram,
+            rescale=rescale,
         )
         self.encoder = encoder
         self.centering = Centering(centering, dim=encoder.hidden_size)
         self.idf: dict[str, IDF] = {}  # "hyp" / "ref" dictionaries, from fit_idf
+        self.baseline = None  # scores of unrelated pairs, from fit_baseline
         if device is not None or dtype is not None:
             self.to(device=device, dtype=dtype)
         self.eval()  # like a loaded Hugging Face model: call .train() to fine-tune (dropout on)
 
     def extra_repr(self) -> str:
         return self.signature
+
+    @property
+    def baseline(self) -> PRF | None:
+        """The rescaling baselines ``PRF(precision, recall, f1)`` (floats, each < 1; one value thrice for
+        members without directions), from :meth:`fit_baseline` or a saved scorer; None if not fitted."""
+        return self._baseline
+
+    @baseline.setter
+    def baseline(self, values) -> None:
+        if values is not None:
+            values = tuple(values)
+            if len(values) != 3 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and b < 1
+                                           for b in values):
+                raise ValueError(f"baseline must be three numbers < 1 (precision, recall, f1), got {values!r}")
+            values = PRF(*map(float, values))
+        self._baseline = values
 
     @property
     def signature(self) -> str:
@@ -377,6 +414,8 @@ class Scorer(nn.Module):
         if c.centering in ("fixed", "running") and self.centering.fitted:
             center += f"-{tensor_digest(self.centering.mean)}"
         fields.update({"center": center, "refs": c.multi_ref, "maxlen": c.max_length})
+        if c.rescale:  # the three baselines, P/R/F1 (one value thrice for members without directions)
+            fields["rescale"] = "b=" + "/".join(f"{b:.6f}" for b in self.baseline) if self.baseline else "unfitted"
         return format_signature(c.method, fields)
 
     @classmethod
@@ -429,6 +468,39 @@ class Scorer(nn.Module):
             self.encoder.train(was_training)
         return self
 
+    @torch.no_grad()
+    def fit_baseline(self, corpus: Sequence[str], n_pairs: int = 1000, seed: int = 0, batch_size: int = 64,
+                     progress: bool = True) -> "Scorer":
+        """Estimate the rescaling baseline ``b``: the mean score of ``n_pairs`` unrelated pairs, as
+        bert_score's baselines are made — random pairs ``(corpus[i], corpus[j])``, ``i ≠ j``, of the
+        distinct non-empty texts of ``corpus``, drawn with ``seed`` — scored by :meth:`score` (so
+        ``batch`` centering uses the mean of every sampled text). Stores :attr:`baseline` as
+        ``PRF(precision, recall, f1)`` floats; scores are then reported as ``(s − b) / (1 − b)``.
+        """
+        if not self.config.rescale:
+            raise ValueError("fit_baseline needs a scorer built with rescale=True")
+        texts = list(dict.fromkeys(t for t in _check_texts("corpus", corpus) if t.strip()))
+        if len(texts) < 2:
+            raise ValueError(f"corpus must hold at least two distinct non-empty texts, got {len(texts)}")
+        if type(n_pairs) is not int or n_pairs < 1:
+            raise ValueError(f"n_pairs must be a positive int, got {n_pairs!r}")
+        generator = torch.Generator().manual_seed(seed)
+        first = torch.randint(len(texts), (n_pairs,), generator=generator)
+        second = (first + torch.randint(1, len(texts), (n_pairs,), generator=generator)) % len(texts)  # ≠ first
+        previous, self.baseline = self.baseline, PRF(0.0, 0.0, 0.0)  # b = 0: the identity map
+        try:
+            raw = self.score([texts[i] for i in first.tolist()], [texts[j] for j in second.tolist()],
+                             batch_size=batch_size, progress=progress, return_all=True)
+        except BaseException:
+            self.baseline = previous
+            raise
+        baseline = PRF(*(s.double().mean().item() for s in raw))
+        if max(baseline) >= 1:
+            self.baseline = previous
+            raise ValueError(f"unrelated pairs score {max(baseline):.4f} >= 1 on this corpus: no rescaling is possible")
+        self.baseline = baseline
+        return self
+
     # --- the three stages --------------------------------------------------------------------------
 
     def embed(self, texts: Sequence[str]) -> Units:
@@ -454,30 +526,67 @@ class Scorer(nn.Module):
         return keep_mask(mask, input_ids, word_ids, self.encoder.tokenizer, subwords=c.subwords,
                          stopwords=c.stopwords, punctuation=c.punctuation)
 
-    def center(self, units: Units) -> Units:
+    def center(self, units: Units, mean: Tensor | None = None) -> Units:
         """Apply the centering module to the units' vectors (``none``: the units as they are, padding
-        included: the family masks it)."""
+        included: the family masks it; ``mean``: an explicit batch mean, see
+        :meth:`Centering.forward <torchmover.Centering.forward>`)."""
         if self.centering.mode == "none":
             return units
-        return units._replace(vectors=self.centering(units.vectors, units.mask))
+        return units._replace(vectors=self.centering(units.vectors, units.mask, mean))
 
     def score_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int,
                     ref_self: Tensor | None = None) -> Tensor:
         """Scores ``[n_hyps]`` of centered units: rows ``index.hyp`` of ``hyp`` against rows
         ``index.ref`` of ``ref`` (n-grams, then the family member), several references combined by
-        ``multi_ref``. Each text's self-term ``C(X, X)`` is computed once, however many pairs it is
-        in; ``ref_self`` may supply the references' (:meth:`self_similarities`, e.g. cached)."""
+        ``multi_ref``, rescaled if ``rescale``. Each text's self-term ``C(X, X)`` is computed once,
+        however many pairs it is in; ``ref_self`` may supply the references' (:meth:`self_similarities`,
+        e.g. cached)."""
+        scores = self._pair_scores(hyp, ref, index, self.config.direction, ref_self)
+        return self._rescale(self._combine_references(scores, index.owner, n_hyps), self.config.direction)
+
+    def score_all_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int) -> PRF:
+        """:meth:`score_pairs` in the three directions at once (one encoding, three transports):
+        ``PRF`` of ``[n_hyps]`` tensors. Members without directions (wmd, moverscore, sbert, cka, the
+        sentence movers) give their one score thrice. With several references and ``multi_ref="max"``
+        the three come from the reference of best F1 (as bert_score does); with ``mean`` each is
+        averaged."""
+        c = self.config
+        if c.method in DIRECTED_METHODS:
+            pairs = PRF(*(self._pair_scores(hyp, ref, index, d) for d in PRF._fields))
+        else:
+            pairs = PRF(*[self._pair_scores(hyp, ref, index, c.direction)] * 3)
+        if c.multi_ref == "max":  # the pair of best F1 of each hypothesis
+            best = self._combine_references(pairs.f1, index.owner, n_hyps)
+            position = torch.arange(len(pairs.f1), device=best.device)
+            candidates = torch.where(pairs.f1 == best[index.owner], position, len(pairs.f1))
+            chosen = torch.full_like(best, len(pairs.f1), dtype=torch.long).scatter_reduce(
+                0, index.owner, candidates, reduce="amin")
+            combined = PRF(*(s[chosen] for s in pairs))
+        else:
+            combined = PRF(*(self._combine_references(s, index.owner, n_hyps) for s in pairs))
+        return PRF(*(self._rescale(s, d) for s, d in zip(combined, PRF._fields)))
+
+    def _pair_scores(self, hyp: Units, ref: Units, index: PairIndex, direction: str,
+                     ref_self: Tensor | None = None) -> Tensor:
+        """``[P]`` scores of the pairs of ``index`` in ``direction`` (before combining references)."""
         c = self.config
         if c.method in SENTENCE_METHODS:
             h = hyp if index.hyp is None else hyp.select(index.hyp)
             r = ref if index.ref is None else ref.select(index.ref)
-            scores = F.sentence_movers(h.vectors, r.vectors, h.mask, r.mask, h.sentence_ids, r.sentence_ids,
-                                       variant=c.method, temperature=c.temperature, n_iter=c.n_iter or 1)
-        else:
-            scores = pair_similarity(self._member_term(), self.token_clouds(hyp, "hyp"), self.token_clouds(ref, "ref"),
-                                     index.hyp, index.ref, normalize=c.method not in UNNORMALIZED,
-                                     direction=c.direction, ref_self=ref_self)
-        return self._combine_references(scores, index.owner, n_hyps)
+            return F.sentence_movers(h.vectors, r.vectors, h.mask, r.mask, h.sentence_ids, r.sentence_ids,
+                                     variant=c.method, temperature=c.temperature, n_iter=c.n_iter or 1)
+        return pair_similarity(self._member_term(), self.token_clouds(hyp, "hyp"), self.token_clouds(ref, "ref"),
+                               index.hyp, index.ref, normalize=c.method not in UNNORMALIZED,
+                               direction=direction, ref_self=ref_self)
+
+    def _rescale(self, scores: Tensor, direction: str) -> Tensor:
+        """``(s − b) / (1 − b)`` with the baseline of ``direction`` when ``rescale``; else ``s``."""
+        if not self.config.rescale:
+            return scores
+        if self.baseline is None:
+            raise RuntimeError("this scorer uses rescale=True: call fit_baseline(corpus) first")
+        b = getattr(self.baseline, direction)
+        return (scores - b) / (1 - b)
 
     def token_clouds(self, units: Units, side: str) -> TokenCloud:
         """Centered units of one ``side`` (``"hyp"`` / ``"ref"``: whose IDF weights) as the family's
@@ -509,43 +618,65 @@ class Scorer(nn.Module):
 
     # --- scoring -----------------------------------------------------------------------------------
 
-    def forward(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> Tensor:
+    def forward(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]], *,
+                return_all: bool = False) -> Tensor | PRF:
         """Scores ``[B]`` of each hypothesis against its reference(s), differentiable w.r.t. the
         encoder when grad is enabled. Empty or whitespace-only texts score 0. Distinct texts are
-        encoded once, in one batch."""
+        encoded once, in one batch. ``return_all=True``: ``PRF(precision, recall, f1)`` instead
+        (:meth:`score_all_pairs`).
+
+        With ``centering="batch"`` the call is the batch, in training and in eval mode alike: every
+        real token of the call's distinct texts is centered on their mean (the paper's per-batch
+        centering; in training under ``torch.distributed``, on the mean over all ranks' calls).
+        """
         hyps = _check_texts("hyps", hyps)
         groups = _check_references(hyps, refs)
         if not hyps:
-            return torch.zeros(0, device=self.encoder.device)
+            empty = torch.zeros(0, device=self.encoder.device)
+            return PRF(empty, empty, empty) if return_all else empty
         texts = _distinct_texts(hyps, groups)
         plan = call_plan(hyps, to_device(plan_lists(hyps, groups, texts), self.encoder.device))  # before the encoder
-        return self._score_embedded(plan, self.embed(texts))
+        return self._score_embedded(plan, self.embed(texts), return_all=return_all)
 
-    def _score_embedded(self, plan: CallPlan, units: Units) -> Tensor:
+    def _score_embedded(self, plan: CallPlan, units: Units, *, return_all: bool = False,
+                        means: tuple[Tensor, ...] | None = None) -> Tensor | PRF:
         """Center ``units`` (one row per distinct text of the call, hypotheses first) and score every
-        pair of ``plan`` (``[B]``)."""
+        pair of ``plan`` (``[B]``, or ``PRF``). ``means``: explicit batch-centering means (one, joint;
+        or the hypotheses' and the references', separate) instead of those of ``units`` (see :meth:`score`)."""
         hyp_rows = slice(0, plan.n_hyp_texts)
+        hyp_mean, ref_mean = (None, None) if means is None else (means[0], means[-1])
         if self.config.center_scope == "joint":
-            centered = self.center(units)
+            centered = self.center(units, hyp_mean)
             hyp_units, ref_units = centered.select(hyp_rows), centered.select(plan.ref_rows)
         else:
-            hyp_units, ref_units = self.center(units.select(hyp_rows)), self.center(units.select(plan.ref_rows))
+            hyp_units = self.center(units.select(hyp_rows), hyp_mean)
+            ref_units = self.center(units.select(plan.ref_rows), ref_mean)
+        if return_all:
+            return self.score_all_pairs(hyp_units, ref_units, plan.index, plan.n_hyps)
         return self.score_pairs(hyp_units, ref_units, plan.index, plan.n_hyps)
 
     @torch.no_grad()
     def score(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]],
-              batch_size: int = 64, progress: bool = True) -> Tensor:
+              batch_size: int = 64, progress: bool = True, *, return_all: bool = False,
+              centering_group=None) -> Tensor | PRF:
         """Score large lists: no graph, eval mode, a progress bar; returns a CPU ``Tensor[B]`` in input
-        order.
+        order (``return_all=True``: ``PRF(precision, recall, f1)`` of them, from the same encoding).
 
         As the peers do it: every distinct text of the list (of each chunk of ``SCORE_CHUNK``
         hypotheses) is encoded once, in batches of ``batch_size`` texts of similar length (trimmed to
         their longest) kept on the device in a :class:`~torchmover.arena.TokenArena`; then the pairs
         are scored in length-sorted batches of ``batch_size`` hypotheses, each gathered from it by
-        indices built on the host and sent in one transfer per chunk. Each such batch is centered as a
-        ``forward`` call on it would be, so with ``centering="batch"`` scores depend on ``batch_size``
-        and on the other texts; use a batch-independent centering (``none``, ``fixed``) for scores
-        that do not. The scores stay on the device until the end: nothing in the loop waits for it.
+        indices built on the host and sent in one transfer per chunk. The scores stay on the device
+        until the end: nothing in the loop waits for it.
+
+        Scores do not depend on ``batch_size`` nor on the other pairs of a batch: ``batch`` centering
+        uses the mean of every real token of the call's distinct texts (``center_scope="separate"``:
+        the hypotheses' mean over all hypotheses, the references' over all references), computed
+        from the encoded texts before any pair is scored — the set that ``forward`` on the whole list
+        centers on, so both give the same scores. (A call of more than ``SCORE_CHUNK`` hypotheses
+        encodes all but its last chunk twice, once for the mean, to bound memory.)
+        ``centering_group``: a ``torch.distributed`` process group whose ranks all call ``score``:
+        the mean is then over every rank's texts (one all-reduce of token sums and counts).
         """
         from tqdm.auto import tqdm
 
@@ -554,16 +685,21 @@ class Scorer(nn.Module):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         order = sorted(range(len(hyps)), key=lambda i: -(len(hyps[i]) + max(map(len, groups[i]))))
+        chunks = [order[start:start + SCORE_CHUNK] for start in range(0, len(order), SCORE_CHUNK)]
         device = self.encoder.device
-        out = torch.zeros(len(hyps), device=device)
+        out = torch.zeros(3 if return_all else 1, len(hyps), device=device)
         was_training = self.training
         self.eval()
         try:
+            means, kept = None, None  # kept: the units of the last chunk, encoded by the first pass
+            if self.config.centering == "batch":
+                means, kept = self._call_means(hyps, groups, chunks, batch_size, progress, centering_group)
             with tqdm(total=len(hyps), desc="scoring", unit="pair", disable=not progress) as bar:
-                for chunk_start in range(0, len(order), SCORE_CHUNK):
-                    chunk = order[chunk_start:chunk_start + SCORE_CHUNK]
-                    arena = self._embed_distinct([hyps[i] for i in chunk], [groups[i] for i in chunk], batch_size,
-                                                 progress)
+                for c in reversed(range(len(chunks))):
+                    chunk = chunks[c]
+                    arena = kept if kept is not None and c == len(chunks) - 1 else self._embed_distinct(
+                        [hyps[i] for i in chunk], [groups[i] for i in chunk], batch_size, progress)
+                    kept = None
                     batches, lists = [], []  # every batch's indices, built on the host, sent in one transfer
                     for start in range(0, len(chunk), batch_size):
                         idx = chunk[start:start + batch_size]
@@ -575,12 +711,47 @@ class Scorer(nn.Module):
                     sent = to_device(lists, device)
                     for k, (batch_hyps, n_texts, width) in enumerate(batches):
                         idx, rows, *plan = sent[6 * k:6 * k + 6]
-                        scores = self._score_embedded(call_plan(batch_hyps, plan), arena.gather(rows, n_texts, width))
-                        out.index_copy_(0, idx, scores.float())
+                        scores = self._score_embedded(call_plan(batch_hyps, plan), arena.gather(rows, n_texts, width),
+                                                      return_all=return_all, means=means)
+                        out.index_copy_(1, idx, torch.stack(list(scores) if return_all else [scores]).float())
                         bar.update(len(batch_hyps))
         finally:
             self.train(was_training)
-        return out.cpu()
+        out = out.cpu()
+        return PRF(*out) if return_all else out[0]
+
+    def _call_means(self, hyps: list[str], groups: list[list[str]], chunks: list[list[int]], batch_size: int,
+                    progress: bool, group) -> tuple[tuple[Tensor, ...], TokenArena | None]:
+        """First pass of :meth:`score` under ``batch`` centering: the mean unit vector of the call's
+        distinct texts — ``μ = Σ_texts Σ_tokens x / Σ_texts n_tokens`` (float64 sums), one mean
+        (``joint``) or the hypotheses' and the references' (``separate``) — summed over the ranks of
+        ``group`` if given. Returns the means and the arena of the last chunk (to be reused)."""
+        import torch.distributed as dist
+
+        sides = (None,) if self.config.center_scope == "joint" else ("hyp", "ref")
+        dim, device = self.encoder.hidden_size, self.encoder.device
+        stats = {side: torch.zeros(dim + 1, dtype=torch.float64, device=device) for side in sides}  # (Σ x, n)
+        seen = {side: set() for side in sides}
+        arena = None
+        for chunk in chunks:
+            chunk_hyps, chunk_groups = [hyps[i] for i in chunk], [groups[i] for i in chunk]
+            arena = self._embed_distinct(chunk_hyps, chunk_groups, batch_size, progress)
+            side_texts = {None: _distinct_texts(chunk_hyps, chunk_groups), "hyp": chunk_hyps,
+                          "ref": [r for g in chunk_groups for r in g]}
+            for side in sides:
+                new = [t for t in dict.fromkeys(side_texts[side]) if t not in seen[side]]
+                seen[side].update(new)
+                if new:
+                    rows, width = arena.index(new)
+                    units = arena.gather(to_device([rows], device)[0], len(new), width)
+                    real = units.mask.unsqueeze(-1)
+                    stats[side][:-1] += torch.where(real, units.vectors, torch.zeros_like(units.vectors)).double().sum((0, 1))
+                    stats[side][-1] += units.mask.sum()
+        if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
+            for side in sides:
+                dist.all_reduce(stats[side], op=dist.ReduceOp.SUM, group=group)
+        means = tuple((stats[side][:-1] / stats[side][-1].clamp_min(1)).float() for side in sides)
+        return means, arena
 
     def _embed_distinct(self, hyps: list[str], groups: list[list[str]], batch_size: int,
                         progress: bool) -> TokenArena:

@@ -36,7 +36,8 @@ For each factor ``f`` and group ``g``, with ``r_k`` the correlation at level ``k
 
 Both are in percent; the ``average`` column is the unweighted mean of the groups' values (not the CV
 of the averaged correlation). Scores use ``scorer.score(..., batch_size)`` with one ``batch_size`` for
-every variant (default 32, the TWMD paper's), so ``batch`` centering sees the same batches throughout.
+every variant (default 32, the TWMD paper's); ``batch`` centering uses the mean of every text of the
+call, whatever the ``batch_size``.
 
 Cost. The base :class:`~torchmover.Scorer` is built once; variants share its encoder
 (``Scorer(base.encoder, **options)``), and the encoder's outputs are memoised per batch of texts, so
@@ -478,9 +479,9 @@ def _original_layers(encoder: Encoder) -> int:
     from .encoding import resolve_model_path
 
     try:
-        return int(AutoConfig.from_pretrained(resolve_model_path(encoder.name)).num_hidden_layers)
+        return int(AutoConfig.from_pretrained(resolve_model_path(encoder.source)).num_hidden_layers)
     except (OSError, ValueError) as error:
-        raise ValueError(f"the layer factor needs the model's configuration, and {encoder.name!r} could not be "
+        raise ValueError(f"the layer factor needs the model's configuration, and {encoder.source!r} could not be "
                          f"loaded ({error}); pass encoder_for_layer= and n_layers=") from error
 
 
@@ -513,8 +514,7 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
             Its IDF and fixed centering are (re)fitted here on the records.
         factors: names from ``FACTORS`` (a list or a comma-separated string); ``None``: every factor
             that applies to the base method (``temperature`` needs twmd/trwmd, ``iterations`` twmd).
-        batch_size: hypotheses per ``scorer.score`` batch, the same for every variant (batch
-            centering depends on it).
+        batch_size: hypotheses per ``scorer.score`` batch, the same for every variant.
         progress: a tqdm bar over the variants.
         encoder_for_layer: ``k -> Encoder`` at layer ``k`` for the ``layer`` factor (default:
             ``Encoder.from_pretrained`` of the base model with its encoder options).
@@ -559,9 +559,9 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
             if encoder_for_layer is not None:
                 encoder = encoder_for_layer(layer)
             else:
-                encoder = Encoder.from_pretrained(config.model, layer=layer, revision=config.revision,
+                encoder = Encoder.from_pretrained(base.encoder.source, layer=layer, revision=config.revision,
                                                   max_length=config.max_length, special_tokens=config.special_tokens,
-                                                  power_mean_layers=config.power_mean_layers)
+                                                  power_mean_layers=config.power_mean_layers, model_name=config.model)
                 encoder.to(base.encoder.device)
             if encoder.layer != layer:
                 raise ValueError(f"encoder_for_layer({layer}) returned an encoder at layer {encoder.layer}")

@@ -4,7 +4,7 @@ Layout of a saved scorer::
 
     path/
       torchmover.json          {"format": 1, "torchmover": "<version>", "config": {ScorerConfig fields},
-                                "encoder_dtype": "float32", "signature": "...",
+                                "encoder_dtype": "float32", "signature": "...", "baseline": [P, R, F1] or null,
                                 "files": {"<relative path>": "<SHA-256>", ...}}
       encoder/                 the encoder cut at ``layer`` (``model.safetensors``, ``config.json``)
                                and its tokenizer files, written by ``save_pretrained``
@@ -89,6 +89,7 @@ def save_scorer(scorer, path: str | os.PathLike) -> Path:
             "torchmover": __version__,
             "config": dataclasses.asdict(scorer.config),
             "encoder_dtype": str(next(encoder.model.parameters()).dtype).removeprefix("torch."),
+            "baseline": None if scorer.baseline is None else list(scorer.baseline),  # rescaling, fit_baseline
             "signature": scorer.signature,  # informative only: the signature of the saved scorer
         }
         _install(tmp, target, meta)
@@ -278,6 +279,11 @@ def load_scorer(cls, config_type, path: str | os.PathLike, device=None, dtype: t
     if missing:
         raise ValueError(f"{CENTERING_FILE} in {str(root)!r} lacks {sorted(missing)}")
     scorer.centering.load_state_dict(buffers)
+    if meta.get("baseline") is not None:
+        try:
+            scorer.baseline = meta["baseline"]
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"corrupt baseline in {str(root / CONFIG_FILE)!r}: {e}") from e
     listed = meta.get("files")
     if IDF_FILE in listed if isinstance(listed, dict) else (root / IDF_FILE).is_file():
         try:
