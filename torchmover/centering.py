@@ -40,8 +40,10 @@ def center(x: Tensor, mask: Tensor, mode: str = "batch", mean: Tensor | None = N
 
     ``batch`` uses the mean of every real token in ``x``: to center hypotheses and references
     together, pass them stacked, or compute ``token_mean`` over both and use ``mode="fixed"``.
-    Padding positions are returned as zeros. Never modifies ``x`` in place.
+    Padding positions are returned as zeros. Never modifies ``x`` in place. Works in float32 or
+    wider: bf16/fp16 vectors are upcast first (their mean, and ``mean``, are never rounded to them).
     """
+    x = x.to(torch.promote_types(x.dtype, torch.float32))
     if mode not in CENTERING_MODES:
         raise ValueError(f"mode must be one of {CENTERING_MODES}, got {mode!r}")
     if (mode == "fixed") != (mean is not None):
@@ -55,7 +57,7 @@ def center(x: Tensor, mask: Tensor, mode: str = "batch", mean: Tensor | None = N
     elif mode == "fixed":
         if mean.shape != x.shape[-1:]:
             raise ValueError(f"mean must have shape {tuple(x.shape[-1:])}, got {tuple(mean.shape)}")
-        x = x - mean.to(x)
+        x = x - mean.to(device=x.device, dtype=x.dtype)  # x is float32 or wider here
     return torch.where(mask.unsqueeze(-1), x, torch.zeros_like(x))
 
 
@@ -100,6 +102,7 @@ class Centering(nn.Module):
         from .distributed import global_token_mean, is_distributed
 
         sync = self.sync and self.training and is_distributed()  # batch mean over all ranks
+        x = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16/fp16 encoders: means in float32
         if self.mode in ("none", "dimension", "sentence") or (self.mode == "batch" and not sync):
             return center(x, mask, self.mode)
         if self.mode == "batch":
@@ -153,7 +156,17 @@ class Centering(nn.Module):
 
     def _resize(self, like: Tensor) -> None:
         if self.mean.numel() != like.numel():
-            self.mean = torch.zeros(like.numel(), dtype=torch.float32, device=like.device)
+            self.mean = torch.zeros(like.numel(), dtype=self.mean.dtype, device=self.mean.device)
+
+    def _apply(self, fn, recurse=True):
+        """``.to(...)`` / ``.cuda()`` / ``.half()`` move the mean but keep it float32 or wider: a
+        ``Scorer.to(torch.bfloat16)`` runs the encoder in bf16 and still centers with the exact mean
+        (converted from the original, never via bf16)."""
+        mean = self.mean
+        super()._apply(fn, recurse)
+        if self.mean.dtype != mean.dtype:
+            self.mean = mean.to(device=self.mean.device, dtype=torch.promote_types(self.mean.dtype, torch.float32))
+        return self
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         saved = state_dict.get(prefix + "mean")

@@ -175,7 +175,7 @@ class Encoder(nn.Module):
         batch = self.tokenize(texts)
         special = batch.pop("special_tokens_mask").bool()
         word_ids = torch.tensor(
-            [[-1 if w is None else w for w in e.word_ids] for e in batch.encodings], dtype=torch.long
+            [[-1 if w is None else w for w in e.word_ids] for e in batch.encodings], dtype=torch.long, device="cpu"
         ).reshape(batch["input_ids"].shape)  # [N, L]
         inputs = {k: v.to(self.device) for k, v in batch.items()}
         outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
@@ -183,7 +183,7 @@ class Encoder(nn.Module):
         if self.special_tokens == "drop":
             mask &= ~special
         elif self.special_tokens == "cls":
-            mask &= ~special | (torch.arange(mask.shape[1]) == 0)
+            mask &= ~special | (torch.arange(mask.shape[1], device=mask.device) == 0)
         return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask.to(self.device),
                                inputs["input_ids"], word_ids.to(self.device))
 

@@ -84,6 +84,7 @@ class MoverMetric(Metric):
         self.scorer = scorer
         self.return_per_sample = return_per_sample
         self.add_state("scores", default=[], dist_reduce_fx="cat")
+        self.to(scorer.encoder.device)  # the metric follows the scorer's device (Scorer(device="auto"))
 
     def update(self, preds: Sequence[str], target: Sequence[str] | Sequence[Sequence[str]]) -> None:
         """Score ``preds`` against ``target`` (one reference per prediction, or a list of them)."""
@@ -91,7 +92,7 @@ class MoverMetric(Metric):
 
     def compute(self) -> Tensor | dict[str, Tensor]:
         """Mean score over every prediction seen (NaN before any); see ``return_per_sample``."""
-        scores = dim_zero_cat(self.scores) if len(self.scores) else torch.zeros(0)  # [N]
+        scores = dim_zero_cat(self.scores) if len(self.scores) else torch.zeros(0, device=self.device)  # [N]
         mean = scores.mean() if scores.numel() else torch.tensor(float("nan"), device=scores.device)
         return {"score": mean, "per_sample": scores} if self.return_per_sample else mean
 

@@ -20,6 +20,8 @@ from torch import Tensor, nn
 
 from . import functional as F
 from .centering import MODULE_MODES, Centering
+from .compiled import check_compile, compiled_member_term
+from .devices import resolve_device, resolve_dtype
 from .encoding import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES, Encoder
 from .family import (DIRECTIONS, UNNORMALIZED, WMD_TEMPERATURE, TokenCloud, member_term, pair_similarity,
                      self_similarity, token_cloud)
@@ -236,7 +238,15 @@ class Scorer(nn.Module):
             default ``drop`` and 1, or the given encoder's).
         subwords, stopwords, punctuation, idf, ngram: the token policy (:mod:`torchmover.weights`);
             ``idf=True`` needs :meth:`fit_idf`.
-        device, dtype: where and in which precision the encoder runs (scores are float32 or wider).
+        device: ``"auto"`` (default: CUDA when available, the local rank's GPU under ``torchrun`` /
+            ``accelerate``, else the CPU), ``"cpu"``, ``"cuda:1"``, ... or a ``torch.device``
+            (:func:`torchmover.devices.resolve_device`).
+        dtype: the encoder's precision: ``None`` (the weights' dtype), a ``torch.dtype`` or a name
+            such as ``"bf16"`` / ``"float16"`` (:func:`torchmover.devices.resolve_dtype`). The
+            centering mean, the centering and the transport stay in float32 or wider.
+        compile: run the transport terms through ``torch.compile`` (twmd with a fixed ``n_iter``,
+            trwmd, bertscore, sbert, cka; :mod:`torchmover.compiled`). Off by default: slower on the
+            CPUs measured (README, "Precision and compilation"); meant for GPUs.
 
     Example:
         >>> scorer = Scorer()  # doctest: +SKIP
@@ -249,8 +259,10 @@ class Scorer(nn.Module):
                  multi_ref: str = "max", max_length: int | None = None, revision: str | None = None,
                  special_tokens: str | None = None, power_mean_layers: int | None = None, subwords: str = "all",
                  stopwords: Sequence[str] | str = (), punctuation: str = "keep", idf: bool = False,
-                 ngram: int = 1, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
+                 ngram: int = 1, device: str | torch.device | None = "auto", dtype: str | torch.dtype | None = None,
+                 compile: bool = False):
         super().__init__()
+        device, dtype = resolve_device(device), resolve_dtype(dtype)  # fail before loading the model
         if isinstance(model, Encoder):
             for name, value in (("layer", layer), ("special_tokens", special_tokens), ("power_mean_layers", power_mean_layers)):
                 if value is not None and value != getattr(model, name):
@@ -277,8 +289,8 @@ class Scorer(nn.Module):
         self.encoder = encoder
         self.centering = Centering(centering, dim=encoder.hidden_size)
         self.idf: dict[str, IDF] = {}  # "hyp" / "ref" dictionaries, from fit_idf
-        if device is not None or dtype is not None:
-            self.to(device=device, dtype=dtype)
+        self.compile_transport = check_compile(compile, self.config.method, self.config.n_iter)
+        self.to(device=device, dtype=dtype)  # the centering mean stays float32 (Centering._apply)
         self.eval()  # like a loaded Hugging Face model: call .train() to fine-tune (dropout on)
 
     def extra_repr(self) -> str:
@@ -422,7 +434,10 @@ class Scorer(nn.Module):
 
     def _member_term(self):
         c = self.config  # the temperature is a parameter of twmd / trwmd only (wmd, moverscore: WMD_TEMPERATURE)
-        return member_term(c.method, c.temperature if c.method in DEFAULT_TEMPERATURES else None, c.n_iter)
+        temperature = c.temperature if c.method in DEFAULT_TEMPERATURES else None
+        if self.compile_transport:
+            return compiled_member_term(c.method, temperature, c.n_iter)
+        return member_term(c.method, temperature, c.n_iter)
 
     def _combine_references(self, scores: Tensor, owner: Tensor, n: int) -> Tensor:
         if self.config.multi_ref == "max":
@@ -482,7 +497,7 @@ class Scorer(nn.Module):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         order = sorted(range(len(hyps)), key=lambda i: -(len(hyps[i]) + max(map(len, groups[i]))))
-        out = torch.zeros(len(hyps))
+        out = torch.zeros(len(hyps), device="cpu")
         was_training = self.training
         self.eval()
         try:
@@ -527,12 +542,13 @@ class Scorer(nn.Module):
         save_scorer(self, path)
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, *, device: str | torch.device | None = None,
-                        dtype: torch.dtype | None = None) -> "Scorer":
+    def from_pretrained(cls, path: str | os.PathLike, *, device: str | torch.device | None = "auto",
+                        dtype: str | torch.dtype | None = None) -> "Scorer":
         """Load a scorer written by :meth:`save_pretrained` (JSON and safetensors only, no network).
 
         It scores exactly as the saved one and has the same :attr:`signature`: the config keeps the
-        original model name. Raises ``FileNotFoundError`` / ``ValueError`` naming the path for a
+        original model name. ``device`` and ``dtype`` as in :class:`Scorer` (``dtype=None``: the
+        dtype the encoder was saved in). Raises ``FileNotFoundError`` / ``ValueError`` naming the path for a
         missing, incomplete or corrupt directory.
         """
         from .serialization import load_scorer

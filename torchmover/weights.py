@@ -74,8 +74,8 @@ class IDF:
     def __call__(self, input_ids: Tensor) -> Tensor:
         """IDF weight of every token id (``[N, L]`` -> float ``[N, L]``)."""
         unique, inverse = torch.unique(input_ids, return_inverse=True)
-        values = torch.tensor([self.value(int(t)) for t in unique], dtype=torch.float32)
-        return values.to(input_ids.device)[inverse]
+        values = torch.tensor([self.value(int(t)) for t in unique], dtype=torch.float32, device=input_ids.device)
+        return values[inverse]
 
     def digest(self) -> str:
         """Short content hash (for the signature)."""
