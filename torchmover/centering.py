@@ -133,13 +133,20 @@ class Centering(nn.Module):
         self.num_tokens += n_tokens
 
     @torch.no_grad()
-    def fit(self, embeddings, mask: Tensor | None = None) -> "Centering":
+    def fit(self, embeddings, mask: Tensor | None = None, *, distributed: bool = False) -> "Centering":
         """Set ``mean`` to the exact mean of every real token vector of a corpus.
 
         ``embeddings`` is a ``[B, L, D]`` tensor with its ``mask``, or an iterable of
         ``(embeddings, mask)`` batches (streamed, accumulated in float64). To fit on texts, use
         :meth:`torchmover.Scorer.fit_centering`, which encodes them first.
+
+        ``distributed=True`` inside a ``torch.distributed`` job: the batches are this rank's share of
+        the corpus, and the float64 ``(Σ x, count)`` of every rank are all-reduced, so every rank sets
+        the same mean, that of the whole corpus (a collective: every rank must call it; a rank may
+        have no batch at all when the mean's dimension is known).
         """
+        from .distributed import all_reduce_sum
+
         batches = [(embeddings, mask)] if isinstance(embeddings, Tensor) else embeddings
         total, count = None, 0
         for x, m in batches:
@@ -147,6 +154,13 @@ class Centering(nn.Module):
             s = torch.where(m.unsqueeze(-1), x, torch.zeros_like(x)).double().sum((0, 1))
             total = s if total is None else total + s
             count += int(m.sum())
+        if distributed:
+            if total is None:
+                if not self.mean.numel():
+                    raise ValueError("fit(distributed=True) on a rank without batches needs Centering(dim=...)")
+                total = torch.zeros_like(self.mean, dtype=torch.float64)
+            stats = all_reduce_sum(torch.cat([total, total.new_tensor([count])]))  # [D + 1]  (Σ x, count)
+            total, count = stats[:-1], int(stats[-1])
         if count == 0:
             raise ValueError("fit() needs at least one real token")
         self._resize(total)

@@ -22,6 +22,7 @@ from . import functional as F
 from .centering import MODULE_MODES, Centering
 from .compiled import check_compile, compiled_member_term
 from .devices import resolve_device, resolve_dtype
+from .distributed import fit_idf as fit_idf_over_ranks, shard
 from .encoding import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES, Encoder
 from .family import (DIRECTIONS, UNNORMALIZED, WMD_TEMPERATURE, TokenCloud, member_term, pair_similarity,
                      self_similarity, token_cloud)
@@ -344,32 +345,49 @@ class Scorer(nn.Module):
 
     # --- fitting -----------------------------------------------------------------------------------
 
-    def fit_idf(self, references: Sequence[str], hypotheses: Sequence[str] | None = None) -> "Scorer":
+    def fit_idf(self, references: Sequence[str], hypotheses: Sequence[str] | None = None, *,
+                distributed: bool = True) -> "Scorer":
         """Fit the IDF dictionaries on an explicit corpus: one from ``references``, one from
-        ``hypotheses`` (MoverScore v2 keeps the two apart; default: the references for both)."""
+        ``hypotheses`` (MoverScore v2 keeps the two apart; default: the references for both).
+
+        Under ``torch.distributed`` (and ``distributed=True``) every rank passes the same corpus and
+        tokenizes its share ``texts[rank::world_size]``; document frequencies and counts are
+        all-reduced (:func:`torchmover.distributed.fit_idf`), so every rank gets the same dictionaries
+        as one process on the whole corpus. A collective: every rank must call it."""
         if not self.config.idf:
             raise ValueError("fit_idf needs a scorer built with idf=True")
         references = _check_texts("references", references)
         hypotheses = references if hypotheses is None else _check_texts("hypotheses", hypotheses)
-        tokenizer = self.encoder.tokenizer
-        self.idf = {"ref": IDF.fit(references, tokenizer), "hyp": IDF.fit(hypotheses, tokenizer)}
+        tokenizer, device = self.encoder.tokenizer, self.encoder.device
+
+        def fit(texts):
+            return fit_idf_over_ranks(texts, tokenizer, device) if distributed else IDF.fit(texts, tokenizer)
+        self.idf = {"ref": fit(references), "hyp": fit(hypotheses)}
         return self
 
     @torch.no_grad()
-    def fit_centering(self, texts: Sequence[str], batch_size: int = 64, progress: bool = True) -> "Scorer":
+    def fit_centering(self, texts: Sequence[str], batch_size: int = 64, progress: bool = True, *,
+                      distributed: bool = True) -> "Scorer":
         """Estimate the ``fixed`` / ``running`` centering mean once on a corpus of ``texts``: the
-        mean of every unit that takes part in scoring (after the token policy)."""
+        mean of every unit that takes part in scoring (after the token policy).
+
+        Under ``torch.distributed`` (and ``distributed=True``) every rank passes the same ``texts`` and
+        encodes its share ``texts[rank::world_size]`` (:func:`torchmover.distributed.shard`); the
+        float64 (sum, count) is all-reduced, so N ranks do 1/N of the work and all get the mean of the
+        whole corpus (equal to one process's to float64 rounding). A collective: every rank must call it."""
         from tqdm.auto import tqdm
 
         if self.config.centering not in ("fixed", "running"):
             raise ValueError(f"fit_centering needs centering='fixed' or 'running', this scorer uses {self.config.centering!r}")
         texts = _check_texts("texts", texts)
+        if distributed:
+            texts = shard(texts, self.encoder.device)
         was_training = self.encoder.training
         self.encoder.eval()
         try:
             batches = (self.embed(texts[i:i + batch_size])[:2] for i in
                        tqdm(range(0, len(texts), batch_size), desc="fitting centering", disable=not progress))
-            self.centering.fit(batches)
+            self.centering.fit(batches, distributed=distributed)
         finally:
             self.encoder.train(was_training)
         return self

@@ -63,10 +63,7 @@ class IDF:
         texts = list(texts)
         if not texts or not all(isinstance(t, str) for t in texts):
             raise ValueError("IDF.fit needs a non-empty list of strings")
-        counts: Counter = Counter()
-        for ids in tokenizer(texts, truncation=True)["input_ids"]:
-            counts.update(set(ids))
-        return cls(counts, len(texts))
+        return cls(document_frequencies(texts, tokenizer), len(texts))
 
     def value(self, token_id: int) -> float:
         return math.log((self.num_documents + 1) / (self.document_frequency.get(token_id, 0) + 1))
@@ -89,6 +86,14 @@ class IDF:
     @classmethod
     def from_dict(cls, data: dict) -> "IDF":
         return cls({int(k): v for k, v in data["document_frequency"].items()}, data["num_documents"])
+
+
+def document_frequencies(texts: Sequence[str], tokenizer) -> Counter:
+    """For every token id, how many of ``texts`` contain it (special tokens included)."""
+    counts: Counter = Counter()
+    for ids in tokenizer(list(texts), truncation=True)["input_ids"] if texts else []:
+        counts.update(set(ids))
+    return counts
 
 
 def _is_punctuation(word: str, ascii_only: bool) -> bool:
