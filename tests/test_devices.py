@@ -181,3 +181,13 @@ def test_scoring_paths_say_where_every_tensor_goes(tiny_encoder, options):
         with pytest.warns(UserWarning, match="before the ``update``"):
             MoverMetric(scorer).compute()
     assert guard.calls == [], "factory calls without device=: " + "; ".join(dict.fromkeys(guard.calls))
+
+
+def test_from_pretrained_takes_device_and_dtype_names(tiny_encoder, tmp_path):
+    scorer = Scorer(tiny_encoder, centering="fixed").fit_centering(["the cat sat", "a dog ran"], progress=False)
+    scorer.save_pretrained(tmp_path / "saved")
+    loaded = Scorer.from_pretrained(tmp_path / "saved", device="cpu", dtype="bf16")
+    assert next(loaded.encoder.parameters()).dtype == torch.bfloat16
+    assert loaded.centering.mean.dtype == torch.float32 and torch.equal(loaded.centering.mean, scorer.centering.mean)
+    with pytest.raises(ValueError, match="dtype must be"):
+        Scorer.from_pretrained(tmp_path / "saved", dtype="int4")
