@@ -1,6 +1,6 @@
-"""What the WMT benchmark scripts share: their command line's data and output directories, the WMT
-pairs, and the timing of torchmover and bert_score with the encoder's share split off
-(``bench_peers.py`` on the CPU, ``bench_gpu.py`` on a GPU)."""
+"""What the WMT benchmark scripts share: their command line's data and output directories, seeded
+samples of WMT pairs, agreement statistics between two score lists, and the timing of torchmover and
+bert_score with the encoder's share split off (``bench_peers.py`` on the CPU, ``bench_gpu.py`` on a GPU)."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +11,8 @@ import resource
 import time
 from pathlib import Path
 from typing import Callable
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,6 +27,40 @@ def wmt_parser(doc: str) -> argparse.ArgumentParser:
                         help="WMT15-16 *.tsv directory (default: ../shared/data/wmt15-16 next to the repository)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
     return parser
+
+
+def load_sample(data_dir: Path, n: int, seed: int = 0) -> list[dict]:
+    """``n`` rows spread evenly over every ``*.tsv`` of ``data_dir`` (sorted), seeded per file."""
+    files = sorted(data_dir.glob("*.tsv"))
+    if not files:
+        raise SystemExit(f"--data {data_dir}: no *.tsv files")
+    rows = []
+    for k, path in enumerate(files):
+        from torchmover.data import read_tsv  # here, not at import: the MoverScore shim stubs transformers
+
+        file_rows = [dataclasses.asdict(r) for r in read_tsv(path)]
+        take = n // len(files) + (k < n % len(files))
+        rows += random.Random(f"{seed}-{path.name}").sample(file_rows, take)
+    return rows
+
+
+def pearson(x, y) -> float:
+    return float(np.corrcoef(np.asarray(x, float), np.asarray(y, float))[0, 1])
+
+
+def spearman(x, y) -> float:
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(x, y).statistic)
+
+
+def agreement(a, b) -> dict:
+    """Pearson r, Spearman ρ and the max / mean / median absolute difference of two score lists, and
+    where the largest difference is."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    d = np.abs(a - b)
+    return {"pearson": pearson(a, b), "spearman": spearman(a, b), "max_abs": float(d.max()),
+            "mean_abs": float(d.mean()), "median_abs": float(np.median(d)), "argmax": int(d.argmax())}
 
 
 # --- data -----------------------------------------------------------------------------------------

@@ -35,9 +35,7 @@ Writes ``compare_moverscore.md`` and ``compare_moverscore.json`` (every score) i
 """
 from __future__ import annotations
 
-import dataclasses
 import json
-import random
 import string
 import sys
 import time
@@ -49,47 +47,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_common import wmt_parser  # noqa: E402
+from bench_common import agreement, load_sample, pearson, spearman, wmt_parser  # noqa: E402
 from bench_peers import import_moverscore, model_dir, package_version  # noqa: E402  (the shared shim)
 
 LAYER = 6  # the last layer of all-MiniLM-L6-v2: moverscore_v2 reads hidden_states[-1]
 PUNCT = set(string.punctuation)  # moverscore_v2's rule: a token equal to one of these characters
-
-
-# --- data -----------------------------------------------------------------------------------------
-
-def load_sample(data_dir: Path, n: int, seed: int = 0) -> list[dict]:
-    """``n`` rows spread evenly over every ``*.tsv`` of ``data_dir`` (sorted), seeded per file."""
-    files = sorted(data_dir.glob("*.tsv"))
-    if not files:
-        raise SystemExit(f"--data {data_dir}: no *.tsv files")
-    rows = []
-    for k, path in enumerate(files):
-        from torchmover.data import read_tsv  # here, not at import: the MoverScore shim stubs transformers
-
-        file_rows = [dataclasses.asdict(r) for r in read_tsv(path)]
-        take = n // len(files) + (k < n % len(files))
-        rows += random.Random(f"{seed}-{path.name}").sample(file_rows, take)
-    return rows
-
-
-# --- statistics -----------------------------------------------------------------------------------
-
-def pearson(x, y) -> float:
-    return float(np.corrcoef(np.asarray(x, float), np.asarray(y, float))[0, 1])
-
-
-def spearman(x, y) -> float:
-    from scipy.stats import spearmanr
-
-    return float(spearmanr(x, y).statistic)
-
-
-def agreement(a, b) -> dict:
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    d = np.abs(a - b)
-    return {"pearson": pearson(a, b), "spearman": spearman(a, b), "max_abs": float(d.max()),
-            "mean_abs": float(d.mean()), "median_abs": float(np.median(d)), "argmax": int(d.argmax())}
 
 
 # --- exact EMD on given units -----------------------------------------------------------------------

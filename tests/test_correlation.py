@@ -307,3 +307,163 @@ def _has_matplotlib() -> bool:
     except ImportError:
         return False
     return True
+
+
+# --- system level --------------------------------------------------------------------------------
+
+def test_system_means_average_each_system_within_its_group():
+    mx, my, groups, systems = C.system_means([1.0, 3.0, 5.0, 2.0, 4.0], [0.0, 1.0, 2.0, 3.0, 4.0],
+                                             ["a", "a", "a", "b", "b"], ["s1", "s2", "s1", "s1", "s1"])
+    assert groups == ["a", "a", "b"] and systems == ["s1", "s2", "s1"]
+    np.testing.assert_allclose(mx, [3.0, 3.0, 3.0])
+    np.testing.assert_allclose(my, [1.0, 1.0, 3.5])
+    with pytest.raises(ValueError, match=r"systems\[1\] is None"):
+        C.system_means([1, 2], [1, 2], ["a", "a"], ["s", None])
+    with pytest.raises(ValueError, match="same length"):
+        C.system_means([1, 2], [1, 2], ["a", "a"], ["s"])
+
+
+def system_data(seed=0, n_systems=6, per_system=30):
+    """Two groups; each system has its own quality, and noisy segments around it."""
+    rng = np.random.default_rng(seed)
+    scores, human, groups, systems = [], [], [], []
+    for group in ("cs-en/2016", "de-en/2016"):
+        for k in range(n_systems):
+            quality = rng.normal()
+            h = quality + rng.normal(0, 1, per_system)
+            scores += list(h + rng.normal(0, 1, per_system))
+            human += list(h)
+            groups += [group] * per_system
+            systems += [f"sys{k}"] * per_system
+    return np.array(scores), np.array(human), groups, systems
+
+
+def test_system_level_is_the_correlation_of_system_means():
+    scores, human, groups, systems = system_data()
+    report = correlate(scores, human, groups, systems=systems, n_boot=200, seed=3)
+    level = report.system_level
+    assert level.unit == "systems" and [(g.name, g.n) for g in level.groups] == [("cs-en/2016", 6), ("de-en/2016", 6)]
+    for g in level.groups:  # naive: loop over the systems of the group
+        mine = [i for i, gr in enumerate(groups) if gr == g.name]
+        names = sorted({systems[i] for i in mine})
+        mx = [np.mean([scores[i] for i in mine if systems[i] == s]) for s in names]
+        my = [np.mean([human[i] for i in mine if systems[i] == s]) for s in names]
+        np.testing.assert_allclose(values(g), scipy_stats(mx, my), atol=1e-12)
+        assert g.pearson.low <= g.pearson.value <= g.pearson.high
+    # segment-level part unchanged by asking for the system level; averaging over systems helps here
+    assert report.groups == correlate(scores, human, groups, n_boot=200, seed=3).groups
+    assert level.average.pearson.value > report.average.pearson.value
+    assert json.loads(report.to_json())["system_level"]["unit"] == "systems"
+    table = report.to_table()
+    assert "system level: mean metric score vs mean human score of each system" in table
+    assert "resamples of systems" in table and "resamples of segments" in table
+    assert correlate(scores, human, groups, n_boot=0).system_level is None
+
+
+def test_groups_with_a_single_system_are_left_out_of_the_system_level():
+    scores, human, groups, systems = system_data(n_systems=3)
+    systems = [s if g == "cs-en/2016" else "only" for s, g in zip(systems, groups)]
+    with pytest.warns(UserWarning, match=r"\['de-en/2016'\] have a single system"):
+        report = correlate(scores, human, groups, systems=systems, n_boot=0)
+    assert [g.name for g in report.system_level.groups] == ["cs-en/2016"]
+
+
+def test_score_and_correlate_reports_the_system_level_when_records_name_systems(tiny_scorer):
+    from torchmover.data import Rating
+
+    texts = ["the cat sat", "a dog barked", "the sun is red", "we ran home", "it rained", "birds sing"]
+    records = [Rating("cs-en", 2016, ref, hyp, float(i % 4), system=f"s{i % 3}")
+               for i, (ref, hyp) in enumerate(zip(texts, texts[1:] + texts[:1]))]
+    report = score_and_correlate(tiny_scorer, records, batch_size=4, n_boot=0, progress=False)
+    assert report.system_level.groups[0].n == 3
+    unnamed = [Rating(r.lp, r.year, r.ref, r.hyp, r.score) for r in records]
+    assert score_and_correlate(tiny_scorer, unnamed, n_boot=0, progress=False).system_level is None
+
+
+def test_cli_correlate_prints_the_system_level(tmp_path, tiny_model_dir, capsys):
+    from torchmover.cli import main
+
+    rows = ["lp\tyear\tref\thyp\tscore\tsystem"]
+    words = "the cat sat on a mat while dogs ran past birds".split()
+    for i in range(12):
+        rows.append(f"cs-en\t2016\t{' '.join(words[i % 5:i % 5 + 4])}\t{' '.join(words[i % 7:i % 7 + 3])}\t"
+                    f"{(i * 7) % 5 / 5}\tsys{i % 4}")
+    (tmp_path / "r.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    assert main(["correlate", "--data", str(tmp_path / "r.tsv"), "--model", str(tiny_model_dir), "--layer", "2",
+                 "--n-boot", "20", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "system level" in out and out.count("cs-en/2016") == 2
+    assert [line.split()[:2] for line in out.splitlines() if line.startswith("cs-en/2016")] == [
+        ["cs-en/2016", "12"], ["cs-en/2016", "4"]]
+
+
+# --- paired permutation test ---------------------------------------------------------------------
+
+def naive_permutation_p(a, b, h, method, n_permutations, seed):
+    """The test written as a loop: the same swap draws, scipy's correlations."""
+    corr = (lambda u, v: stats.pearsonr(u, v)[0]) if method == "pearson" else (lambda u, v: stats.spearmanr(u, v)[0])
+    observed = corr(h, a) - corr(h, b)
+    swap = np.random.default_rng(seed).random((n_permutations, len(h))) < 0.5
+    reached = 0
+    for s in swap:
+        pa, pb = np.where(s, b, a), np.where(s, a, b)
+        reached += corr(h, pa) - corr(h, pb) >= observed - 1e-12
+    return (1 + reached) / (1 + n_permutations)
+
+
+@pytest.mark.parametrize("method", ["pearson", "spearman"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_permutation_test_matches_a_naive_loop(method, seed):
+    rng = np.random.default_rng(seed)
+    human = rng.integers(0, 6, 60).astype(float)  # ties, for the ranks
+    a = np.round(human + rng.normal(0, 1.5, 60))
+    b = np.round(human + rng.normal(0, 2.0, 60))
+    p = C.paired_permutation_test(a, b, human, method=method, n_permutations=300, seed=seed)
+    assert p == naive_permutation_p(a, b, human, method, 300, seed)
+
+
+def test_row_ranks_match_scipy_with_ties():
+    codes = np.random.default_rng(0).integers(0, 5, (7, 20))
+    np.testing.assert_array_equal(C._row_ranks(codes, 5), stats.rankdata(codes, axis=1))
+    np.testing.assert_array_equal(C._row_ranks(codes, 9), stats.rankdata(codes, axis=1))  # unused codes
+
+
+def test_permutation_test_known_cases():
+    rng = np.random.default_rng(0)
+    human = rng.normal(size=80)
+    noise = rng.normal(size=80)
+    # identical metrics: every permutation reaches Δ = 0
+    assert C.paired_permutation_test(noise, noise, human, n_permutations=200) == 1.0
+    # the human scores themselves against noise: no permutation does as well
+    assert C.paired_permutation_test(human, noise, human, n_permutations=200) == 1 / 201
+    # A vs B and B vs A use the same swaps: Δ_k flips sign, so (no ties) the p-values add up to 1 + 1/(N + 1)
+    a, b = human + rng.normal(0, 1, 80), human + rng.normal(0, 1.2, 80)
+    p_ab = C.paired_permutation_test(a, b, human, n_permutations=500, seed=4)
+    p_ba = C.paired_permutation_test(b, a, human, n_permutations=500, seed=4)
+    assert p_ab + p_ba == pytest.approx(1 + 1 / 501, abs=1e-12)
+    with pytest.raises(ValueError, match="n_permutations"):
+        C.paired_permutation_test(a, b, human, n_permutations=0)
+
+
+def test_permutation_p_values_are_uniform_under_the_null():
+    """Exchangeable metrics: P(p <= 0.1) is ~0.1 (200 data sets; binomial sd 0.021)."""
+    rng = np.random.default_rng(0)
+    ps = []
+    for _ in range(200):
+        human = rng.normal(size=40)
+        a, b = human + rng.normal(0, 1, 40), human + rng.normal(0, 1, 40)
+        ps.append(C.paired_permutation_test(a, b, human, n_permutations=199, seed=int(rng.integers(1 << 30))))
+    assert 0.04 <= np.mean(np.array(ps) <= 0.1) <= 0.16
+
+
+def test_compare_reports_williams_and_permutation_side_by_side():
+    rng = np.random.default_rng(0)
+    human = rng.normal(size=400)
+    good, bad = human + rng.normal(0, 0.8, 400), human + rng.normal(0, 1.5, 400)
+    result = compare(good, bad, human, n_permutations=500, seed=1)
+    assert result.p < 1e-3 and result.p_permutation == 1 / 501 and result.n_permutations == 500
+    assert result.p_permutation == C.paired_permutation_test(good, bad, human, n_permutations=500, seed=1)
+    assert compare(bad, good, human, n_permutations=500).p_permutation > 0.99
+    ranked = compare(good, bad, human, method="spearman", n_permutations=100)
+    assert ranked.p_permutation == C.paired_permutation_test(good, bad, human, method="spearman", n_permutations=100)
+    assert math.isnan(compare(good, bad, human, n_permutations=0).p_permutation)

@@ -4,7 +4,8 @@ import torch
 
 import _ddp
 from torchmover.centering import token_mean
-from torchmover.distributed import all_reduce_sum, global_token_mean, is_distributed
+from torchmover.centering import global_token_mean
+from torchmover.distributed import all_reduce_sum, is_distributed
 
 # Distinct texts: the scorer encodes each distinct text of a call once, so a text repeated on two
 # ranks would count twice in the distributed mean and once in the single-process one.

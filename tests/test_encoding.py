@@ -74,11 +74,12 @@ def test_word_ids_group_subword_pieces(tiny_encoder):
     assert ((tokens.word_ids >= 0) == tokens.mask).all()
 
 
-@pytest.mark.parametrize("policy,expected", [("drop", [3, 0]), ("cls", [4, 1]), ("keep", [5, 2])])
+@pytest.mark.parametrize("policy,expected", [("drop", [3, 0]), ("cls", [4, 1]), ("keep", [5, 2]), ("target", [5, 2])])
 def test_special_token_policies(policy, expected):
     encoder = Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny", special_tokens=policy)
     tokens = encoder(["the cat sat", ""])
     assert tokens.mask.sum(-1).tolist() == expected
+    assert tokens.special.sum(-1).tolist() == [2, 2]  # [CLS] and [SEP], whatever the policy
     if policy == "cls":
         assert tokens.mask[:, 0].all()  # [CLS] kept, final [SEP] dropped
 

@@ -75,13 +75,109 @@ def test_saving_over_an_earlier_save_replaces_it(fitted, tiny_encoder, tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["s"]
 
 
-def test_refuses_to_overwrite_other_data(fitted, tmp_path):
+def test_saving_into_a_directory_keeps_the_files_already_there(fitted, tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "notes.txt").write_text("keep me")
-    with pytest.raises(FileExistsError, match="not a saved torchmover scorer"):
-        fitted.save_pretrained(tmp_path / "data")
+    fitted.save_pretrained(tmp_path / "data")
     assert (tmp_path / "data" / "notes.txt").read_text() == "keep me"
     assert sorted(os.listdir(tmp_path)) == ["data"]
+    assert Scorer.from_pretrained(tmp_path / "data").config == fitted.config
+
+
+def test_resaving_keeps_user_files_and_removes_only_the_earlier_saves_stale_files(fitted, tiny_encoder, tmp_path):
+    refs, hyps = ["the cat sat", "a dog barked"], ["a cat sat", "the dog barked"]
+    Scorer(tiny_encoder, idf=True).fit_idf(refs, hyps).save_pretrained(tmp_path / "s")
+    (tmp_path / "s" / "notes.txt").write_text("keep me")
+    (tmp_path / "s" / "encoder" / "README.md").write_text("my model card")
+    fitted.save_pretrained(tmp_path / "s")  # writes no idf.json
+    assert (tmp_path / "s" / "notes.txt").read_text() == "keep me"
+    assert (tmp_path / "s" / "encoder" / "README.md").read_text() == "my model card"
+    assert not (tmp_path / "s" / "idf.json").exists()  # written by the earlier save, unchanged: removed
+    assert Scorer.from_pretrained(tmp_path / "s").config == fitted.config
+
+
+def test_resaving_keeps_a_stale_file_the_user_changed(fitted, tiny_encoder, tmp_path):
+    Scorer(tiny_encoder, idf=True).fit_idf(["a b"], ["b c"]).save_pretrained(tmp_path / "s")
+    (tmp_path / "s" / "idf.json").write_text('{"edited": true}')
+    with pytest.warns(UserWarning, match="idf.json.*changed since"):
+        fitted.save_pretrained(tmp_path / "s")
+    assert (tmp_path / "s" / "idf.json").read_text() == '{"edited": true}'
+    loaded = Scorer.from_pretrained(tmp_path / "s")  # the stale file is not part of the new save
+    assert loaded.config == fitted.config and not loaded.idf
+
+
+@pytest.mark.parametrize("blocker", ["centering.safetensors", "encoder/config.json", "encoder"])
+def test_refuses_to_overwrite_files_no_save_wrote_and_names_them(fitted, tmp_path, blocker):
+    target = tmp_path / "data"
+    (target / blocker).parent.mkdir(parents=True, exist_ok=True)
+    (target / blocker).write_text("mine")
+    with pytest.raises(FileExistsError, match=blocker):
+        fitted.save_pretrained(target)
+    assert (target / blocker).read_text() == "mine"
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == sorted(
+        ["data", f"data/{blocker}"] + (["data/encoder"] if "/" in blocker else []))
+
+
+def test_a_save_that_fails_while_moving_files_in_leaves_no_loadable_mixture(fitted, tiny_encoder, tmp_path,
+                                                                              monkeypatch):
+    import torchmover.serialization as serialization
+
+    Scorer(tiny_encoder, method="bertscore").save_pretrained(tmp_path / "s")
+    (tmp_path / "s" / "notes.txt").write_text("keep me")
+    moved = []
+
+    def replace_then_fail(src, dst):
+        if moved:
+            raise OSError("disk full")
+        moved.append(dst)
+        os.rename(src, dst)
+
+    monkeypatch.setattr(serialization.os, "replace", replace_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        fitted.save_pretrained(tmp_path / "s")
+    monkeypatch.undo()
+    with pytest.raises(FileNotFoundError, match="torchmover.json is missing"):
+        Scorer.from_pretrained(tmp_path / "s")
+    assert (tmp_path / "s" / "notes.txt").read_text() == "keep me"
+    assert sorted(os.listdir(tmp_path)) == ["s"]  # the staging directory is gone
+    fitted.save_pretrained(tmp_path / "s")  # a retry completes the save
+    assert Scorer.from_pretrained(tmp_path / "s").config == fitted.config
+
+
+def test_torchmover_json_records_the_sha256_of_every_file_written(fitted, tmp_path):
+    import hashlib
+
+    fitted.save_pretrained(tmp_path / "s")
+    files = json.loads((tmp_path / "s" / "torchmover.json").read_text())["files"]
+    on_disk = sorted(p.relative_to(tmp_path / "s").as_posix() for p in (tmp_path / "s").rglob("*")
+                     if p.is_file() and p.name != "torchmover.json")
+    assert sorted(files) == on_disk and "encoder/model.safetensors" in files
+    for name, digest in files.items():
+        assert hashlib.sha256((tmp_path / "s" / name).read_bytes()).hexdigest() == digest
+
+
+def test_a_flipped_byte_in_the_weights_is_an_error_naming_the_file(fitted, tmp_path):
+    fitted.save_pretrained(tmp_path / "s")
+    weights = tmp_path / "s" / "encoder" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+    start = 8 + int.from_bytes(data[:8], "little") + header["embeddings.LayerNorm.weight"]["data_offsets"][0]
+    data[start + 3] ^= 0x01  # one bit of the exponent of a LayerNorm gain: the file still parses
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"model\.safetensors.*does not match its SHA-256"):
+        Scorer.from_pretrained(tmp_path / "s")
+    with torch.no_grad():  # verify=False loads it: the corruption is real (scores differ)
+        assert not torch.equal(Scorer.from_pretrained(tmp_path / "s", verify=False)(HYPS, REFS), fitted(HYPS, REFS))
+
+
+def test_a_save_without_hashes_loads_only_with_verify_false(fitted, tmp_path):
+    fitted.save_pretrained(tmp_path / "s")
+    meta = json.loads((tmp_path / "s" / "torchmover.json").read_text())
+    del meta["files"]
+    (tmp_path / "s" / "torchmover.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="records no SHA-256.*verify=False"):
+        Scorer.from_pretrained(tmp_path / "s")
+    assert Scorer.from_pretrained(tmp_path / "s", verify=False).config == fitted.config
 
 
 def test_a_failed_save_leaves_nothing_behind(fitted, tmp_path, monkeypatch):
@@ -107,9 +203,9 @@ def test_missing_directory(tmp_path):
     (lambda p: _edit_config(p, method="nope"), ValueError, "invalid config.*method"),
     (lambda p: _edit_config(p, colour="red"), ValueError, "unknown config fields"),
     (lambda p: (p / "centering.safetensors").unlink(), FileNotFoundError, "centering.safetensors is missing"),
-    (lambda p: (p / "centering.safetensors").write_bytes(b"\x00garbage"), ValueError, "corrupt centering"),
-    (lambda p: (p / "encoder" / "model.safetensors").write_bytes(b"garbage"), ValueError, "cannot load the encoder"),
-    (lambda p: (p / "encoder" / "model.safetensors").unlink(), ValueError, "cannot load the encoder"),
+    (lambda p: (p / "encoder" / "model.safetensors").unlink(), FileNotFoundError, "model.safetensors is missing"),
+    (lambda p: (p / "centering.safetensors").write_bytes(b"\x00garbage"), ValueError, "centering.safetensors.*SHA-256"),
+    (lambda p: _edit_config(p, files={"../outside": "0"}), ValueError, "outside the saved scorer"),
 ])
 def test_corrupt_directory_gives_a_clear_error(fitted, tmp_path, damage, error, match):
     fitted.save_pretrained(tmp_path / "s")
@@ -118,9 +214,23 @@ def test_corrupt_directory_gives_a_clear_error(fitted, tmp_path, damage, error, 
         Scorer.from_pretrained(tmp_path / "s")
 
 
-def _edit_config(path, **changes):
+@pytest.mark.parametrize("damage, error, match", [
+    (lambda p: (p / "centering.safetensors").write_bytes(b"\x00garbage"), ValueError, "corrupt centering"),
+    (lambda p: (p / "encoder" / "model.safetensors").write_bytes(b"garbage"), ValueError, "cannot load the encoder"),
+    (lambda p: (p / "encoder" / "model.safetensors").unlink(), ValueError, "cannot load the encoder"),
+])
+def test_corrupt_files_give_a_clear_error_without_verification(fitted, tmp_path, damage, error, match):
+    fitted.save_pretrained(tmp_path / "s")
+    damage(tmp_path / "s")
+    with pytest.raises(error, match=match):
+        Scorer.from_pretrained(tmp_path / "s", verify=False)
+
+
+def _edit_config(path, files=None, **changes):
     meta = json.loads((path / "torchmover.json").read_text())
     meta["config"].update(changes)
+    if files is not None:
+        meta["files"] = files
     (path / "torchmover.json").write_text(json.dumps(meta))
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .distributed import all_reduce_sum, is_distributed
+
 CENTERING_MODES = ("none", "dimension", "sentence", "batch", "fixed")
 MODULE_MODES = CENTERING_MODES + ("running",)
 
@@ -33,6 +35,29 @@ def masked_mean(x: Tensor, mask: Tensor, dim: tuple[int, ...]) -> Tensor:
 def token_mean(x: Tensor, mask: Tensor) -> Tensor:
     """``[D]`` mean of all real token vectors of ``x`` (``[B, L, D]``); zeros if there are none."""
     return masked_mean(x, mask, dim=(0, 1)).reshape(x.shape[-1])
+
+
+def global_token_mean(x: Tensor, mask: Tensor, *, group=None, return_count: bool = False):
+    """``[D]`` mean of the real token vectors of ``x`` (``[B, L, D]``, ``mask``: ``[B, L]``) over all
+    ranks of ``group`` — ``μ = Σ_r S_r / Σ_r n_r`` through one differentiable all-reduce of
+    ``(S_r, n_r)`` (:mod:`torchmover.distributed`) — zeros if no rank has a token. Outside a
+    distributed job (or with one process) this is :func:`token_mean`, bit for bit.
+
+    With ``return_count=True`` also returns the global number of real tokens ``n`` (a Python int).
+
+    Collective: every rank of ``group`` must call it (and backpropagate through it) in step.
+    """
+    if not is_distributed(group):
+        mean = token_mean(x, mask)
+        return (mean, int(mask.sum())) if return_count else mean
+    acc = torch.promote_types(x.dtype, torch.float32)  # reduce in float32 or wider
+    m = mask.unsqueeze(-1)
+    s = torch.where(m, x, torch.zeros_like(x)).to(acc).sum((0, 1))  # [D]  S_r
+    n = mask.sum().to(acc).reshape(1)  # [1]  n_r
+    stats = all_reduce_sum(torch.cat([s, n]), group)  # [D + 1]  (S, n)
+    total, count = stats[:-1], stats[-1]
+    mean = (total / count.clamp_min(1.0)).to(x.dtype)  # [D]
+    return (mean, int(count.item())) if return_count else mean
 
 
 def center(x: Tensor, mask: Tensor, mode: str = "batch", mean: Tensor | None = None) -> Tensor:
@@ -99,8 +124,6 @@ class Centering(nn.Module):
         return f"mode={self.mode!r}, dim={self.mean.numel()}, momentum={self.momentum}"
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        from .distributed import global_token_mean, is_distributed
-
         sync = self.sync and self.training and is_distributed()  # batch mean over all ranks
         x = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16/fp16 encoders: means in float32
         if self.mode in ("none", "dimension", "sentence") or (self.mode == "batch" and not sync):
@@ -145,8 +168,6 @@ class Centering(nn.Module):
         the same mean, that of the whole corpus (a collective: every rank must call it; a rank may
         have no batch at all when the mean's dimension is known).
         """
-        from .distributed import all_reduce_sum
-
         batches = [(embeddings, mask)] if isinstance(embeddings, Tensor) else embeddings
         total, count = None, 0
         for x, m in batches:

@@ -4,7 +4,11 @@ Reads one text per line, writes one score per line (text or JSON lines) to ``--o
 standard output) and prints the mean and the signature to standard error.
 
 ``torchmover correlate --data RATINGS [options]`` scores human ratings (any layout of
-:mod:`torchmover.data`) and prints their correlation table (:mod:`torchmover.correlation`).
+:mod:`torchmover.data`) and prints their correlation table (:mod:`torchmover.correlation`), segment
+level and, where the ratings name the systems, system level.
+
+The command line is a thin layer: argparse options in, library calls, text out. Library modules never
+import it.
 
 ``torchmover sensitivity --data RATINGS [--factors ...] [options]`` varies one preprocessing or metric
 choice at a time and reports how much the correlation moves (:mod:`torchmover.sensitivity`).
@@ -16,13 +20,15 @@ import json
 import sys
 from pathlib import Path
 
+from ._version import __version__
 from .centering import MODULE_MODES
-from .correlation import add_correlate_arguments, run_correlate
+from .correlation import score_and_correlate
+from .data import read_ratings
 from .encoding import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES
 from .family import DIRECTIONS
-from .presets import PRESETS
-from .scorer import CENTER_SCOPES, METHODS, MULTI_REF
-from .sensitivity import add_sensitivity_arguments, run_sensitivity_command
+from .presets import PRESETS, preset_options, signature_options
+from .scorer import CENTER_SCOPES, METHODS, MULTI_REF, Scorer
+from .sensitivity import FACTORS, STATISTICS, run_sensitivity, select_per_group
 from .weights import PUNCTUATION_POLICIES, SUBWORD_POLICIES
 
 
@@ -93,9 +99,6 @@ _SCORER_OPTIONS = ("model", "layer", "method", "direction", "temperature", "n_it
 def scorer_from_args(args: argparse.Namespace, references: list[str], hypotheses: list[str]):
     """The Scorer the options describe, with its corpus statistics fitted on the call's texts:
     IDF on the references and hypotheses, a fixed/running centering mean on the references."""
-    from .presets import preset_options, signature_options
-    from .scorer import Scorer
-
     if args.preset and args.signature:
         raise CLIError("give --preset or --signature, not both")
     given = {k: getattr(args, k) for k in _SCORER_OPTIONS if getattr(args, k, None) is not None}
@@ -135,9 +138,78 @@ def run_score(args: argparse.Namespace) -> None:
     print(f"signature: {scorer.signature}", file=sys.stderr)
 
 
+def add_ratings_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the human ratings come from (``correlate``, ``sensitivity``)."""
+    parser.add_argument("--data", required=True,
+                        help="ratings: a .tsv file or directory, a .jsonl file, a WMT17 directory "
+                             "(DA-seglevel.csv) or a WMT DAseg directory")
+    parser.add_argument("--year", type=int, help="year of JSON-lines records without a 'year' key")
+
+
+def add_correlate_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``torchmover correlate``: the ratings, the metric (as for ``score``), the report."""
+    add_ratings_arguments(parser)
+    add_scorer_arguments(parser)
+    g = parser.add_argument_group("report")
+    g.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
+    g.add_argument("--confidence", type=float, default=0.95, help="interval coverage (default: %(default)s)")
+    g.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
+    g.add_argument("--plot", metavar="OUT.png", help="also write scatter plots here (needs matplotlib)")
+
+
+def run_correlate(args: argparse.Namespace) -> None:
+    """Read ratings, score them, print the correlation table; write ``--json`` / ``--plot``."""
+    records = read_ratings(args.data, args.year)
+    if not records:
+        raise CLIError(f"no ratings in {args.data}")
+    scorer = scorer_from_args(args, [r.ref for r in records], [r.hyp for r in records])
+    report = score_and_correlate(scorer, records, args.batch_size, n_boot=args.n_boot, seed=args.seed,
+                                 confidence=args.confidence, progress=not args.no_progress)
+    print(report.to_table())
+    if report.system_level is None:
+        print("system level: not reported (the ratings do not name every segment's system)", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(report.to_json() + "\n", encoding="utf-8")
+    if args.plot:
+        report.plot(args.plot)
+
+
+def add_sensitivity_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``torchmover sensitivity``: the ratings, the base metric (as for ``score``), the
+    factors and the outputs."""
+    add_ratings_arguments(parser)
+    parser.add_argument("--factors", help=f"comma-separated, from {','.join(FACTORS)} "
+                                          "(default: every factor that applies to the method)")
+    parser.add_argument("--max-per-group", type=int, metavar="N",
+                        help="use the first N records of each lp/year group (bounds the cost)")
+    add_scorer_arguments(parser)
+    parser.set_defaults(batch_size=32)  # the TWMD paper's batch size, fixed across variants
+    g = parser.add_argument_group("report")
+    g.add_argument("--statistic", choices=STATISTICS, default="pearson", help="for the printed table and the plot")
+    g.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
+    g.add_argument("--plot", metavar="OUT.png", help="also write the plot here (needs matplotlib)")
+
+
+def run_sensitivity_command(args: argparse.Namespace) -> None:
+    """Read ratings, run :func:`~torchmover.sensitivity.run_sensitivity` from the options' base Scorer,
+    print the table and write ``--json`` / ``--plot``."""
+    records = select_per_group(read_ratings(args.data, args.year), args.max_per_group)
+    if not records:
+        raise CLIError(f"no ratings in {args.data}")
+    progress = not args.no_progress
+    args.no_progress = True  # the base scorer's fitting; run_sensitivity refits and shows one bar
+    base = scorer_from_args(args, [r.ref for r in records], [r.hyp for r in records])
+    report = run_sensitivity(records, base, factors=args.factors, batch_size=args.batch_size, progress=progress)
+    print(report.to_table(args.statistic))
+    if args.json:
+        Path(args.json).write_text(report.to_json() + "\n", encoding="utf-8")
+    if args.plot:
+        report.plot(args.plot, statistic=args.statistic)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="torchmover", description=__doc__.splitlines()[0])
-    from . import __version__
     parser.add_argument("--version", action="version", version=f"torchmover {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 

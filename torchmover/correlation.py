@@ -2,10 +2,13 @@
 
 :func:`correlate` reports, per group (a language pair and year, ``"cs-en/2016"``) and averaged over
 groups, Pearson's r, Spearman's ρ and Kendall's τ-b, each with a percentile-bootstrap confidence
-interval (segments resampled with replacement within each group). :func:`williams_test` /
-:func:`compare` test whether one metric correlates better with humans than another (Williams 1959, as
-used by Graham & Baldwin 2014). :func:`score_and_correlate` glues a :class:`~torchmover.Scorer` to
-ratings read by :mod:`torchmover.data`.
+interval (segments resampled with replacement within each group). Given each segment's system, it
+also reports the **system level**, as WMT does: the same statistics between the mean metric score and
+the mean human score of each system, per group (:func:`system_means`; the bootstrap then resamples
+systems). :func:`compare` tests whether one metric correlates better with humans than another, by
+Williams' test (Williams 1959, as used by Graham & Baldwin 2014; :func:`williams_test`) and by a paired
+permutation test (:func:`paired_permutation_test`). :func:`score_and_correlate` glues a
+:class:`~torchmover.Scorer` to ratings read by :mod:`torchmover.data`.
 
 One kernel computes all three statistics for a batch of resamples given as counts ``c[b, i]`` (how
 often segment ``i`` is drawn in resample ``b``); the point estimate is the same kernel with
@@ -23,22 +26,22 @@ import json
 import math
 import textwrap
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 if TYPE_CHECKING:
-    import argparse
-
     from .data import Rating
 
-__all__ = ["Estimate", "GroupCorrelation", "Report", "Comparison", "correlate", "williams_test", "compare",
-           "score_and_correlate", "add_correlate_arguments", "run_correlate"]
+__all__ = ["Estimate", "GroupCorrelation", "Report", "Comparison", "correlate", "system_means", "williams_test",
+           "paired_permutation_test", "compare", "score_and_correlate"]
 
 STATISTICS = ("pearson", "spearman", "kendall")
 _LABELS = {"pearson": "Pearson r", "spearman": "Spearman ρ", "kendall": "Kendall τ-b"}
 _BLOCK = 1 << 22  # elements of one block of the pairwise sign matrices in _kendall_tau_b
+_PERMUTATION_BLOCK = 1 << 20  # permuted scores held at once by paired_permutation_test (8 MiB per array)
 
 
 # --- the kernel: statistics of weighted (resampled) data -------------------------------------------
@@ -151,7 +154,8 @@ class Report:
     bootstrap intervals: ``n_boot`` resamples of the segments of each group, drawn with
     ``numpy.random.default_rng(seed)``; the average's interval comes from averaging the groups'
     statistics resample by resample. ``data`` keeps each group's ``(metric, human)`` arrays for
-    :meth:`plot`.
+    :meth:`plot`. ``unit`` names what was correlated and resampled (``segments`` or ``systems``);
+    ``system_level`` is the system-level report when the systems were known.
     """
 
     groups: tuple[GroupCorrelation, ...]
@@ -161,6 +165,8 @@ class Report:
     seed: int
     metric: str | None = None
     kendall_variant: str = "tau-b"
+    unit: str = "segments"
+    system_level: Report | None = None
     data: Mapping[str, tuple[np.ndarray, np.ndarray]] = dataclasses.field(
         default_factory=dict, repr=False, compare=False)
 
@@ -171,22 +177,29 @@ class Report:
         raise KeyError(f"no group {name!r}; groups: {[g.name for g in self.groups]}")
 
     def to_dict(self) -> dict:
-        return {"metric": self.metric, "kendall_variant": self.kendall_variant, "confidence": self.confidence,
-                "n_boot": self.n_boot, "seed": self.seed, "interval": "percentile bootstrap",
-                "groups": [g.to_dict() for g in self.groups], "average": self.average.to_dict()}
+        out = {"metric": self.metric, "unit": self.unit, "kendall_variant": self.kendall_variant,
+               "confidence": self.confidence, "n_boot": self.n_boot, "seed": self.seed,
+               "interval": "percentile bootstrap", "groups": [g.to_dict() for g in self.groups],
+               "average": self.average.to_dict()}
+        if self.system_level is not None:
+            out["system_level"] = self.system_level.to_dict()
+        return out
 
     def to_json(self, indent: int | None = 2) -> str:
         """The report as JSON (``null`` for undefined values); raw data not included."""
         return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
 
     def to_table(self) -> str:
-        """Fixed-width text: one row per group and ``average``, columns r, ρ, τ-b with intervals."""
+        """Fixed-width text: one row per group and ``average``, columns r, ρ, τ-b with intervals (then
+        the system-level table, if any)."""
         width = max([len(g.name) for g in self.groups] + [len("average"), len("group")])
         pct = f"{100 * self.confidence:g}%"
         lines = []
         if self.metric:
             lines.append(f"metric: {self.metric}")
-        lines.append(f"value [{pct} CI]: percentile bootstrap, {self.n_boot} resamples of segments within each "
+        if self.unit == "systems":
+            lines.append("system level: mean metric score vs mean human score of each system")
+        lines.append(f"value [{pct} CI]: percentile bootstrap, {self.n_boot} resamples of {self.unit} within each "
                      f"group, seed {self.seed}; Kendall τ-b; average = unweighted mean over groups")
         head = f"{'group':<{width}}  {'n':>6}  " + "  ".join(f"{_LABELS[s]:<23}" for s in STATISTICS)
         lines += [head.rstrip(), "-" * len(head.rstrip())]
@@ -194,6 +207,8 @@ class Report:
             if i == len(self.groups):
                 lines.append("-" * len(head.rstrip()))
             lines.append(f"{g.name:<{width}}  {g.n:>6}  " + "  ".join(f"{getattr(g, s)!s:<23}" for s in STATISTICS))
+        if self.system_level is not None:
+            lines += ["", *dataclasses.replace(self.system_level, metric=None).to_table().splitlines()]
         return "\n".join(line.rstrip() for line in lines)
 
     def __str__(self) -> str:
@@ -251,8 +266,8 @@ def _as_array(name: str, values) -> np.ndarray:
     return a
 
 
-def correlate(scores, human, groups: Sequence | None = None, *, n_boot: int = 1000, seed: int = 0,
-              confidence: float = 0.95, metric: str | None = None) -> Report:
+def correlate(scores, human, groups: Sequence | None = None, *, systems: Sequence | None = None,
+              n_boot: int = 1000, seed: int = 0, confidence: float = 0.95, metric: str | None = None) -> Report:
     """Pearson r, Spearman ρ and Kendall τ-b between ``scores`` and ``human``, per group and averaged.
 
     Args:
@@ -264,6 +279,10 @@ def correlate(scores, human, groups: Sequence | None = None, *, n_boot: int = 10
             ``rng.integers(0, n_g, size=(n_boot, n_g))`` after the groups before it.
         confidence: the intervals' coverage, e.g. 0.95 for the 2.5 and 97.5 percentiles.
         metric: a label (e.g. the scorer's signature) carried by the report.
+        systems: ``[N]`` the system that produced each hypothesis; adds the system-level report
+            (``report.system_level``: :func:`system_means`, then the same statistics and bootstrap
+            over the systems of each group, drawn after the segments' resamples). Groups with fewer
+            than 2 systems are left out of it, with a warning.
 
     A statistic of a constant variable is NaN (with a warning); resamples where it is undefined are
     left out of its interval.
@@ -297,7 +316,44 @@ def correlate(scores, human, groups: Sequence | None = None, *, n_boot: int = 10
     point = np.mean([[getattr(r, s).value for s in STATISTICS] for r in rows], axis=0)
     reps = np.mean(replicates, axis=0) if n_boot else None
     average = _group("average", len(x), point, reps, q)
-    return Report(tuple(rows), average, n_boot, confidence, seed, metric, data=data)
+    system_level = None
+    if systems is not None:
+        system_level = _system_level(x, y, labels, systems, n_boot, int(rng.integers(2 ** 63)), confidence, metric)
+    return Report(tuple(rows), average, n_boot, confidence, seed, metric, system_level=system_level, data=data)
+
+
+def system_means(scores, human, groups: Sequence,
+                 systems: Sequence) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
+    """The mean metric score and the mean human score of each (group, system), the unit of WMT's
+    system-level correlations: ``(metric_means [S], human_means [S], group [S], system [S])``, sorted
+    by group, then system. ``systems[i]`` names the system of segment ``i`` (a str; never None)."""
+    x, y = _as_array("scores", scores), _as_array("human", human)
+    if not len(x) == len(y) == len(groups) == len(systems):
+        raise ValueError(f"scores, human, groups and systems must have the same length, got "
+                         f"{len(x)}, {len(y)}, {len(groups)}, {len(systems)}")
+    members: dict[tuple[str, str], list[int]] = {}
+    for i, (group, system) in enumerate(zip(groups, systems)):
+        if system is None:
+            raise ValueError(f"systems[{i}] is None: every segment needs its system for the system level")
+        members.setdefault((str(group), str(system)), []).append(i)
+    keys = sorted(members)
+    return (np.array([x[members[k]].mean() for k in keys]), np.array([y[members[k]].mean() for k in keys]),
+            [g for g, _ in keys], [system for _, system in keys])
+
+
+def _system_level(x, y, labels, systems, n_boot, seed, confidence, metric) -> Report | None:
+    """The system-level report of :func:`correlate` (None, with a warning, if no group has 2 systems)."""
+    mx, my, groups, _ = system_means(x, y, labels, systems)
+    counts = Counter(groups)
+    single = sorted(g for g, c in counts.items() if c < 2)
+    if single:
+        warnings.warn(f"group(s) {single} have a single system: left out of the system level", stacklevel=3)
+    keep = [i for i, g in enumerate(groups) if counts[g] >= 2]
+    if not keep:
+        return None
+    report = correlate(mx[keep], my[keep], [groups[i] for i in keep], n_boot=n_boot, seed=seed,
+                       confidence=confidence, metric=metric)
+    return dataclasses.replace(report, unit="systems")
 
 
 def _members(labels: Sequence[str]) -> dict[str, list[int]]:
@@ -402,8 +458,9 @@ def williams_test(r12: float, r13: float, r23: float, n: int) -> tuple[float, fl
 
 
 class Comparison(NamedTuple):
-    """Result of :func:`compare`: the three correlations, ``n``, Williams' ``t`` and one-sided ``p``
-    (small ``p``: A correlates with the humans better than B)."""
+    """Result of :func:`compare`: the three correlations, ``n``, Williams' ``t`` and one-sided ``p``,
+    and the one-sided ``p_permutation`` of the paired permutation test over ``n_permutations``
+    permutations (NaN when none were run). Small p-values: A correlates with the humans better than B."""
 
     r_a: float
     r_b: float
@@ -411,24 +468,88 @@ class Comparison(NamedTuple):
     n: int
     t: float
     p: float
+    p_permutation: float = math.nan
+    n_permutations: int = 0
 
 
-def compare(scores_a, scores_b, human, *, method: str = "pearson") -> Comparison:
-    """Is metric A's correlation with ``human`` greater than metric B's? Williams' test on Pearson
-    correlations (``method="spearman"``: on ranks)."""
+def _checked_triple(scores_a, scores_b, human, method: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if method not in ("pearson", "spearman"):
         raise ValueError(f"method must be 'pearson' or 'spearman', got {method!r}")
     a, b, h = _as_array("scores_a", scores_a), _as_array("scores_b", scores_b), _as_array("human", human)
     if not len(a) == len(b) == len(h):
         raise ValueError(f"scores_a, scores_b and human must have the same length, got {len(a)}, {len(b)}, {len(h)}")
+    return a, b, h
+
+
+def compare(scores_a, scores_b, human, *, method: str = "pearson", n_permutations: int = 1000,
+            seed: int = 0) -> Comparison:
+    """Is metric A's correlation with ``human`` greater than metric B's? Williams' test on Pearson
+    correlations (``method="spearman"``: on ranks), and the paired permutation test
+    (:func:`paired_permutation_test`, ``n_permutations`` permutations drawn with ``seed``; 0: not run)."""
+    a, b, h = _checked_triple(scores_a, scores_b, human, method)
     ones = np.ones((1, len(h)))
-    if method == "spearman":
-        a, b, h = (_weighted_ranks(v, ones)[0][0] for v in (a, b, h))
-    r_a, r_b, r_ab = (float(_weighted_pearson(u, v, ones)[0]) for u, v in ((h, a), (h, b), (a, b)))
+    ranked = [_weighted_ranks(v, ones)[0][0] for v in (a, b, h)] if method == "spearman" else (a, b, h)
+    ra, rb, rh = ranked
+    r_a, r_b, r_ab = (float(_weighted_pearson(u, v, ones)[0]) for u, v in ((rh, ra), (rh, rb), (ra, rb)))
     if any(math.isnan(r) for r in (r_a, r_b, r_ab)):
         raise ValueError("a constant variable: correlations are undefined")
     t, p = williams_test(r_a, r_b, r_ab, len(h))
-    return Comparison(r_a, r_b, r_ab, len(h), t, p)
+    p_permutation = (paired_permutation_test(a, b, h, method=method, n_permutations=n_permutations, seed=seed)
+                     if n_permutations else math.nan)
+    return Comparison(r_a, r_b, r_ab, len(h), t, p, p_permutation, n_permutations)
+
+
+def _row_ranks(codes: np.ndarray, m: int) -> np.ndarray:
+    """Average (mid-)ranks within each row of ``codes`` ``[B, n]``, integers in ``[0, m)`` that order
+    like the values they stand for (equal codes tie), as ``scipy.stats.rankdata(codes, axis=1)``.
+
+    With ``W[b, u]`` the number of entries of row ``b`` equal to ``u``, code ``u`` has rank
+    ``Σ_{v<u} W[b, v] + (W[b, u] + 1) / 2`` — a counting sort, ``O(B (n + m))``."""
+    rows = np.arange(codes.shape[0])[:, None]
+    counts = np.bincount((codes + m * rows).ravel(), minlength=codes.shape[0] * m).reshape(-1, m)  # [B, m]
+    below = np.cumsum(counts, axis=1) - counts
+    return below[rows, codes] + (counts[rows, codes] + 1) / 2
+
+
+def paired_permutation_test(scores_a, scores_b, human, *, method: str = "pearson", n_permutations: int = 1000,
+                            seed: int = 0) -> float:
+    """One-sided p-value of "metric A correlates with ``human`` better than metric B", by a paired
+    permutation test (approximate randomisation, as in WMT's metrics tasks).
+
+    Under the null hypothesis the two metrics are exchangeable on each segment. Permutation ``k``
+    swaps the two metrics' scores of segment ``i`` where ``swap[k, i]`` is True, with
+    ``swap = numpy.random.default_rng(seed).random((n_permutations, n)) < 0.5``, and recomputes
+    ``Δ_k = corr(human, A_k) − corr(human, B_k)`` (``method``: ``pearson``, or ``spearman`` on the
+    permuted scores' ranks). With the observed ``Δ``, ``p = (1 + #{k: Δ_k ≥ Δ}) / (1 + n_permutations)``
+    (never 0; ``Δ_k`` within 1e-12 of ``Δ`` counts as reaching it). Unlike Williams' test it assumes
+    no distribution, but its resolution is ``1 / (1 + n_permutations)``.
+    """
+    a, b, h = _checked_triple(scores_a, scores_b, human, method)
+    if isinstance(n_permutations, bool) or not isinstance(n_permutations, int) or n_permutations < 1:
+        raise ValueError(f"n_permutations must be a positive int, got {n_permutations!r}")
+    n = len(h)
+    if method == "spearman":  # permute integer codes of the values (shared by A and B), rank each row
+        h = _weighted_ranks(h, np.ones((1, n)))[0][0]
+        distinct, codes = np.unique(np.r_[a, b], return_inverse=True)
+        a, b = codes[:n], codes[n:]
+
+    def difference(pa: np.ndarray, pb: np.ndarray) -> np.ndarray:  # [B, n] each -> [B]
+        if method == "spearman":
+            pa, pb = _row_ranks(pa, len(distinct)), _row_ranks(pb, len(distinct))
+        ones = np.ones(pa.shape)
+        return _weighted_pearson(pa, h, ones) - _weighted_pearson(pb, h, ones)
+
+    observed = difference(a[None], b[None])[0]
+    if math.isnan(observed):
+        raise ValueError("a constant variable: correlations are undefined")
+    swap = np.random.default_rng(seed).random((n_permutations, n)) < 0.5
+    reached = 0
+    step = max(1, _PERMUTATION_BLOCK // max(n, 1))
+    for k0 in range(0, n_permutations, step):
+        s = swap[k0:k0 + step]
+        deltas = difference(np.where(s, b, a), np.where(s, a, b))
+        reached += int((deltas >= observed - 1e-12).sum())
+    return (1 + reached) / (1 + n_permutations)
 
 
 # --- scoring ratings -----------------------------------------------------------------------------
@@ -437,49 +558,13 @@ def score_and_correlate(scorer, records: Sequence[Rating], batch_size: int = 64,
                         seed: int = 0, confidence: float = 0.95, progress: bool = True) -> Report:
     """Score ``records`` (:class:`~torchmover.data.Rating`) with ``scorer.score(hyps, refs, ...)`` and
     correlate with their human scores per ``lp/year`` group; the report carries the scorer's
-    signature."""
+    signature, and the system level (``report.system_level``) when every record names its system."""
     if not records:
         raise ValueError("records is empty")
     _members([r.group for r in records])  # fail before scoring
     hyps, refs = [r.hyp for r in records], [r.ref for r in records]
     scores = scorer.score(hyps, refs, batch_size=batch_size, progress=progress)
-    return correlate(scores, [r.score for r in records], [r.group for r in records], n_boot=n_boot, seed=seed,
+    systems = [r.system for r in records]
+    return correlate(scores, [r.score for r in records], [r.group for r in records],
+                     systems=None if None in systems else systems, n_boot=n_boot, seed=seed,
                      confidence=confidence, metric=getattr(scorer, "signature", None))
-
-
-# --- command line --------------------------------------------------------------------------------
-
-def add_correlate_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``torchmover correlate``: the ratings, the metric (as for ``score``), the report."""
-    from .cli import add_scorer_arguments
-
-    parser.add_argument("--data", required=True,
-                        help="ratings: a .tsv file or directory, a .jsonl file, a WMT17 directory "
-                             "(DA-seglevel.csv) or a WMT DAseg directory")
-    parser.add_argument("--year", type=int, help="year of JSON-lines records without a 'year' key")
-    add_scorer_arguments(parser)
-    g = parser.add_argument_group("report")
-    g.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default: %(default)s)")
-    g.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
-    g.add_argument("--confidence", type=float, default=0.95, help="interval coverage (default: %(default)s)")
-    g.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
-    g.add_argument("--plot", metavar="OUT.png", help="also write scatter plots here (needs matplotlib)")
-
-
-def run_correlate(args: argparse.Namespace) -> None:
-    """Read ratings, score them, print the correlation table; write ``--json`` / ``--plot``."""
-    from .cli import scorer_from_args
-    from .data import read_ratings
-
-    records = read_ratings(args.data, getattr(args, "year", None))
-    if not records:
-        raise ValueError(f"no ratings in {args.data}")
-    progress = not getattr(args, "no_progress", False)
-    scorer = scorer_from_args(args, [r.ref for r in records], [r.hyp for r in records])
-    report = score_and_correlate(scorer, records, args.batch_size, n_boot=args.n_boot, seed=args.seed,
-                                 confidence=args.confidence, progress=progress)
-    print(report.to_table())
-    if args.json:
-        Path(args.json).write_text(report.to_json() + "\n", encoding="utf-8")
-    if args.plot:
-        report.plot(args.plot)

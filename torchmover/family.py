@@ -4,7 +4,8 @@
 ``S = X1_unit X2_unitᵀ`` (``[B, L1, L2]``) their cosine similarities and ``a`` (``[B, L1]``), ``b``
 (``[B, L2]``) the token masses (uniform over real tokens unless weights are given). Each member only
 defines its transport term ``C`` (:func:`member_term`); the rest is done once for all of them:
-:func:`token_cloud` unit-normalises each text's token vectors and folds zero weights into its mask,
+:func:`token_cloud` unit-normalises each text's token vectors and folds zero weights into its mask
+(or keeps them as zero-mass matching targets, bert_score's rule),
 :func:`pair_similarity` normalises so that ``Sim(X, X) = 1`` (each text's self-term computed once,
 however many pairs it is in) and scores a pair with an empty text (all-False mask) exactly 0.
 :func:`family_similarity` is the two in one for aligned ``[B, L, D]`` batches.
@@ -20,7 +21,8 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from .transport import TransportPlan, converged_sinkhorn, cost_matrix, masked_logsumexp, sinkhorn
+from .transport import (TransportPlan, converged_sinkhorn, cost_matrix, masked_logsumexp, sinkhorn,
+                        tempered_residual)
 
 DIRECTIONS = ("recall", "precision", "f1")
 WMD_TEMPERATURE = 1e-3
@@ -96,9 +98,11 @@ def _placeholder_for_empty(x: Tensor, mask: Tensor, w: Tensor, empty: Tensor):
 
 class TokenCloud(NamedTuple):
     """Texts ready to be moved: ``vectors`` ``[N, L, D]`` unit token vectors (exactly 0 at padding),
-    ``mask`` ``[N, L]`` the tokens of positive mass, ``mass`` ``[N, L]`` their masses (summing to 1),
-    and ``empty`` ``[N]``: texts without such a token, which hold one placeholder token ``e₀`` of mass 1
-    instead, so that all arithmetic stays finite (every pair with an empty text scores 0)."""
+    ``mask`` ``[N, L]`` the tokens that take part (those of positive mass, plus the zero-mass matching
+    targets of :func:`token_cloud`'s ``zero_mass_targets``), ``mass`` ``[N, L]`` their masses (summing
+    to 1), and ``empty`` ``[N]``: texts without a token of positive mass, which hold one placeholder
+    token ``e₀`` of mass 1 instead, so that all arithmetic stays finite (every pair with an empty text
+    scores 0)."""
 
     vectors: Tensor
     mask: Tensor
@@ -110,13 +114,20 @@ class TokenCloud(NamedTuple):
 
 
 def token_cloud(x: Tensor, mask: Tensor, weights: Tensor | None = None, *, dtype: torch.dtype | None = None,
-                name: str = "weights") -> TokenCloud:
+                name: str = "weights", zero_mass_targets: bool = False) -> TokenCloud:
     """The :class:`TokenCloud` of token vectors ``x`` ``[N, L, D]`` with ``mask`` ``[N, L]`` and optional
     non-negative ``weights`` ``[N, L]`` (uniform over real tokens if None), in ``dtype`` (default: ``x``'s
-    promoted to at least float32)."""
+    promoted to at least float32).
+
+    A token of weight 0 is dropped, unless ``zero_mass_targets``: then it stays in the mask with mass 0,
+    a token the other text's tokens can be matched to but which ships nothing itself (bert_score's
+    [CLS]/[SEP], and its tokens of IDF 0). Only the matching members (``bertscore``: ``max_j S_ij``;
+    ``trwmd``: ``softmax_j``) see such targets; a transport plan with exact marginals sends them nothing.
+    """
     dtype = dtype or torch.promote_types(x.dtype, torch.float32)
-    mass, mask = _masses(mask, None if weights is None else weights.to(dtype), name, dtype)
-    empty = ~mask.any(-1)
+    mass, massive = _masses(mask, None if weights is None else weights.to(dtype), name, dtype)
+    mask = mask if zero_mass_targets else massive
+    empty = ~massive.any(-1)
     vectors, mask, mass = _placeholder_for_empty(_unit_vectors(x.to(dtype), mask), mask, mass, empty)
     return TokenCloud(vectors, mask, mass, empty)
 
@@ -237,14 +248,15 @@ def _twmd_term(temperature: float, n_iter: int | None, exact: str, plans: list |
 
 
 def _relaxed_term(temperature: float, exact: str) -> TransportTerm:
+    """``π_ij = a_i softmax_j(S_ij / T)`` (rows) or ``b_j softmax_i(S_ij / T)`` (columns), the softmax
+    taken on :func:`~torchmover.transport.tempered_residual` so that it stays exact for any ``T > 0``."""
+    dim = -1 if exact == "rows" else -2
+
     def term(x, y, mask, a, b):
         sim = _sim(x, y)
-        if exact == "rows":  # π_ij = a_i softmax_j(S_ij / T)
-            log_p = sim / temperature - masked_logsumexp(sim / temperature, mask, -1)
-            plan = log_p.masked_fill(~mask, float("-inf")).exp() * a.unsqueeze(-1)
-        else:  # π_ij = b_j softmax_i(S_ij / T)
-            log_p = sim / temperature - masked_logsumexp(sim / temperature, mask, -2)
-            plan = log_p.masked_fill(~mask, float("-inf")).exp() * b.unsqueeze(-2)
+        z, _ = tempered_residual(sim, mask, temperature, dim)
+        log_p = (z - masked_logsumexp(z, mask, dim)).masked_fill(~mask, float("-inf"))
+        plan = log_p.exp() * (a if exact == "rows" else b).unsqueeze(dim)
         return (plan * sim).sum((-1, -2))
     return term
 

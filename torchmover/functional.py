@@ -19,6 +19,7 @@ from torch import Tensor
 from .centering import center
 from .sentences import sentence_movers
 from .family import WMD_TEMPERATURE, FamilyScore, _harmonic_mean, family_similarity, member_term
+from .transport import check_temperature
 
 __all__ = ["tempered_wmd", "tempered_rwmd", "wmd", "moverscore", "bertscore", "sbert", "cka", "sentence_movers",
            "center"]
@@ -85,8 +86,7 @@ def moverscore(
     other choices (IDF weights, dropped pieces and punctuation, [CLS]/[SEP] kept) are token-level
     options of :class:`~torchmover.Scorer`; the ``moverscore`` preset sets them all.
     """
-    if not temperature > 0:
-        raise ValueError(f"temperature must be positive, got {temperature!r}")
+    check_temperature(temperature)
     plans: list = []
     score = family_similarity(member_term("moverscore", temperature, plans=plans), hyp, ref, hyp_mask, ref_mask,
                               hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=False)
@@ -94,8 +94,7 @@ def moverscore(
 
 
 def _transport_score(temperature, n_iter, hyp, ref, hyp_mask, ref_mask, *, direction, return_plan, **kw):
-    if not temperature > 0:
-        raise ValueError(f"temperature must be positive, got {temperature!r}")
+    check_temperature(temperature)
     if n_iter is not None and (not isinstance(n_iter, int) or n_iter < 1):
         raise ValueError(f"n_iter must be a positive int or None (converged), got {n_iter!r}")
     plans: list | None = [] if return_plan else None
@@ -115,8 +114,7 @@ def tempered_rwmd(
     ``C = Σ π_ij S_ij``, normalised as in :func:`tempered_wmd`. As ``T → 0`` it tends to BERTScore
     recall (precision).
     """
-    if not temperature > 0:
-        raise ValueError(f"temperature must be positive, got {temperature!r}")
+    check_temperature(temperature)
     return family_similarity(
         member_term("trwmd", temperature), hyp, ref, hyp_mask, ref_mask, direction=direction,
         hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=normalize,

@@ -25,8 +25,10 @@ Presets:
                weight 0), ``##`` pieces and ASCII punctuation dropped, no stopwords, IDF dictionaries fitted
                separately on references and hypotheses (call ``fit_idf``), Euclidean-cost EMD,
                score ``1 − EMD``, no centering.
-``bertscore``  BERTScore F1 (roberta-large, layer 17, uniform weights, special tokens dropped,
-               no centering, no baseline rescaling).
+``bertscore``  BERTScore F1 as the ``bert-score`` package computes it (roberta-large, layer 17, no
+               centering, no baseline rescaling): [CLS]/[SEP] weigh 0 but stay matching targets
+               (``special_tokens="target"``); with ``idf=True`` call ``fit_idf(references)`` (one
+               dictionary from the references, as ``bert_score.score(idf=True)``).
 ``sbert``      cosine of mean-pooled token vectors (no centering).
 ``cka``        Wordset-CKA (batch centering).
 ``sms``        Sentence Mover's Similarity (Clark et al., 2019): sentences as mean word vectors,
@@ -51,7 +53,8 @@ PRESETS: dict[str, dict] = {
                  centering="none"),
     "moverscore": dict(model="distilbert-base-uncased", layer=6, method="moverscore", centering="none",
                        special_tokens="keep", subwords="first", punctuation="ascii", stopwords=(), idf=True),
-    "bertscore": dict(model="roberta-large", layer=17, method="bertscore", direction="f1", centering="none"),
+    "bertscore": dict(model="roberta-large", layer=17, method="bertscore", direction="f1", centering="none",
+                      special_tokens="target"),
     "sbert": dict(method="sbert", centering="none"),
     "cka": dict(method="cka", centering="batch"),
     "sms": dict(method="sms", centering="none"),

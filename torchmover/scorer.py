@@ -28,10 +28,13 @@ from .family import (DIRECTIONS, UNNORMALIZED, WMD_TEMPERATURE, TokenCloud, memb
                      self_similarity, token_cloud)
 from .signature import format_signature, tensor_digest
 from .sentences import encode_documents
+from .serialization import load_scorer, save_scorer
+from .transport import check_converged_temperature, check_temperature
 from .weights import ENGLISH_STOPWORDS, IDF, PUNCTUATION_POLICIES, SUBWORD_POLICIES, keep_mask, ngrams, pool_subwords
 
 SENTENCE_METHODS = ("sms", "s+wms", "wms")
 METHODS = ("twmd", "trwmd", "wmd", "moverscore", "bertscore", "sbert", "cka") + SENTENCE_METHODS
+MATCHING_METHODS = ("bertscore", "trwmd")  # members whose plan ignores one side's masses: zero-mass targets matter
 MULTI_REF = ("max", "mean")
 CENTER_SCOPES = ("joint", "separate")
 NAMED_STOPWORDS = {"english": ENGLISH_STOPWORDS}
@@ -57,9 +60,11 @@ MODEL_DEFAULTS = {
 class ScorerConfig:
     """Every choice of a :class:`Scorer` that changes a score (serialised with the model).
 
-    Token policy (all explicit, see :mod:`torchmover.weights`): ``special_tokens``,
-    ``power_mean_layers`` (encoder), ``subwords``, ``stopwords`` (a tuple of words, or ``"english"``),
-    ``punctuation`` (``keep``/``drop``/``ascii``), ``idf`` (weights from :meth:`Scorer.fit_idf`) and ``ngram``.
+    Token policy (all explicit, see :mod:`torchmover.weights`): ``special_tokens`` (``target``: special
+    tokens weigh 0 but stay matching targets, and so do tokens of IDF 0 — bert_score's rule; for
+    ``bertscore`` and ``trwmd``), ``power_mean_layers`` (encoder), ``subwords``, ``stopwords`` (a tuple
+    of words, or ``"english"``), ``punctuation`` (``keep``/``drop``/``ascii``), ``idf`` (weights from
+    :meth:`Scorer.fit_idf`) and ``ngram``.
     ``center_scope``: ``joint`` centers hypotheses and references together (the paper), ``separate``
     each side on its own batch mean (the TWMD authors' released code).
     """
@@ -92,10 +97,14 @@ class ScorerConfig:
         _check_choice("special_tokens", self.special_tokens, SPECIAL_TOKEN_POLICIES)
         _check_choice("subwords", self.subwords, SUBWORD_POLICIES)
         _check_choice("punctuation", self.punctuation, PUNCTUATION_POLICIES)
-        if self.temperature is not None and not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
-            raise ValueError(f"temperature must be a positive number, got {self.temperature!r}")
+        if self.temperature is not None:
+            if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+                raise ValueError(f"temperature must be a positive number, got {self.temperature!r}")
+            check_temperature(self.temperature)
         if self.n_iter is not None and (type(self.n_iter) is not int or self.n_iter < 1):
             raise ValueError(f"n_iter must be a positive int or None (converged), got {self.n_iter!r}")
+        if self.method == "twmd" and self.n_iter is None and self.temperature is not None:
+            check_converged_temperature(self.temperature)
         if type(self.ngram) is not int or self.ngram < 1:
             raise ValueError(f"ngram must be a positive int, got {self.ngram!r}")
         if not isinstance(self.idf, bool):
@@ -105,6 +114,11 @@ class ScorerConfig:
         if self.method in SENTENCE_METHODS and not (self.token_policy_is_identity and not self.idf and self.ngram == 1):
             raise ValueError(f"method={self.method!r} moves words and sentences of whole documents: it takes no "
                              "subwords/stopwords/punctuation/idf/ngram options")
+        if self.special_tokens == "target" and (self.method not in MATCHING_METHODS or self.subwords == "mean"
+                                                or self.ngram > 1):
+            raise ValueError(f"special_tokens='target' (zero-mass matching targets) is defined for the methods "
+                             f"{MATCHING_METHODS} on tokens (not subwords='mean', not ngram > 1), got "
+                             f"method={self.method!r}, subwords={self.subwords!r}, ngram={self.ngram!r}")
         if self.temperature is None and self.method in DEFAULT_TEMPERATURES:
             object.__setattr__(self, "temperature", DEFAULT_TEMPERATURES[self.method])
         object.__setattr__(self, "stopwords", _stopword_tuple(self.stopwords))
@@ -224,7 +238,9 @@ class Scorer(nn.Module):
             documents, split into sentences; ``temperature=None`` = exact, a float = tempered).
         direction: ``recall`` (default), ``precision`` or ``f1`` (twmd, trwmd, bertscore).
         temperature: for twmd / trwmd, and the tempered sentence movers (default: the model's
-            measured value in ``MODEL_DEFAULTS``, else ``DEFAULT_TEMPERATURES``).
+            measured value in ``MODEL_DEFAULTS``, else ``DEFAULT_TEMPERATURES``). Any ``T > 0``: the
+            unrolled iterations are exact down to the ``T → 0`` limit; ``n_iter=None`` needs
+            ``T >= 1e-5`` (``transport.MIN_CONVERGED_TEMPERATURE``).
         n_iter: Sinkhorn iterations for twmd (1 = the paper's default; ``None`` = converged).
         centering: ``batch``, ``running``, ``fixed`` (call :meth:`fit_centering`), ``sentence``,
             ``dimension`` or ``none``; default: the model's measured choice in ``MODEL_DEFAULTS``
@@ -233,10 +249,13 @@ class Scorer(nn.Module):
         center_scope: ``joint`` (default) or ``separate`` (hypotheses and references each on their
             own batch mean).
         multi_ref: how several references per hypothesis combine: ``max`` (default) or ``mean``.
-        max_length: encoder window in tokens (longer texts are truncated with a warning).
+        max_length: encoder window in tokens (longer texts are truncated with a warning): a positive
+            int with room for the special tokens and one token of text, at most the model's window.
         revision: model revision (hub), recorded in the signature.
         special_tokens, power_mean_layers: encoder options (:class:`~torchmover.encoding.Encoder`;
-            default ``drop`` and 1, or the given encoder's).
+            default ``drop`` and 1, or the given encoder's). ``special_tokens="target"`` (``bertscore``,
+            ``trwmd``): special tokens get mass 0 but stay matching targets, and so do tokens of IDF 0
+            (bert_score's rule).
         subwords, stopwords, punctuation, idf, ngram: the token policy (:mod:`torchmover.weights`);
             ``idf=True`` needs :meth:`fit_idf`.
         device: ``"auto"`` (default: CUDA when available, the local rank's GPU under ``torchrun`` /
@@ -265,7 +284,8 @@ class Scorer(nn.Module):
         super().__init__()
         device, dtype = resolve_device(device), resolve_dtype(dtype)  # fail before loading the model
         if isinstance(model, Encoder):
-            for name, value in (("layer", layer), ("special_tokens", special_tokens), ("power_mean_layers", power_mean_layers)):
+            for name, value in (("layer", layer), ("special_tokens", special_tokens),
+                                ("power_mean_layers", power_mean_layers), ("max_length", max_length)):
                 if value is not None and value != getattr(model, name):
                     raise ValueError(f"{name}={value!r} differs from the given encoder's {getattr(model, name)!r}")
             encoder = model
@@ -408,6 +428,8 @@ class Scorer(nn.Module):
             mask = keep_mask(mask, tokens.input_ids, tokens.word_ids, self.encoder.tokenizer, subwords=c.subwords,
                              stopwords=c.stopwords, punctuation=c.punctuation)
         weights = [self.idf[side](tokens.input_ids).to(x.device) for side in ("hyp", "ref")] if c.idf else []
+        if c.special_tokens == "target":  # in the mask as matching targets, with mass 0
+            weights = [w * ~tokens.special for w in weights] if weights else [(~tokens.special).to(x.dtype)] * 2
         if c.subwords == "mean":
             x, mask, *weights = pool_subwords(x, mask, tokens.word_ids, *weights)
         return Units(x, mask, *weights)
@@ -440,7 +462,8 @@ class Scorer(nn.Module):
         x, mask, weights = units.vectors, units.mask, units.hyp_weights if side == "hyp" else units.ref_weights
         if self.config.ngram > 1:
             x, mask, weights = ngrams(x, mask, mask.to(x.dtype) if weights is None else weights, self.config.ngram)
-        return token_cloud(x, mask, weights, name=f"{side}_weights")
+        return token_cloud(x, mask, weights, name=f"{side}_weights",
+                           zero_mass_targets=self.config.special_tokens == "target")
 
     def self_similarities(self, units: Units, side: str = "ref") -> Tensor | None:
         """``C(X, X)`` ``[N]`` of each text of centered ``units`` (the normaliser of its scores), or
@@ -554,21 +577,21 @@ class Scorer(nn.Module):
         """Save to the directory ``path``: ``encoder/`` (weights as safetensors, cut at ``layer``,
         and tokenizer), ``torchmover.json`` (the :class:`ScorerConfig` and torchmover version) and
         ``centering.safetensors`` (the fitted mean). Atomic: written to a temporary directory next to
-        ``path``, then renamed. Replaces ``path`` only if it is empty or an earlier save."""
-        from .serialization import save_scorer
-
+        ``path``, then moved in file by file, ``torchmover.json`` last, with the SHA-256 of every file.
+        Never deletes a file it did not write: files already in ``path`` are kept (a file at a name the
+        save writes that an earlier save did not write raises ``FileExistsError`` naming it)."""
         save_scorer(self, path)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, device: str | torch.device | None = "auto",
-                        dtype: str | torch.dtype | None = None) -> "Scorer":
+                        dtype: str | torch.dtype | None = None, verify: bool = True) -> "Scorer":
         """Load a scorer written by :meth:`save_pretrained` (JSON and safetensors only, no network).
 
         It scores exactly as the saved one and has the same :attr:`signature`: the config keeps the
         original model name. ``device`` and ``dtype`` as in :class:`Scorer` (``dtype=None``: the
-        dtype the encoder was saved in). Raises ``FileNotFoundError`` / ``ValueError`` naming the path for a
-        missing, incomplete or corrupt directory.
+        dtype the encoder was saved in). Raises ``FileNotFoundError`` / ``ValueError`` naming the path
+        for a missing, incomplete or corrupt directory. ``verify`` (default) checks every file against
+        the SHA-256 recorded at save time and names the file that differs; ``verify=False`` skips the
+        hashing (for a huge model on trusted storage).
         """
-        from .serialization import load_scorer
-
-        return load_scorer(cls, path, device=device, dtype=dtype)
+        return load_scorer(cls, ScorerConfig, path, device=device, dtype=dtype, verify=verify)

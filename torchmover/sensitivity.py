@@ -68,14 +68,11 @@ from .encoding import Encoder, TokenEmbeddings
 from .weights import PUNCTUATION_POLICIES, SUBWORD_POLICIES
 
 if TYPE_CHECKING:
-    import argparse
-
     from .data import Rating
     from .scorer import Scorer
 
 __all__ = ["FACTORS", "Level", "FactorResult", "SensitivityReport", "coefficient_of_variation",
-           "relative_difference", "run_sensitivity", "select_per_group", "add_sensitivity_arguments",
-           "run_sensitivity_command"]
+           "relative_difference", "run_sensitivity", "select_per_group"]
 
 FACTORS = ("stopwords", "idf", "subwords", "punctuation", "layer", "centering", "temperature", "iterations")
 TEMPERATURES = (0.02, 0.05, 0.1, 0.15, 0.2)
@@ -626,46 +623,3 @@ def _describe(variant: _Variant, config, scoring: dict, base_idf: str) -> str:
     if variant.idf_corpus != base_idf:
         changed.append(f"idf={variant.idf_corpus}")
     return ", ".join(changed) or "base"
-
-
-# --- command line --------------------------------------------------------------------------------
-
-def add_sensitivity_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``torchmover sensitivity``: the ratings, the base metric (as for ``score``), the
-    factors and the outputs."""
-    from .cli import add_scorer_arguments
-
-    parser.add_argument("--data", required=True,
-                        help="ratings: a .tsv file or directory, a .jsonl file, a WMT17 directory "
-                             "(DA-seglevel.csv) or a WMT DAseg directory")
-    parser.add_argument("--year", type=int, help="year of JSON-lines records without a 'year' key")
-    parser.add_argument("--factors", help=f"comma-separated, from {','.join(FACTORS)} "
-                                          "(default: every factor that applies to the method)")
-    parser.add_argument("--max-per-group", type=int, metavar="N",
-                        help="use the first N records of each lp/year group (bounds the cost)")
-    add_scorer_arguments(parser)
-    parser.set_defaults(batch_size=32)  # the TWMD paper's batch size, fixed across variants
-    g = parser.add_argument_group("report")
-    g.add_argument("--statistic", choices=STATISTICS, default="pearson", help="for the printed table and the plot")
-    g.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
-    g.add_argument("--plot", metavar="OUT.png", help="also write the plot here (needs matplotlib)")
-
-
-def run_sensitivity_command(args: argparse.Namespace) -> None:
-    """Read ratings, run :func:`run_sensitivity` from the options' base Scorer, print the table and
-    write ``--json`` / ``--plot``."""
-    from .cli import CLIError, scorer_from_args
-    from .data import read_ratings
-
-    records = select_per_group(read_ratings(args.data, getattr(args, "year", None)), args.max_per_group)
-    if not records:
-        raise CLIError(f"no ratings in {args.data}")
-    progress = not args.no_progress
-    args.no_progress = True  # the base scorer's fitting; run_sensitivity refits and shows one bar
-    base = scorer_from_args(args, [r.ref for r in records], [r.hyp for r in records])
-    report = run_sensitivity(records, base, factors=args.factors, batch_size=args.batch_size, progress=progress)
-    print(report.to_table(args.statistic))
-    if args.json:
-        Path(args.json).write_text(report.to_json() + "\n", encoding="utf-8")
-    if args.plot:
-        report.plot(args.plot, statistic=args.statistic)

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from .family import WMD_TEMPERATURE, _check_inputs, _log, _placeholder_for_empty, _unit_vectors
-from .transport import converged_sinkhorn, cost_matrix, sinkhorn
+from .transport import check_temperature, converged_sinkhorn, cost_matrix, sinkhorn
 
 __all__ = ["split_sentences", "encode_documents", "sentence_movers", "DocumentEmbeddings", "VARIANTS"]
 
@@ -329,8 +329,9 @@ def _sentence_movers(hyp, ref, hyp_mask, ref_mask, hyp_sentence_ids, ref_sentenc
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if temperature is not None:
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
             raise ValueError(f"temperature must be a positive float or None (exact), got {temperature!r}")
+        check_temperature(temperature)
         if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
             raise ValueError(f"n_iter must be a positive int, got {n_iter!r}")
     hyp_mask, ref_mask = _check_inputs(hyp, ref, hyp_mask, ref_mask)

@@ -4,7 +4,8 @@ Layout of a saved scorer::
 
     path/
       torchmover.json          {"format": 1, "torchmover": "<version>", "config": {ScorerConfig fields},
-                                "encoder_dtype": "float32"}
+                                "encoder_dtype": "float32", "signature": "...",
+                                "files": {"<relative path>": "<SHA-256>", ...}}
       encoder/                 the encoder cut at ``layer`` (``model.safetensors``, ``config.json``)
                                and its tokenizer files, written by ``save_pretrained``
       centering.safetensors    the Centering buffers ``mean`` [D] and ``num_tokens`` []
@@ -15,44 +16,63 @@ has the same :attr:`~torchmover.Scorer.signature`; the weights come from ``encod
 saved already truncated (``config.num_hidden_layers == layer``), so reloading never rebuilds the
 dropped blocks.
 
-Writes are atomic: everything goes into a hidden temporary directory next to ``path`` that is renamed
-into place at the end, so ``path`` is either absent, the previous save, or the complete new one.
+Every file the save writes is recorded with its SHA-256 in ``torchmover.json`` (``"files"``:
+``{"encoder/model.safetensors": "<hex>", ...}``) and verified on load (``verify=False`` skips it, e.g.
+for a huge model on trusted storage): a flipped byte is an error naming the file, never a silently
+different scorer.
+
+Saving never deletes a file it did not write. A save goes into a new or existing directory: files
+already there are kept, except those an earlier save wrote there (listed in its ``torchmover.json``):
+they are overwritten, or removed if this save no longer writes them and they are unchanged since (a
+changed one is kept, with a warning). A file of another origin at a name the save writes is in the
+way: the save refuses, naming it, before writing anything.
+
+Writes are atomic per file and the save as a whole is marked by its ``torchmover.json``: every file is
+first written into a hidden staging directory next to ``path`` (a failure there leaves ``path``
+untouched); then the names of the files being written are recorded in ``.torchmover-saving.json`` (so
+that a retry after a crash knows them as its own), the old ``torchmover.json`` is removed, each staged
+file is moved into place with ``os.replace``, and the new ``torchmover.json`` is written last
+(fsync'ed, then renamed). At any moment ``path`` therefore holds the previous complete save, the new
+complete save, or no ``torchmover.json`` (a load then says so) — never a mixture that loads.
+
 Loading reads only JSON and safetensors (``use_safetensors=True``, ``local_files_only=True``: a
 missing ``encoder/`` is an error, never a hub download).
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
+
+from ._version import __version__
+from .checkpoint import atomic_write_text
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "torchmover.json"
 ENCODER_DIR = "encoder"
 CENTERING_FILE = "centering.safetensors"
 IDF_FILE = "idf.json"
+PENDING_FILE = ".torchmover-saving.json"  # the files of a save in progress (removed when it completes)
 
 
 def save_scorer(scorer, path: str | os.PathLike) -> Path:
-    """Write ``scorer`` to the directory ``path`` (layout in the module docs); returns ``path``.
+    """Write ``scorer`` to the directory ``path`` (layout and rules in the module docs); returns ``path``.
 
-    An existing ``path`` is replaced only if it is empty or a previously saved scorer (it holds
-    ``torchmover.json``); any other existing path raises ``FileExistsError``.
+    Raises ``FileExistsError`` naming the files in the way (or ``path`` itself if it is a file).
     """
     from safetensors.torch import save_file
 
-    from . import __version__
-
     target = Path(path)
-    if target.exists() and not _replaceable(target):
-        raise FileExistsError(f"path {str(target)!r} exists and is not a saved torchmover scorer; "
-                              "choose a new path or remove it")
+    if target.exists() and not target.is_dir():
+        raise FileExistsError(f"path {str(target)!r} exists and is not a directory")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
@@ -71,37 +91,95 @@ def save_scorer(scorer, path: str | os.PathLike) -> Path:
             "encoder_dtype": str(next(encoder.model.parameters()).dtype).removeprefix("torch."),
             "signature": scorer.signature,  # informative only: the signature of the saved scorer
         }
-        with open(tmp / CONFIG_FILE, "w", encoding="utf-8") as f:
-            json.dump(meta, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        _move_into_place(tmp, target)
+        _install(tmp, target, meta)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
-def _replaceable(target: Path) -> bool:
-    return target.is_dir() and (not any(target.iterdir()) or (target / CONFIG_FILE).is_file())
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
-def _move_into_place(tmp: Path, target: Path) -> None:
-    """Rename ``tmp`` to ``target``; an existing ``target`` is first renamed aside, then deleted."""
-    if not target.exists():
-        os.rename(tmp, target)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-    os.rename(target, old / target.name)
-    try:
-        os.rename(tmp, target)
-    except BaseException:
-        os.rename(old / target.name, target)  # put the previous save back
-        raise
-    finally:
-        if (old / target.name).exists() and target.exists():
-            shutil.rmtree(old, ignore_errors=True)
+def _staged_files(tmp: Path) -> dict[str, str]:
+    """``{relative POSIX path: SHA-256}`` of every file under ``tmp``, each fsync'ed (durable before it
+    is moved into place)."""
+    files = {}
+    for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        with open(file, "rb") as f:
+            os.fsync(f.fileno())
+        files[file.relative_to(tmp).as_posix()] = sha256_file(file)
+    return files
+
+
+def _earlier_save(target: Path) -> dict[str, str]:
+    """The files earlier saves recorded in ``target``: in its ``torchmover.json`` and in the record of an
+    interrupted save (``{}`` where there is none, or it is unreadable)."""
+    recorded = {}
+    for record in (CONFIG_FILE, PENDING_FILE):
+        try:
+            files = json.loads((target / record).read_text(encoding="utf-8")).get("files")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(files, dict):
+            recorded.update({name: digest for name, digest in files.items() if _inside(target, name)})
+    return recorded
+
+
+def _inside(root: Path, name: str) -> bool:
+    """Whether the relative path ``name`` stays inside ``root`` (no absolute path, no ``..``)."""
+    return isinstance(name, str) and not Path(name).is_absolute() and ".." not in Path(name).parts
+
+
+def _in_the_way(target: Path, names: list[str], ours: set[str]) -> list[str]:
+    """The paths under ``target`` that writing ``names`` would overwrite although they are not ``ours``
+    (a file at the name or at one of its parent folders; a folder where a file goes)."""
+    blocking = set()
+    for name in names:
+        path = target / name
+        if os.path.lexists(path) and (name not in ours or not path.is_file()):
+            blocking.add(name)
+        for parent in Path(name).parents:
+            if parent != Path(".") and os.path.lexists(target / parent) and not (target / parent).is_dir():
+                blocking.add(parent.as_posix())
+    return sorted(blocking)
+
+
+def _install(tmp: Path, target: Path, meta: dict) -> None:
+    """Move the staged files of ``tmp`` into ``target`` and write ``torchmover.json`` (with their hashes)
+    last; keep every file of ``target`` that no save wrote (see the module docs)."""
+    staged = _staged_files(tmp)
+    earlier = _earlier_save(target)
+    in_the_way = _in_the_way(target, [*staged, CONFIG_FILE, PENDING_FILE], set(earlier) | {CONFIG_FILE, PENDING_FILE})
+    if in_the_way:
+        raise FileExistsError(f"cannot save into {str(target)!r}: {in_the_way} would be overwritten and were not "
+                              "written by an earlier save; move them or choose another path")
+    target.mkdir(exist_ok=True)
+    # Until the last step no save is visible; the pending record lets a retry after a crash recognise
+    # the files this save (or the earlier one) wrote.
+    atomic_write_text(target / PENDING_FILE, json.dumps({"files": {**earlier, **staged}}))
+    (target / CONFIG_FILE).unlink(missing_ok=True)
+    for name in staged:
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp / name, target / name)
+    changed = []
+    for name, digest in earlier.items():
+        old = target / name
+        if name in staged or not old.is_file():
+            continue
+        if sha256_file(old) == digest:
+            old.unlink()
+        else:
+            changed.append(name)
+    if changed:
+        warnings.warn(f"kept {changed} in {str(target)!r}: written by an earlier save but changed since", stacklevel=3)
+    atomic_write_text(target / CONFIG_FILE, json.dumps({**meta, "files": staged}, indent=2) + "\n")
+    (target / PENDING_FILE).unlink()
 
 
 def read_meta(path: str | os.PathLike) -> dict:
@@ -124,11 +202,31 @@ def read_meta(path: str | os.PathLike) -> dict:
     return meta
 
 
-def load_scorer(cls, path: str | os.PathLike, device="auto", dtype: str | torch.dtype | None = None):
-    """Rebuild a ``cls`` (a :class:`~torchmover.Scorer`) saved by :func:`save_scorer`.
+def verify_files(root: Path, meta: dict) -> None:
+    """Check every file ``meta["files"]`` records against its SHA-256; errors name the file."""
+    files = meta.get("files")
+    if not isinstance(files, dict):
+        raise ValueError(f"{str(root / CONFIG_FILE)!r} records no SHA-256 of the saved files (saved by torchmover "
+                         f"{meta.get('torchmover', 'unknown')}); load with verify=False to skip the check")
+    for name, digest in files.items():
+        if not _inside(root, name):
+            raise ValueError(f"{str(root / CONFIG_FILE)!r} lists {name!r}, a path outside the saved scorer")
+        file = root / name
+        if not file.is_file():
+            raise FileNotFoundError(f"incomplete saved scorer {str(root)!r}: {name} is missing")
+        if sha256_file(file) != digest:
+            raise ValueError(f"{str(file)!r} does not match its SHA-256 in {CONFIG_FILE}: the file is corrupt or "
+                             "was changed after saving (verify=False loads it anyway)")
+
+
+def load_scorer(cls, config_type, path: str | os.PathLike, device="auto", dtype: str | torch.dtype | None = None,
+                verify: bool = True):
+    """Rebuild a ``cls`` (a :class:`~torchmover.Scorer`, whose options are the dataclass ``config_type``,
+    :class:`~torchmover.ScorerConfig`) saved by :func:`save_scorer`.
 
     ``dtype`` defaults to the dtype the encoder was saved in; ``device`` (``"auto"``, a name or a
-    ``torch.device``, :func:`torchmover.devices.resolve_device`) to ``"auto"``.
+    ``torch.device``, :func:`torchmover.devices.resolve_device`) to ``"auto"``. ``verify`` checks
+    every saved file against the SHA-256 recorded in ``torchmover.json`` first (:func:`verify_files`).
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -136,19 +234,20 @@ def load_scorer(cls, path: str | os.PathLike, device="auto", dtype: str | torch.
 
     from .devices import resolve_device, resolve_dtype
     from .encoding import Encoder
-    from .scorer import ScorerConfig
     from .weights import IDF
 
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     root = Path(path)
     meta = read_meta(root)
-    fields = {f.name for f in dataclasses.fields(ScorerConfig)}
+    if verify:
+        verify_files(root, meta)
+    fields = {f.name for f in dataclasses.fields(config_type)}
     unknown = sorted(set(meta["config"]) - fields)
     if unknown:
         raise ValueError(f"{str(root / CONFIG_FILE)!r} has unknown config fields {unknown} (saved by "
                          f"torchmover {meta.get('torchmover', 'unknown')}; a newer version?)")
     try:
-        config = ScorerConfig(**meta["config"])
+        config = config_type(**meta["config"])
     except (TypeError, ValueError) as e:
         raise ValueError(f"invalid config in {str(root / CONFIG_FILE)!r}: {e}") from e
     for name in (ENCODER_DIR, CENTERING_FILE):
@@ -182,7 +281,8 @@ def load_scorer(cls, path: str | os.PathLike, device="auto", dtype: str | torch.
     if missing:
         raise ValueError(f"{CENTERING_FILE} in {str(root)!r} lacks {sorted(missing)}")
     scorer.centering.load_state_dict(buffers)
-    if (root / IDF_FILE).is_file():
+    listed = meta.get("files")
+    if IDF_FILE in listed if isinstance(listed, dict) else (root / IDF_FILE).is_file():
         try:
             saved = json.loads((root / IDF_FILE).read_text(encoding="utf-8"))
             scorer.idf = {side: IDF.from_dict(saved[side]) for side in ("hyp", "ref")}

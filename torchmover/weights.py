@@ -59,7 +59,8 @@ class IDF:
 
     @classmethod
     def fit(cls, texts: Iterable[str], tokenizer) -> "IDF":
-        """Count, for every token id, how many of ``texts`` contain it (special tokens included)."""
+        """Count, for every token id, how many of ``texts`` contain it (special tokens included; texts
+        stripped and truncated as the encoder does)."""
         texts = list(texts)
         if not texts or not all(isinstance(t, str) for t in texts):
             raise ValueError("IDF.fit needs a non-empty list of strings")
@@ -89,9 +90,10 @@ class IDF:
 
 
 def document_frequencies(texts: Sequence[str], tokenizer) -> Counter:
-    """For every token id, how many of ``texts`` contain it (special tokens included)."""
+    """For every token id, how many of ``texts`` contain it (special tokens included; texts stripped
+    and truncated as the encoder does)."""
     counts: Counter = Counter()
-    for ids in tokenizer(list(texts), truncation=True)["input_ids"] if texts else []:
+    for ids in tokenizer([t.strip() for t in texts], truncation=True)["input_ids"] if texts else []:
         counts.update(set(ids))
     return counts
 

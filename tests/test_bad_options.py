@@ -1,0 +1,67 @@
+"""Bad options get an error naming the argument, in Python and on the command line (issue 13.4)."""
+import pytest
+
+from torchmover import Encoder, Scorer
+from torchmover.cli import main
+from torchmover.encoding import looks_like_path
+
+
+@pytest.mark.parametrize("max_length", [-5, 0, True, 2.5, "64"])
+def test_max_length_must_be_a_positive_int(tiny_model_dir, max_length):
+    with pytest.raises(ValueError, match="max_length must be a positive int"):
+        Scorer(str(tiny_model_dir), layer=2, max_length=max_length)
+
+
+def test_max_length_must_fit_the_special_tokens_and_the_window(tiny_model_dir):
+    from conftest import tiny_model, tiny_tokenizer
+
+    window = Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny").max_length
+    for bad in (2, window + 1):  # [CLS] and [SEP] leave no room for text / beyond the position embeddings
+        with pytest.raises(ValueError, match=rf"max_length must be in \[3, {window}\]"):
+            Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny", max_length=bad)
+    assert Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny", max_length=3).max_length == 3
+    scorer = Scorer(str(tiny_model_dir), layer=2, max_length=3)
+    with pytest.warns(UserWarning, match="longer than 3 tokens were truncated"):
+        scorer(["a b c"], ["a b"])
+
+
+def test_max_length_that_differs_from_a_given_encoder_is_an_error(tiny_encoder):
+    with pytest.raises(ValueError, match="max_length=7 differs"):
+        Scorer(tiny_encoder, max_length=7)
+
+
+@pytest.mark.parametrize("model", ["/nonexistent/path", "./no-such-model", "../no-such-model", "~/no-such-model",
+                                   "some/deep/path"])
+def test_a_missing_local_path_is_named_as_such_not_as_a_bad_hub_id(model):
+    with pytest.raises(FileNotFoundError, match=f"model='{model}': no such local directory"):
+        Scorer(model)
+
+
+def test_a_file_is_not_a_model_directory(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="no such local directory"):
+        Scorer(str(tmp_path / "weights.bin"))
+
+
+def test_hub_ids_are_not_paths():
+    assert not looks_like_path("roberta-base")
+    assert not looks_like_path("sentence-transformers/all-MiniLM-L6-v2")
+    assert looks_like_path("/models/x") and looks_like_path("~/x") and looks_like_path("a/b/c")
+
+
+@pytest.mark.parametrize("option, value, match", [
+    ("--max-length", "-5", "max_length must be a positive int"),
+    ("--max-length", "0", "max_length must be a positive int"),
+    ("--model", "/nonexistent/path", "model='/nonexistent/path': no such local directory"),
+])
+def test_the_cli_reports_bad_options_in_one_line_with_status_2(tmp_path, tiny_model_dir, capsys, option, value, match):
+    (tmp_path / "h.txt").write_text("a cat\n")
+    (tmp_path / "r.txt").write_text("the cat\n")
+    args = ["score", "--hyps", str(tmp_path / "h.txt"), "--refs", str(tmp_path / "r.txt"), "--no-progress",
+            "--model", str(tiny_model_dir), "--layer", "2", option, value]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("torchmover: error: ") and match in err
