@@ -265,8 +265,9 @@ class Scorer(nn.Module):
             such as ``"bf16"`` / ``"float16"`` (:func:`torchmover.devices.resolve_dtype`). The
             centering mean, the centering and the transport stay in float32 or wider.
         compile: run the transport terms through ``torch.compile`` (twmd with a fixed ``n_iter``,
-            trwmd, bertscore, sbert, cka; :mod:`torchmover.compiled`). Off by default: slower on the
-            CPUs measured (README, "Precision and compilation"); meant for GPUs.
+            trwmd, bertscore, sbert, cka; :mod:`torchmover.compiled`). Off by default: on this project's
+            CPU it saved little against its compile time (README, "Devices, precision and
+            compilation"); meant for GPUs, where it is not measured yet.
 
     Example:
         >>> scorer = Scorer()  # doctest: +SKIP
