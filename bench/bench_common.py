@@ -1,6 +1,7 @@
 """What the WMT benchmark scripts share: their command line's data and output directories, seeded
-samples of WMT pairs, agreement statistics between two score lists, and the timing of torchmover and
-bert_score with the encoder's share split off (``bench_peers.py`` on the CPU, ``bench_gpu.py`` on a GPU)."""
+samples of WMT pairs, agreement statistics between two score lists, a markdown report writer that
+records the machine's load, and the timing of torchmover and bert_score with the encoder's share split
+off (``bench_peers.py`` on the CPU, ``bench_gpu.py`` on a GPU)."""
 from __future__ import annotations
 
 import argparse
@@ -27,6 +28,23 @@ def wmt_parser(doc: str) -> argparse.ArgumentParser:
                         help="WMT15-16 *.tsv directory (default: ../shared/data/wmt15-16 next to the repository)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
     return parser
+
+
+def load_average() -> str:
+    """The machine's load average (1/5/15 min), e.g. ``0.55/1.06/1.26``."""
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def write_report(out: Path, name: str, title: str, command: str, notes: list[str], table: list[str],
+                 load_before: str) -> None:
+    """Write (and print) a markdown report ``out/name``: the title, the command, the notes as a list
+    (the load average before and now added), then the table."""
+    notes = notes + [f"Load average (1/5/15 min) before {load_before}, after {load_average()}: other "
+                     "processes share the machine when it is high."]
+    report = "\n".join([f"# {title}", "", f"`{command}`", "", *(f"- {n}" for n in notes), "", *table, ""])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(report, encoding="utf-8")
+    print(report)
 
 
 def load_sample(data_dir: Path, n: int, seed: int = 0) -> list[dict]:
@@ -97,21 +115,21 @@ def synchronizer(device) -> Callable[[], None]:
 
 
 class Timed:
-    """Wraps ``fn`` and accumulates the wall time spent inside it (``seconds``). ``sync`` (e.g.
-    :func:`synchronizer`) runs before the clock starts and before it stops, so that on a GPU the time
-    is that of ``fn``'s kernels, not of their launch."""
+    """Wraps ``fn`` and accumulates the time spent inside it (``seconds``), by ``clock`` (default: wall
+    time). ``sync`` (e.g. :func:`synchronizer`) runs before the clock starts and before it stops, so
+    that on a GPU the time is that of ``fn``'s kernels, not of their launch."""
 
-    def __init__(self, fn, sync: Callable[[], None] = lambda: None):
-        self.fn, self.sync, self.seconds, self.calls = fn, sync, 0.0, 0
+    def __init__(self, fn, clock=time.perf_counter, sync: Callable[[], None] = lambda: None):
+        self.fn, self.clock, self.sync, self.seconds, self.calls = fn, clock, sync, 0.0, 0
 
     def __call__(self, *args, **kwargs):
         self.sync()
-        t = time.perf_counter()
+        t = self.clock()
         try:
             return self.fn(*args, **kwargs)
         finally:
             self.sync()
-            self.seconds += time.perf_counter() - t
+            self.seconds += self.clock() - t
             self.calls += 1
 
 
@@ -136,7 +154,7 @@ def measure(run, patch, unpatch, encode_fn, replay: bool = True, sync: Callable[
     ``patch(f)`` installs ``f`` in place of the system's encoding function ``encode_fn``;
     ``unpatch()`` restores it; ``sync`` waits for the device around the encoder's share.
     """
-    timed = Timed(encode_fn, sync)
+    timed = Timed(encode_fn, sync=sync)
     patch(timed)
     rss_before, peak_before = rss_mb(), peak_rss_mb()
     t = time.perf_counter()

@@ -134,7 +134,7 @@ def reward_breakdown(path, layer, pairs, device, n_prompts, repeats, dtype=None,
                   "centering": (centering, "forward"), "transport": (scorer, "score_pairs")}
         timers = {}
         for name, (owner, attr) in phases.items():
-            timers[name] = Timed(getattr(owner, attr), sync)
+            timers[name] = Timed(getattr(owner, attr), sync=sync)
             setattr(owner, attr, timers[name])  # instance attribute: calls go through the timer
         reset, read = peak_memory(device)
         reset()

@@ -389,6 +389,20 @@ def test_clear_cache_for_writes_through_data(tiny_encoder):
     torch.testing.assert_close(reward(HYPS, REFS), MoverReward(scorer, cache_size=0)(HYPS, REFS), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("cache_size", [1024, 1])
+def test_cache_consistent_after_a_failed_call(fixed_scorer, cache_size):
+    """An exception in the encoder (e.g. out of memory) leaves no half-cached reference behind."""
+    reward = MoverReward(fixed_scorer, cache_size=cache_size)
+    reward(HYPS[:1], REFS[:1])
+    forward = fixed_scorer.encoder.forward
+    fixed_scorer.encoder.forward = lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("out of memory"))
+    with pytest.raises(RuntimeError, match="out of memory"):
+        reward(HYPS[:2], REFS[1:3])
+    fixed_scorer.encoder.forward = forward
+    torch.testing.assert_close(reward(HYPS, REFS), MoverReward(fixed_scorer, cache_size=0)(HYPS, REFS),
+                               atol=ATOL, rtol=0)
+
+
 def test_cache_size_validated(fixed_scorer):
     with pytest.raises(ValueError, match="cache_size"):
         MoverReward(fixed_scorer, cache_size=-1)
@@ -442,3 +456,35 @@ def test_trl_adapter_contract(fixed_scorer, reward):
     assert out[2] is None and out[3] is None and all(isinstance(x, float) for x in out[:2])
     expected = reward([HYPS[0], HYPS[1]], [[REFS[0]], [REFS[1], REFS[2]]]).tolist()
     assert out[:2] == pytest.approx(expected, abs=ATOL)
+
+
+# --- threads and pickling ---------------------------------------------------------------------------
+
+def test_concurrent_calls_with_a_small_cache_equal_single_threaded(fixed_scorer):
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    reward = MoverReward(fixed_scorer, cache_size=2)
+    calls = [[(HYPS[(i + j) % 5], REFS[(i * 3 + j) % 5]) for j in range(1 + i % 3)] for i in range(32)]
+    random.Random(0).shuffle(calls)
+    want = [reward.score([h for h, _ in c], [r for _, r in c]) for c in calls]
+    reward.clear_cache()
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda c: reward.score([h for h, _ in c], [r for _, r in c]), calls))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=ATOL, rtol=0)
+    info = reward.cache_info()
+    assert info.currsize <= 2 and info.hits + info.misses == 2 * sum(len({r for _, r in c}) for c in calls)
+
+
+@pytest.mark.parametrize("cls", [MoverReward, SelfCriticalReward, GroupReward])
+def test_fitted_reward_pickles_after_a_forward_pass(tiny_scorer, cls):
+    import pickle
+
+    reward = cls(tiny_scorer, cache_size=8).fit(REFS)
+    before = reward.score(HYPS, REFS)  # a forward pass: transformers has installed its hooks
+    copy = pickle.loads(pickle.dumps(reward))
+    assert type(copy) is cls and copy.cache_info().currsize == 0 and copy.signature == reward.signature
+    torch.testing.assert_close(copy.score(HYPS, REFS), before, atol=ATOL, rtol=0)
+    torch.testing.assert_close(reward.score(HYPS, REFS), before, atol=ATOL, rtol=0)  # the original still scores
+    assert copy.cache_info().currsize == 5  # the copy refills its own cache

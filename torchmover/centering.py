@@ -82,7 +82,7 @@ def center(x: Tensor, mask: Tensor, mode: str = "batch", mean: Tensor | None = N
     elif mode == "fixed":
         if mean.shape != x.shape[-1:]:
             raise ValueError(f"mean must have shape {tuple(x.shape[-1:])}, got {tuple(mean.shape)}")
-        x = x - mean.to(device=x.device, dtype=x.dtype)  # x is float32 or wider here
+        x = x - mean.to(x)  # x is float32 or wider here: the mean is never rounded to bf16
     return torch.where(mask.unsqueeze(-1), x, torch.zeros_like(x))
 
 
@@ -114,11 +114,13 @@ class Centering(nn.Module):
         self.mode, self.momentum, self.sync = mode, momentum, bool(sync)
         self.register_buffer("mean", torch.zeros(dim or 0))
         self.register_buffer("num_tokens", torch.zeros((), dtype=torch.long))
+        self._fitted = False  # num_tokens > 0, mirrored on the host so that checking it reads no device data
 
     @property
     def fitted(self) -> bool:
-        """Whether the buffer holds a mean (from :meth:`fit`, a running estimate, or a state dict)."""
-        return int(self.num_tokens) > 0
+        """Whether the buffer holds a mean (from :meth:`fit`, a running estimate, or a state dict).
+        Kept on the host: reading it never waits for the device."""
+        return self._fitted
 
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}, dim={self.mean.numel()}, momentum={self.momentum}"
@@ -154,6 +156,7 @@ class Centering(nn.Module):
         else:
             self.mean.copy_(batch_mean)
         self.num_tokens += n_tokens
+        self._fitted = True
 
     @torch.no_grad()
     def fit(self, embeddings, mask: Tensor | None = None, *, distributed: bool = False) -> "Centering":
@@ -187,6 +190,7 @@ class Centering(nn.Module):
         self._resize(total)
         self.mean.copy_((total / count).to(self.mean))
         self.num_tokens.fill_(count)
+        self._fitted = True
         return self
 
     def _resize(self, like: Tensor) -> None:
@@ -208,3 +212,4 @@ class Centering(nn.Module):
         if saved is not None:
             self._resize(saved)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._fitted = bool(self.num_tokens > 0)  # once, when loading

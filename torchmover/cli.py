@@ -12,6 +12,9 @@ import it.
 
 ``torchmover sensitivity --data RATINGS [--factors ...] [options]`` varies one preprocessing or metric
 choice at a time and reports how much the correlation moves (:mod:`torchmover.sensitivity`).
+
+``torchmover serve [--port P] [--fit-references FILE] [options]`` serves the reward over HTTP
+(OpenRLHF's remote reward protocol and ``POST /score``; :mod:`torchmover.serve`).
 """
 from __future__ import annotations
 
@@ -23,11 +26,14 @@ from pathlib import Path
 from ._version import __version__
 from .centering import MODULE_MODES
 from .correlation import score_and_correlate
+from .batching import BatchedReward
 from .data import read_ratings
 from .encoding import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES
 from .family import DIRECTIONS
 from .presets import PRESETS, preset_options, signature_options
+from .reward import MoverReward
 from .scorer import CENTER_SCOPES, METHODS, MULTI_REF, Scorer
+from .serve import DEFAULT_MAX_REQUEST_BYTES, RewardServer, require_aiohttp
 from .sensitivity import FACTORS, STATISTICS, run_sensitivity, select_per_group
 from .weights import PUNCTUATION_POLICIES, SUBWORD_POLICIES
 
@@ -208,6 +214,48 @@ def run_sensitivity_command(args: argparse.Namespace) -> None:
         report.plot(args.plot, statistic=args.statistic)
 
 
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``torchmover serve``: the server's, then the scorer's."""
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0: all)")
+    g.add_argument("--port", type=int, default=8000, help="default: 8000; 0: a free port (printed)")
+    g.add_argument("--max-batch-size", type=int, default=256, help="most pairs scored in one batch (default: 256)")
+    g.add_argument("--max-wait-ms", type=float, default=5.0,
+                   help="how long a batch waits for more requests (default: 5)")
+    g.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                   help=f"larger bodies are refused with 413 (default: {DEFAULT_MAX_REQUEST_BYTES})")
+    g.add_argument("--fit-references", metavar="FILE",
+                   help="references, one per line, on which the centering mean (and IDF) are fitted")
+    g.add_argument("--cache-size", type=int, default=1024, help="references kept encoded (default: 1024)")
+    add_scorer_arguments(parser)
+
+
+def run_serve(args: argparse.Namespace) -> None:
+    try:
+        require_aiohttp()
+    except ImportError as error:
+        raise CLIError(str(error)) from None
+    references = [r for r in read_lines(args.fit_references) if r.strip()] if args.fit_references else []
+    if args.fit_references and not references:
+        raise CLIError(f"{args.fit_references} has no reference")
+    scorer = scorer_from_args(args, references, references)
+    reward = MoverReward(scorer, cache_size=args.cache_size)
+    if scorer.config.centering == "batch":
+        if not references:
+            raise CLIError("this scorer centers on the batch, which would make a reward depend on the other "
+                           "requests: give --fit-references FILE to center on their mean, or --centering none")
+        reward.fit(references, args.batch_size)
+    with BatchedReward(reward, max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms) as batched:
+        server = RewardServer(batched, host=args.host, port=args.port, max_request_bytes=args.max_request_bytes)
+        with server:
+            print(f"torchmover: serving on {server.url} (POST /get_reward, /score; GET /health)", file=sys.stderr, flush=True)
+            print(f"signature: {reward.signature}", file=sys.stderr, flush=True)
+            try:
+                server.wait()
+            except KeyboardInterrupt:
+                pass
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="torchmover", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"torchmover {__version__}")
@@ -229,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     sensitivity = commands.add_parser("sensitivity", help="how much each choice moves the correlation with humans")
     add_sensitivity_arguments(sensitivity)
     sensitivity.set_defaults(run=run_sensitivity_command)
+
+    serve = commands.add_parser("serve", help="serve the reward over HTTP (OpenRLHF remote reward protocol, /score)")
+    add_serve_arguments(serve)
+    serve.set_defaults(run=run_serve)
     return parser
 
 

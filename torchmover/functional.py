@@ -29,7 +29,7 @@ def tempered_wmd(
     hyp: Tensor, ref: Tensor, hyp_mask: Tensor | None = None, ref_mask: Tensor | None = None, *,
     temperature: float = 0.1, n_iter: int | None = 1, direction: str = "recall",
     hyp_weights: Tensor | None = None, ref_weights: Tensor | None = None, normalize: bool = True,
-    return_plan: bool = False,
+    return_plan: bool = False, validate: bool = True,
 ) -> Tensor | FamilyScore:
     """Tempered Word Mover's Similarity (TWMD): ``n_iter`` log-domain Sinkhorn iterations.
 
@@ -45,10 +45,14 @@ def tempered_wmd(
     (:func:`torchmover.transport.converged_sinkhorn`); its gradient is then the envelope gradient
     ``∂C/∂S = π*`` (the plan held constant). For finite ``n_iter`` the iterations are unrolled and
     the gradient is exact.
+
+    With finite ``n_iter`` nothing reads device data (no host-device sync on CUDA), except the check
+    that given weights are non-negative: ``validate=False`` skips it (e.g. in a training loop).
     """
     return _transport_score(
         temperature, n_iter, hyp, ref, hyp_mask, ref_mask, direction=direction,
         hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=normalize, return_plan=return_plan,
+        validate=validate,
     )
 
 

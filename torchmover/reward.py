@@ -20,15 +20,29 @@ way raises an error that says so, instead of silently returning batch-dependent 
 reward is then the same (to float32 rounding, ~1e-7) whatever else is in the call.
 
 Reference cache. References repeat across epochs and across the ``G`` completions of a prompt, so
-their token vectors (encoder output, before centering) are kept in an LRU cache keyed by text, with
-each reference's self-term ``C(ref, ref)`` (the normaliser of ``Sim``: one of the three transport
-problems of a pair, so a call solves two per pair instead of three). The cache is bound
+their token vectors (encoder output, before centering) are kept on the device in a
+:class:`~torchmover.arena.TokenArena` (flat tensors, LRU over texts), with each reference's self-term
+``C(ref, ref)`` (the normaliser of ``Sim``: one of the three transport problems of a pair, so a call
+solves two per pair instead of three). A call gathers its cached references with one index built on
+the host, so its device work does not grow with the number of references. The cache is bound
 to what produced it: every call compares a fingerprint of the encoder's parameters and buffers
 (identity, storage, dtype, device and autograd version counter, which every in-place update such as
 ``optimizer.step()`` or ``load_state_dict`` bumps), the scorer's configuration and IDF dictionaries,
 and empties the cache when it changed; the self-terms are also dropped when the centering's mean
 changes. Writes that bypass the version counter (``p.data.copy_(...)``) are not seen: call
 :meth:`MoverReward.clear_cache` after them.
+
+No host-device synchronisation. A reward call reads nothing back from the device: every index (pairs,
+cached rows, self-term slots) is built on the host from the texts and sent in one transfer before the
+encoder runs, and the scores stay on the device (``tests/test_hotpath.py`` proves it op by op). No
+per-call NaN check either: that no NaN comes out is a property of the family's arithmetic, tested on
+degenerate inputs.
+
+Threads and processes. A reward may be called from many threads at once: its scoring, cache and
+counters run under one lock, so concurrent calls are serialised and each gets its own rewards; to
+turn many concurrent small calls into few large ones, wrap the reward in a
+:class:`~torchmover.batching.BatchedReward`. A reward pickles (e.g. into a worker process), fitted
+centering included, without its reference cache, which the copy refills.
 
 Degenerate generations. A text with no real token (empty or whitespace-only) scores exactly 0 (as
 does a pair with an empty reference); punctuation-only or repetitive texts get their ordinary,
@@ -38,16 +52,20 @@ explicitly.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
+import threading
 from collections import OrderedDict
 from typing import Callable, NamedTuple, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from .arena import TokenArena
+from .transfer import to_device
 from .centering import Centering
 from .distributed import shard
-from .scorer import Scorer, Units, _check_references, _check_texts, pair_index
+from .scorer import PairIndex, Scorer, Units, _as_list, _check_references, _check_texts, pair_lists
 
 __all__ = ["CacheInfo", "GroupReward", "GroupRewardResult", "MoverReward", "SelfCriticalResult",
            "SelfCriticalReward", "TRLReward", "as_trl_reward", "group_advantages"]
@@ -106,11 +124,39 @@ def _weights_fingerprint(module: nn.Module) -> tuple:
                  for t in itertools.chain(module.parameters(), module.buffers()))
 
 
-def _pad(rows: list[Units], like: Tensor) -> Units:
-    """Padded units of per-text rows (an empty batch gives empty tensors)."""
-    if not rows:
-        return Units(like.new_zeros(0, 0, like.shape[-1]), torch.zeros(0, 0, dtype=torch.bool, device=like.device))
-    return Units.pad(rows)
+def _cat_units(a: Units, b: Units) -> Units:
+    """The rows of ``a`` then ``b`` (padded units), padded to the wider of the two."""
+    width = max(a.mask.shape[1], b.mask.shape[1])
+
+    def widen(t: Tensor) -> Tensor:
+        pad = [0, 0] * (t.dim() - 2) + [0, width - t.shape[1]]
+        return torch.nn.functional.pad(t, pad)
+    return Units(*(None if x is None else torch.cat([widen(x), widen(y)]) for x, y in zip(a, b)))
+
+
+class _ReferencePlan(NamedTuple):
+    """A call's references on the host: ``cached`` (gathered with ``index``, ``width``) then ``missing``
+    (encoded now); ``evicted``: cached texts that leave the LRU cache after the call."""
+
+    cached: list[str]
+    missing: list[str]
+    index: list[int]
+    width: int
+    evicted: list[str]
+
+    @property
+    def texts(self) -> list[str]:
+        """The rows of the call's reference units."""
+        return self.cached + self.missing
+
+
+def _synchronized(method):
+    """Run ``method`` under the reward's lock (re-entrant: locked methods call each other)."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked
 
 
 class MoverReward:
@@ -141,11 +187,27 @@ class MoverReward:
             raise TypeError(f"shaping must be callable(hyps, scores) -> rewards, got {type(shaping).__name__}")
         self._scorer, self.cache_size, self.shaping = scorer, cache_size, shaping
         self._centering: Centering | None = None  # set by fit(); replaces the scorer's centering
-        self._cache: OrderedDict[str, Units] = OrderedDict()
-        self._self_terms: dict[str, Tensor] = {}  # C(ref, ref) of cached references, under _centering_fingerprint
+        self._arena = TokenArena(Units)  # token units of the cached references, on the device
+        self._lru: OrderedDict[str, int] = OrderedDict()  # cached texts, least recently used first -> self-term slot
+        self._self_terms: Tensor | None = None  # [cache_size] C(ref, ref) by slot, under _centering_fingerprint
+        self._known_self_terms: set[str] = set()
         self._fingerprint: tuple | None = None
         self._centering_fingerprint: tuple | None = None
         self._hits = self._misses = self._invalidations = 0
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict:
+        """Pickled without its lock and reference cache (the copy starts with an empty cache; the
+        counters are kept)."""
+        state = self.__dict__.copy()
+        del state["_lock"]
+        state.update(_arena=TokenArena(Units), _lru=OrderedDict(), _self_terms=None, _known_self_terms=set(),
+                     _fingerprint=None, _centering_fingerprint=None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     @property
     def scorer(self) -> Scorer:
@@ -190,6 +252,7 @@ class MoverReward:
             "reward.fit(reference_texts) first"
         )
 
+    @_synchronized
     def fit(self, texts: Sequence[str], batch_size: int = 64, *, distributed: bool = True) -> "MoverReward":
         """Center every reward on the mean of all real token vectors of ``texts`` (e.g. the training
         references), instead of the scorer's centering; the scorer is not modified. Also fills the
@@ -207,76 +270,149 @@ class MoverReward:
         like = self._like()
         if distributed:
             texts = shard(texts, like.device)
-        chunks = (self.reference_embeddings(texts[i:i + batch_size]) for i in range(0, len(texts), batch_size))
+        chunks = (self._reference_units(texts[i:i + batch_size]) for i in range(0, len(texts), batch_size))
         centering = Centering("fixed", dim=like.shape[-1]).to(like.device)
-        centering.fit((_pad(units, like)[:2] for units in chunks), distributed=distributed)
+        centering.fit((units[:2] for units in chunks), distributed=distributed)
         self._centering = centering.eval()
         return self
 
     # --- reference cache ---------------------------------------------------------------------------
 
+    @_synchronized
     def cache_info(self) -> CacheInfo:
-        return CacheInfo(self._hits, self._misses, self.cache_size, len(self._cache), self._invalidations)
+        return CacheInfo(self._hits, self._misses, self.cache_size, len(self._lru), self._invalidations)
 
+    @_synchronized
     def clear_cache(self) -> None:
         """Forget every cached reference (counters are kept)."""
-        self._cache.clear()
-        self._self_terms.clear()
+        self._arena.clear()
+        self._lru.clear()
+        self._self_terms = None
+        self._known_self_terms.clear()
 
     def _check_fingerprint(self) -> None:
         scorer = self._scorer
         fingerprint = (_weights_fingerprint(scorer.encoder), scorer.config, tuple(map(id, scorer.idf.values())))
         if fingerprint != self._fingerprint:
-            if self._cache:
+            if self._lru:
                 self._invalidations += 1
             self.clear_cache()
             self._fingerprint = fingerprint
 
+    @_synchronized
     def reference_embeddings(self, texts: Sequence[str]) -> list[Units]:
         """Units of each text (:meth:`Scorer.embed`: before centering, real units only ``[n_i, ...]``,
         no graph), from the cache where present; the missing distinct texts are encoded in one batch."""
         texts = _check_texts("texts", texts)
+        return self._reference_units(texts).unpad()
+
+    def _reference_units(self, texts: list[str]) -> Units:
+        """Padded units of ``texts`` (one row each, in order), through the cache."""
+        plan = self._plan_references(list(dict.fromkeys(texts)))
+        row = {t: i for i, t in enumerate(plan.texts)}
+        order = [row[t] for t in texts]
+        index, order = to_device([plan.index, None if order == list(range(len(plan.texts))) else order],
+                                 self._like().device)
+        try:
+            units = self._references(plan, index)
+        except BaseException:
+            self._abandon(plan)
+            raise
+        return units if order is None else units.select(order)
+
+    def _plan_references(self, texts: list[str]) -> _ReferencePlan:
+        """The host side of fetching the distinct ``texts``: which are cached (their gather index), which
+        to encode, and the LRU bookkeeping (recency, eviction, self-term slots) done now."""
         self._check_fingerprint()
-        missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
+        self._arena.compact()
+        cached = [t for t in texts if t in self._lru]
+        missing = [t for t in texts if t not in self._lru]
         self._misses += len(missing)
         self._hits += len(texts) - len(missing)
-        found = {t: self._cache[t] for t in texts if t in self._cache}
-        found.update(zip(missing, self._encode(missing)))
+        index, width = self._arena.index(cached)
+        evicted = []
         if self.cache_size:
-            for t in dict.fromkeys(texts):
-                self._cache[t] = found[t]
-                self._cache.move_to_end(t)
-            while len(self._cache) > self.cache_size:
-                self._self_terms.pop(self._cache.popitem(last=False)[0], None)
-        return [found[t] for t in texts]
+            for t in cached:
+                self._lru.move_to_end(t)
+            free = sorted(set(range(self.cache_size)) - set(self._lru.values()), reverse=True)
+            for t in missing:
+                if len(self._lru) == self.cache_size:
+                    old, slot = self._lru.popitem(last=False)
+                    evicted.append(old)
+                    self._known_self_terms.discard(old)
+                    free.append(slot)
+                self._lru[t] = free.pop()
+        return _ReferencePlan(cached, missing, index, width, evicted)
 
-    def _reference_self_terms(self, texts: list[str], units: Units, centering: Centering) -> Tensor | None:
+    def _abandon(self, plan: _ReferencePlan) -> None:
+        """Undo the LRU bookkeeping of ``plan`` for a call that failed before storing its references."""
+        for t in plan.missing:
+            if t not in self._arena:
+                self._lru.pop(t, None)
+        for t in plan.evicted:
+            self._arena.remove(t)
+
+    def _references(self, plan: _ReferencePlan, index: Tensor) -> Units:
+        """The device side: padded units of ``plan.texts`` (cached rows gathered with the sent ``index``,
+        missing ones encoded and added to the cache)."""
+        if plan.missing:
+            new = self._encode(plan.missing)
+            if self.cache_size:
+                self._arena.add(plan.missing, new)
+        units = self._arena.gather(index, len(plan.cached), plan.width) if plan.cached else None
+        for t in plan.evicted:
+            self._arena.remove(t)
+        if units is None:
+            return new
+        return _cat_units(units, new) if plan.missing else units
+
+    def _self_term_lists(self, texts: list[str]) -> list[list[int] | None]:
+        """Host lists of the references' self-terms (rows = ``texts``): the slots of the known ones,
+        the rows to compute (``None``: all), the order of ``known + computed`` as rows (``None``: as
+        is), and the slots / computed positions to store in the cache."""
+        known = [t for t in texts if t in self._known_self_terms]
+        known_set = set(known)
+        need = [i for i, t in enumerate(texts) if t not in known_set]
+        position = {t: k for k, t in enumerate(known + [texts[i] for i in need])}
+        order = [position[t] for t in texts]
+        store = [(self._lru[texts[i]], k) for k, i in enumerate(need) if texts[i] in self._lru]
+        return [[self._lru[t] for t in known], None if len(need) == len(texts) else need,
+                None if order == list(range(len(texts))) else order,
+                [slot for slot, _ in store], [k for _, k in store]]
+
+    def _reference_self_terms(self, texts: list[str], units: Units, centering: Centering,
+                              sent: list[Tensor | None]) -> Tensor | None:
         """``C(ref, ref)`` ``[N]`` of the centered reference ``units`` (rows = ``texts``), from the cache
-        where present (None if the member has no self-term, or without a cache: the scorer then computes
-        them from the clouds it builds anyway)."""
-        if not self.cache_size:
-            return None
-        fingerprint = _weights_fingerprint(centering)
-        if fingerprint != self._centering_fingerprint:
-            self._self_terms.clear()
-            self._centering_fingerprint = fingerprint
-        missing = [i for i, t in enumerate(texts) if t not in self._self_terms]
-        found: dict[str, Tensor] = {}
-        if missing:
-            rows = units if len(missing) == len(texts) else units.select(torch.tensor(missing, device=units.mask.device))
+        where known (``sent``: :meth:`_self_term_lists` on the device); None if the member has no
+        self-term."""
+        known_slots, need, order, store_slots, store_rows = sent
+        computed = None
+        if need is None or need.shape[0]:
+            rows = units if need is None else units.select(need)
             computed = self._scorer.self_similarities(rows)
             if computed is None:
                 return None
-            found = dict(zip((texts[i] for i in missing), computed))
-            self._self_terms.update((t, c) for t, c in found.items() if t in self._cache)
-        return torch.stack([found[t] if t in found else self._self_terms[t] for t in texts])
+            if store_slots.shape[0]:
+                if self._self_terms is None:
+                    self._self_terms = computed.new_zeros(self.cache_size)
+                self._self_terms.index_copy_(0, store_slots, computed.index_select(0, store_rows))
+                self._known_self_terms.update(t for t in texts if t in self._lru)
+        if known_slots.shape[0]:
+            known = self._self_terms.index_select(0, known_slots)
+            computed = known if computed is None else torch.cat([known, computed])
+        return computed if order is None else computed.index_select(0, order)
 
-    def _encode(self, texts: list[str]) -> list[Units]:
-        """:meth:`Scorer.embed` of each text, real units only (``[n_i, ...]``), no graph."""
-        if not texts:
-            return []
+    def _check_centering(self, centering: Centering) -> None:
+        """Forget the cached self-terms if the centering's mean changed."""
+        fingerprint = _weights_fingerprint(centering)
+        if fingerprint != self._centering_fingerprint:
+            self._known_self_terms.clear()
+            self._centering_fingerprint = fingerprint
+
+    def _encode(self, texts: list[str]) -> Units:
+        """:meth:`Scorer.embed` of ``texts`` (padded), no graph."""
         with _eval_mode(self._scorer), torch.no_grad():
-            return self._scorer.embed(texts).unpad()
+            return self._scorer.embed(texts)
 
     def _like(self) -> Tensor:
         """An empty tensor with the encoder's dtype, device and hidden size."""
@@ -290,6 +426,7 @@ class MoverReward:
         """Rewards ``[B]`` of ``hyps`` against ``refs`` (one str, or a list of str, per hypothesis)."""
         return self.score(hyps, refs)
 
+    @_synchronized
     def score(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> Tensor:
         """Rewards ``[B]``: ``Sim(hyp, ref)`` of the configured family member on centered token
         vectors, pooled over several references by the scorer's ``multi_ref``, then ``shaping``."""
@@ -300,17 +437,25 @@ class MoverReward:
         if not hyps:
             return like.new_zeros(0, dtype=torch.promote_types(like.dtype, torch.float32))
         hyp_texts = list(dict.fromkeys(hyps))  # distinct, in order
-        ref_texts = list(dict.fromkeys(r for g in groups for r in g))
+        plan = self._plan_references(list(dict.fromkeys(r for g in groups for r in g)))
+        ref_texts = plan.texts
+        self._check_centering(centering)
+        self_term_lists = self._self_term_lists(ref_texts) if self.cache_size else []
+        # every index of the call, built on the host and sent in one transfer before the encoder runs
+        index, *sent = to_device([plan.index, *pair_lists(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
+                                                           {t: i for i, t in enumerate(ref_texts)}),
+                                  *self_term_lists], like.device)
         with _eval_mode(self._scorer), torch.no_grad():
-            hyp_units = self._scorer.embed(hyp_texts)
-            ref_units = _pad(self.reference_embeddings(ref_texts), like)
+            try:
+                hyp_units = self._scorer.embed(hyp_texts)
+                ref_units = self._references(plan, index)
+            except BaseException:  # e.g. out of memory in the encoder: the cache stays consistent
+                self._abandon(plan)
+                raise
             hyp_units = hyp_units._replace(vectors=centering(hyp_units.vectors, hyp_units.mask))
             ref_units = ref_units._replace(vectors=centering(ref_units.vectors, ref_units.mask))
-            index = pair_index(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
-                               {t: i for i, t in enumerate(ref_texts)}, like.device)
-            ref_self = self._reference_self_terms(ref_texts, ref_units, centering)
-            scores = self._scorer.score_pairs(hyp_units, ref_units, index, len(hyps), ref_self)  # [B]
-            assert not bool(scores.isnan().any()), "internal error: NaN score"
+            ref_self = self._reference_self_terms(ref_texts, ref_units, centering, sent[3:]) if self.cache_size else None
+            scores = self._scorer.score_pairs(hyp_units, ref_units, PairIndex(*sent[:3]), len(hyps), ref_self)  # [B]
             if self.shaping is not None:
                 shaped = torch.as_tensor(self.shaping(list(hyps), scores), device=scores.device)
                 if shaped.shape != scores.shape:
@@ -370,8 +515,7 @@ class GroupReward(MoverReward):
 
     def __call__(self, completions: Sequence[Sequence[str]],
                  refs: Sequence[str] | Sequence[Sequence[str]]) -> GroupRewardResult:
-        if isinstance(completions, str) or not isinstance(completions, Sequence):
-            raise TypeError(f"completions must be a list of lists of strings, got {type(completions).__name__}")
+        completions = _as_list("completions", completions, "lists of strings", ndim=2)
         groups = [_check_texts(f"completions[{i}]", c) for i, c in enumerate(completions)]
         sizes = {len(c) for c in groups}
         if len(sizes) > 1:
@@ -492,13 +636,11 @@ def _row_references(value, i: int, column: str) -> list[str] | None:
         return None
     if isinstance(value, str):
         return [value]
-    if isinstance(value, Sequence):
-        refs = [r for r in value if r is not None]
-        for r in refs:
-            if not isinstance(r, str):
-                raise TypeError(f"{column}[{i}] must hold strings, got {type(r).__name__}")
-        return refs or None
-    raise TypeError(f"{column}[{i}] must be a str, a list of str or None, got {type(value).__name__}")
+    refs = [r for r in _as_list(f"{column}[{i}]", value, "strings (or a str, or None)") if r is not None]
+    for r in refs:
+        if not isinstance(r, str):
+            raise TypeError(f"{column}[{i}] must hold strings, got {type(r).__name__}")
+    return refs or None
 
 
 def as_trl_reward(scorer_or_reward: Scorer | MoverReward, reference_column: str = "reference",

@@ -19,6 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from . import functional as F
+from .arena import TokenArena
+from .transfer import to_device
 from .centering import MODULE_MODES, Centering
 from .compiled import check_compile, compiled_member_term
 from .devices import resolve_device, resolve_dtype
@@ -146,19 +148,33 @@ def _check_choice(name: str, value, choices) -> None:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
 
 
+def _as_list(name: str, values, what: str, ndim: int = 1) -> list:
+    """``values`` as a list: any sequence but a str, or an array with ``ndim`` dimensions or fewer
+    that has ``tolist`` (a NumPy array of ``str`` or ``object``, a pandas Series; ``ndim`` 2 gives
+    a list of rows)."""
+    if isinstance(values, Sequence) and not isinstance(values, (str, bytes)):
+        return list(values)
+    if hasattr(values, "tolist") and isinstance(getattr(values, "ndim", None), int) and not isinstance(values, Tensor):
+        if not 1 <= values.ndim <= ndim:
+            raise ValueError(f"{name} must be a {'1-D' if ndim == 1 else f'1-D to {ndim}-D'} array of {what}, "
+                             f"got shape {tuple(values.shape)}")
+        return values.tolist()
+    raise TypeError(f"{name} must be a list of {what}, got {type(values).__name__}")
+
+
 def _check_texts(name: str, texts) -> list[str]:
-    if isinstance(texts, str) or not isinstance(texts, Sequence):
-        raise TypeError(f"{name} must be a list of strings, got {type(texts).__name__}")
+    """``texts`` (any sequence of str, or a 1-D array of them) as a list of str."""
+    texts = _as_list(name, texts, "strings")
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             raise TypeError(f"{name}[{i}] must be a str, got {type(t).__name__}")
-    return list(texts)
+    return texts
 
 
 def _check_references(hyps: list[str], refs) -> list[list[str]]:
-    """``refs`` as one list of references per hypothesis (a plain list = one reference each)."""
-    if isinstance(refs, str) or not isinstance(refs, Sequence):
-        raise TypeError(f"refs must be a list of strings or of lists of strings, got {type(refs).__name__}")
+    """``refs`` as one list of references per hypothesis (a plain list = one reference each; a 2-D
+    array = one row of references each)."""
+    refs = _as_list("refs", refs, "strings or of lists of strings", ndim=2)
     if len(refs) != len(hyps):
         raise ValueError(f"hyps and refs must have the same length, got {len(hyps)} and {len(refs)}")
     groups = []
@@ -212,17 +228,48 @@ def _distinct_texts(hyps: list[str], groups: list[list[str]]) -> list[str]:
     return list(dict.fromkeys(hyps + [r for g in groups for r in g]))
 
 
-def pair_index(hyps: list[str], groups: list[list[str]], hyp_row: dict[str, int], ref_row: dict[str, int],
-               device=None) -> PairIndex:
-    """Index every (hypothesis, reference) pair into rows of distinct texts."""
-    def index(values):
-        return torch.tensor(values, dtype=torch.long, device=device)
-
+def pair_lists(hyps: list[str], groups: list[list[str]], hyp_row: dict[str, int],
+               ref_row: dict[str, int]) -> PairIndex:
+    """:func:`pair_index` as host lists (``None`` where the rows are simply ``0, 1, …``)."""
     def rows(values, n_rows):
-        return None if values == list(range(n_rows)) else index(values)
+        return None if values == list(range(n_rows)) else values
     return PairIndex(rows([hyp_row[hyps[i]] for i, g in enumerate(groups) for _ in g], len(hyp_row)),
                      rows([ref_row[t] for g in groups for t in g], len(ref_row)),
-                     index([i for i, g in enumerate(groups) for _ in g]))
+                     [i for i, g in enumerate(groups) for _ in g])
+
+
+def pair_index(hyps: list[str], groups: list[list[str]], hyp_row: dict[str, int], ref_row: dict[str, int],
+               device=None) -> PairIndex:
+    """Index every (hypothesis, reference) pair into rows of distinct texts (built on the host, sent to
+    ``device`` in one transfer)."""
+    return PairIndex(*to_device(pair_lists(hyps, groups, hyp_row, ref_row), device))
+
+
+class CallPlan(NamedTuple):
+    """Where the texts of a call's pairs are, in the units of its distinct texts (hypotheses first):
+    the first ``n_hyp_texts`` rows are the distinct hypotheses, ``ref_rows`` the distinct references,
+    ``index`` the pairs (into those two), ``n_hyps`` the hypotheses. Built on the host and sent to the
+    device in one transfer before the encoder runs (:meth:`Scorer.plan`)."""
+
+    n_hyp_texts: int
+    ref_rows: Tensor
+    index: PairIndex
+    n_hyps: int
+
+
+def plan_lists(hyps: list[str], groups: list[list[str]], texts: list[str]) -> list[list[int] | None]:
+    """The host lists of a :class:`CallPlan` (``ref_rows`` and the :class:`PairIndex`) of ``texts``
+    (:func:`_distinct_texts`)."""
+    row = {t: i for i, t in enumerate(texts)}
+    hyp_texts = list(dict.fromkeys(hyps))
+    ref_texts = list(dict.fromkeys(r for g in groups for r in g))
+    return [[row[t] for t in ref_texts], *pair_lists(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
+                                                     {t: i for i, t in enumerate(ref_texts)})]
+
+
+def call_plan(hyps: list[str], sent: Sequence[Tensor | None]) -> CallPlan:
+    """The :class:`CallPlan` of ``hyps`` from the sent :func:`plan_lists`."""
+    return CallPlan(len(dict.fromkeys(hyps)), sent[0], PairIndex(*sent[1:4]), len(hyps))
 
 
 class Scorer(nn.Module):
@@ -423,20 +470,26 @@ class Scorer(nn.Module):
         if c.method in SENTENCE_METHODS:  # whole documents, per sentence when longer than the window
             documents = encode_documents(self.encoder, texts)
             return Units(documents.embeddings, documents.mask, sentence_ids=documents.sentence_ids)
-        tokens = self.encoder(texts)
+        tokens = self.encoder(texts) if c.token_policy_is_identity else self.encoder(texts, token_policy=self._keep_mask)
         x, mask = tokens.embeddings, tokens.mask
-        if not c.token_policy_is_identity:
-            mask = keep_mask(mask, tokens.input_ids, tokens.word_ids, self.encoder.tokenizer, subwords=c.subwords,
-                             stopwords=c.stopwords, punctuation=c.punctuation)
-        weights = [self.idf[side](tokens.input_ids).to(x.device) for side in ("hyp", "ref")] if c.idf else []
+        weights = [self.idf[side](tokens.input_ids) for side in ("hyp", "ref")] if c.idf else []
         if c.special_tokens == "target":  # in the mask as matching targets, with mass 0
             weights = [w * ~tokens.special for w in weights] if weights else [(~tokens.special).to(x.dtype)] * 2
         if c.subwords == "mean":
-            x, mask, *weights = pool_subwords(x, mask, tokens.word_ids, *weights)
+            x, mask, *weights = pool_subwords(x, mask, tokens.word_ids, *weights, num_words=tokens.num_words)
         return Units(x, mask, *weights)
 
+    def _keep_mask(self, mask: Tensor, input_ids: Tensor, word_ids: Tensor) -> Tensor:
+        """The token policy (:func:`~torchmover.weights.keep_mask`), run by the encoder on the host."""
+        c = self.config
+        return keep_mask(mask, input_ids, word_ids, self.encoder.tokenizer, subwords=c.subwords,
+                         stopwords=c.stopwords, punctuation=c.punctuation)
+
     def center(self, units: Units) -> Units:
-        """Apply the centering module to the units' vectors."""
+        """Apply the centering module to the units' vectors (``none``: the units as they are, padding
+        included: the family masks it)."""
+        if self.centering.mode == "none":
+            return units
         return units._replace(vectors=self.centering(units.vectors, units.mask))
 
     def score_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int,
@@ -463,7 +516,7 @@ class Scorer(nn.Module):
         x, mask, weights = units.vectors, units.mask, units.hyp_weights if side == "hyp" else units.ref_weights
         if self.config.ngram > 1:
             x, mask, weights = ngrams(x, mask, mask.to(x.dtype) if weights is None else weights, self.config.ngram)
-        return token_cloud(x, mask, weights, name=f"{side}_weights",
+        return token_cloud(x, mask, weights, name=f"{side}_weights", validate=False,  # IDF: never negative
                            zero_mass_targets=self.config.special_tokens == "target")
 
     def self_similarities(self, units: Units, side: str = "ref") -> Tensor | None:
@@ -499,25 +552,19 @@ class Scorer(nn.Module):
         if not hyps:
             return torch.zeros(0, device=self.encoder.device)
         texts = _distinct_texts(hyps, groups)
-        return self._score_embedded(hyps, groups, texts, self.embed(texts))
+        plan = call_plan(hyps, to_device(plan_lists(hyps, groups, texts), self.encoder.device))  # before the encoder
+        return self._score_embedded(plan, self.embed(texts))
 
-    def _score_embedded(self, hyps: list[str], groups: list[list[str]], texts: list[str], units: Units) -> Tensor:
-        """Center ``units`` (one row per text of ``texts``) and score every pair (``[B]``)."""
-        row = {t: i for i, t in enumerate(texts)}
-        device = units.mask.device
-        hyp_texts = list(dict.fromkeys(hyps))
-        ref_texts = list(dict.fromkeys(r for g in groups for r in g))
-
-        def rows(side_texts):
-            return torch.tensor([row[t] for t in side_texts], device=device)
+    def _score_embedded(self, plan: CallPlan, units: Units) -> Tensor:
+        """Center ``units`` (one row per distinct text of the call, hypotheses first) and score every
+        pair of ``plan`` (``[B]``)."""
+        hyp_rows = slice(0, plan.n_hyp_texts)
         if self.config.center_scope == "joint":
             centered = self.center(units)
-            hyp_units, ref_units = centered.select(rows(hyp_texts)), centered.select(rows(ref_texts))
+            hyp_units, ref_units = centered.select(hyp_rows), centered.select(plan.ref_rows)
         else:
-            hyp_units, ref_units = self.center(units.select(rows(hyp_texts))), self.center(units.select(rows(ref_texts)))
-        index = pair_index(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
-                           {t: i for i, t in enumerate(ref_texts)}, device)
-        return self.score_pairs(hyp_units, ref_units, index, len(hyps))
+            hyp_units, ref_units = self.center(units.select(hyp_rows)), self.center(units.select(plan.ref_rows))
+        return self.score_pairs(hyp_units, ref_units, plan.index, plan.n_hyps)
 
     @torch.no_grad()
     def score(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]],
@@ -526,11 +573,13 @@ class Scorer(nn.Module):
         order.
 
         As the peers do it: every distinct text of the list (of each chunk of ``SCORE_CHUNK``
-        hypotheses) is encoded once, in batches of ``batch_size`` texts of similar token length
-        (trimmed to their longest); then the pairs are scored in length-sorted batches of
-        ``batch_size`` hypotheses. Each such batch is centered as a ``forward`` call on it would be,
-        so with ``centering="batch"`` scores depend on ``batch_size`` and on the other texts; use a
-        batch-independent centering (``none``, ``fixed``) for scores that do not.
+        hypotheses) is encoded once, in batches of ``batch_size`` texts of similar length (trimmed to
+        their longest) kept on the device in a :class:`~torchmover.arena.TokenArena`; then the pairs
+        are scored in length-sorted batches of ``batch_size`` hypotheses, each gathered from it by
+        indices built on the host and sent in one transfer per chunk. Each such batch is centered as a
+        ``forward`` call on it would be, so with ``centering="batch"`` scores depend on ``batch_size``
+        and on the other texts; use a batch-independent centering (``none``, ``fixed``) for scores
+        that do not. The scores stay on the device until the end: nothing in the loop waits for it.
         """
         from tqdm.auto import tqdm
 
@@ -539,40 +588,44 @@ class Scorer(nn.Module):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         order = sorted(range(len(hyps)), key=lambda i: -(len(hyps[i]) + max(map(len, groups[i]))))
-        out = torch.zeros(len(hyps), device="cpu")
+        device = self.encoder.device
+        out = torch.zeros(len(hyps), device=device)
         was_training = self.training
         self.eval()
         try:
             with tqdm(total=len(hyps), desc="scoring", unit="pair", disable=not progress) as bar:
                 for chunk_start in range(0, len(order), SCORE_CHUNK):
                     chunk = order[chunk_start:chunk_start + SCORE_CHUNK]
-                    units = self._embed_distinct([hyps[i] for i in chunk], [groups[i] for i in chunk], batch_size,
+                    arena = self._embed_distinct([hyps[i] for i in chunk], [groups[i] for i in chunk], batch_size,
                                                  progress)
+                    batches, lists = [], []  # every batch's indices, built on the host, sent in one transfer
                     for start in range(0, len(chunk), batch_size):
                         idx = chunk[start:start + batch_size]
                         batch_hyps, batch_groups = [hyps[i] for i in idx], [groups[i] for i in idx]
                         texts = _distinct_texts(batch_hyps, batch_groups)
-                        batch_units = Units.pad([units[t] for t in texts])
-                        out[idx] = self._score_embedded(batch_hyps, batch_groups, texts, batch_units).float().cpu()
-                        bar.update(len(idx))
+                        rows, width = arena.index(texts)
+                        batches.append((batch_hyps, len(texts), width))
+                        lists += [idx, rows, *plan_lists(batch_hyps, batch_groups, texts)]
+                    sent = to_device(lists, device)
+                    for k, (batch_hyps, n_texts, width) in enumerate(batches):
+                        idx, rows, *plan = sent[6 * k:6 * k + 6]
+                        scores = self._score_embedded(call_plan(batch_hyps, plan), arena.gather(rows, n_texts, width))
+                        out.index_copy_(0, idx, scores.float())
+                        bar.update(len(batch_hyps))
         finally:
             self.train(was_training)
-        return out
+        return out.cpu()
 
     def _embed_distinct(self, hyps: list[str], groups: list[list[str]], batch_size: int,
-                        progress: bool) -> dict[str, Units]:
-        """Unpadded units of every distinct text, encoded in batches of similar token length."""
+                        progress: bool) -> TokenArena:
+        """Units of every distinct text (keyed by text), encoded in batches of texts of similar length
+        (in characters: a free proxy of the token count, which the encoder trims each batch to)."""
         from tqdm.auto import tqdm
 
-        texts = _distinct_texts(hyps, groups)
-        lengths = [len(ids) for ids in self.encoder.tokenizer(texts, add_special_tokens=False)["input_ids"]]
-        texts = [t for _, t in sorted(zip(lengths, texts), key=lambda pair: pair[0])]
-        units: dict[str, Units] = {}
-        for start in tqdm(range(0, len(texts), batch_size), desc="encoding", unit="batch", disable=not progress,
-                          leave=False):
-            batch = texts[start:start + batch_size]
-            units.update(zip(batch, self.embed(batch).unpad()))
-        return units
+        texts = sorted(_distinct_texts(hyps, groups), key=len)
+        batches = [texts[start:start + batch_size] for start in range(0, len(texts), batch_size)]
+        return TokenArena.of([(batch, self.embed(batch)) for batch in
+                              tqdm(batches, desc="encoding", unit="batch", disable=not progress, leave=False)])
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Save to the directory ``path``: ``encoder/`` (weights as safetensors, cut at ``layer``,

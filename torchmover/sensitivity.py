@@ -459,13 +459,16 @@ class _MemoEncoder(Encoder):
         self.power_mean_layers = inner.power_mean_layers
         self._memo: dict[tuple[str, ...], TokenEmbeddings] = {}
 
-    def forward(self, texts: Sequence[str]) -> TokenEmbeddings:
+    def forward(self, texts: Sequence[str], token_policy=None) -> TokenEmbeddings:
         if torch.is_grad_enabled() or self.training:
-            return super().forward(texts)
+            return super().forward(texts, token_policy)
         key = tuple(texts)
         if key not in self._memo:
             self._memo[key] = super().forward(texts)
-        return self._memo[key]
+        tokens = self._memo[key]  # the token policy on the memoised tokens: one encoding for every policy
+        if token_policy is None:
+            return tokens
+        return tokens._replace(mask=token_policy(tokens.mask, tokens.input_ids, tokens.word_ids))
 
 
 def _original_layers(encoder: Encoder) -> int:

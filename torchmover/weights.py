@@ -28,6 +28,8 @@ from typing import Iterable, Sequence
 import torch
 from torch import Tensor
 
+from .transfer import send
+
 SUBWORD_POLICIES = ("all", "first", "mean")
 PUNCTUATION_POLICIES = ("keep", "drop", "ascii")
 
@@ -56,6 +58,7 @@ class IDF:
             raise ValueError("IDF needs at least one document")
         self.document_frequency = dict(document_frequency)
         self.num_documents = num_documents
+        self._tables: dict[torch.device, Tensor] = {}
 
     @classmethod
     def fit(cls, texts: Iterable[str], tokenizer) -> "IDF":
@@ -69,11 +72,24 @@ class IDF:
     def value(self, token_id: int) -> float:
         return math.log((self.num_documents + 1) / (self.document_frequency.get(token_id, 0) + 1))
 
+    def table(self, device: torch.device | str = "cpu") -> Tensor:
+        """The dense float32 table ``[max_id + 2]`` on ``device``: entry ``t`` is ``idf(t)`` for every id
+        up to the largest one seen in the corpus, the last entry the unseen value (any larger id).
+        Built once per device, then reused."""
+        device = torch.device(device)
+        if device not in self._tables:
+            size = max(self.document_frequency, default=-1) + 2
+            values = [math.log(self.num_documents + 1)] * size
+            for token_id, df in self.document_frequency.items():
+                values[token_id] = self.value(token_id)
+            self._tables[device] = torch.tensor(values, dtype=torch.float32, device=device)
+        return self._tables[device]
+
     def __call__(self, input_ids: Tensor) -> Tensor:
-        """IDF weight of every token id (``[N, L]`` -> float ``[N, L]``)."""
-        unique, inverse = torch.unique(input_ids, return_inverse=True)
-        values = torch.tensor([self.value(int(t)) for t in unique], dtype=torch.float32, device=input_ids.device)
-        return values[inverse]
+        """IDF weight of every token id (``[N, L]`` -> float ``[N, L]``): a gather from :meth:`table`
+        on the ids' device (no host round trip)."""
+        table = self.table(input_ids.device)
+        return table[input_ids.clamp_max(table.shape[0] - 1)]
 
     def digest(self) -> str:
         """Short content hash (for the signature)."""
@@ -119,7 +135,9 @@ def word_strings(input_ids: Tensor, word_ids: Tensor, tokenizer) -> list[dict[in
 def keep_mask(mask: Tensor, input_ids: Tensor, word_ids: Tensor, tokenizer, *, subwords: str = "all",
               stopwords: Sequence[str] = (), punctuation: str = "keep") -> Tensor:
     """``mask`` (``[N, L]``) with the tokens dropped by the subword / stopword / punctuation policy
-    removed. ``subwords="mean"`` keeps every piece here: pool them with :func:`pool_subwords`."""
+    removed. ``subwords="mean"`` keeps every piece here: pool them with :func:`pool_subwords`.
+    Reads ``input_ids`` and ``word_ids`` on the host: :class:`~torchmover.Encoder` calls it as its
+    ``token_policy`` on the tokenizer's output, before anything goes to the device."""
     if subwords not in SUBWORD_POLICIES:
         raise ValueError(f"subwords must be one of {SUBWORD_POLICIES}, got {subwords!r}")
     if punctuation not in PUNCTUATION_POLICIES:
@@ -130,23 +148,27 @@ def keep_mask(mask: Tensor, input_ids: Tensor, word_ids: Tensor, tokenizer, *, s
         keep &= (word_ids != previous) | (word_ids < 0)
     if stopwords or punctuation != "keep":
         stop = {w.lower() for w in stopwords}
-        for n, words in enumerate(word_strings(input_ids, word_ids, tokenizer)):
-            dropped = [w for w, s in words.items()
-                       if s in stop or (punctuation != "keep" and _is_punctuation(s, punctuation == "ascii"))]
-            if dropped:
-                keep[n] &= ~torch.isin(word_ids[n], torch.tensor(dropped, device=word_ids.device))
+        dropped_rows = []
+        for words, wids in zip(word_strings(input_ids, word_ids, tokenizer), word_ids.tolist()):
+            dropped = {w for w, s in words.items()
+                       if s in stop or (punctuation != "keep" and _is_punctuation(s, punctuation == "ascii"))}
+            dropped_rows.append([w in dropped for w in wids])
+        keep &= ~send(torch.tensor(dropped_rows, dtype=torch.bool, device="cpu"), keep.device).reshape(keep.shape)
     return keep
 
 
-def pool_subwords(x: Tensor, mask: Tensor, word_ids: Tensor, *weights: Tensor):
-    """Mean-pool the pieces of each word: ``[N, L, D]`` -> ``[N, W, D]`` (W = most words in a text).
-    Special tokens belong to no word and are dropped.
+def pool_subwords(x: Tensor, mask: Tensor, word_ids: Tensor, *weights: Tensor, num_words: int | None = None):
+    """Mean-pool the pieces of each word: ``[N, L, D]`` -> ``[N, W, D]`` (W = most words in a text,
+    ``num_words`` if given — e.g. :attr:`TokenEmbeddings.num_words`, known on the host — else read
+    from ``word_ids``, which waits for the device). Special tokens belong to no word and are dropped.
 
     Returns ``(vectors, mask, *weights)``; a word's weight is the mean of its pieces' weights (for
     each weight tensor given). Only the pieces in ``mask`` count; a word with none is masked.
     Differentiable.
     """
-    n_words = max(int(word_ids.max()) + 1 if word_ids.numel() else 0, 1)
+    if num_words is None:
+        num_words = int(word_ids.max()) + 1 if word_ids.numel() else 0
+    n_words = max(num_words, 1)
     member = (word_ids.unsqueeze(1) == torch.arange(n_words, device=x.device)[None, :, None]) & mask.unsqueeze(1)
     member = member.to(x.dtype)  # [N, W, L]
     count = member.sum(-1)  # [N, W]

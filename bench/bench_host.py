@@ -1,0 +1,180 @@
+"""Host overhead: the time of a call that is neither the encoder forward nor the transport kernels.
+
+On a GPU the encoder and the transport get 30-100x faster; what the host does around them (texts
+de-duplicated, indices built, cache lookups, tokenization, Python) does not. Two measurements, each
+over ``--repeats`` runs, medians quoted (the machine may be shared):
+
+Times are CPU time of the calling thread (``time.thread_time``) with one torch thread: on a shared
+machine the wall time of a call also counts the time other processes hold the CPU (on the 2-core
+machine these figures were taken on, the load average was ~15), its CPU time does not.
+
+(a) ``Scorer.score`` on ``--pairs`` WMT15-16 pairs (the sample of ``bench/bench_peers.py``: same seed,
+    same default model and layer, ``batch_size=64``), "metric part on cached embeddings": the call with
+    the encoding function replaced by a replay of its recorded outputs (torchmover ``Encoder.forward``,
+    bert_score ``get_bert_embedding``, both including their tokenization), as ``bench_peers.py`` does,
+    for torchmover (TWMD, one iteration; the time in its transport terms ``_cross`` shown apart) and
+    bert_score (F1, no idf).
+(b) ``MoverReward`` calls of 64 completions (8 prompts x 8) and 512 completions (64 prompts x 8),
+    references cached, with a tiny randomly initialised BERT (1 layer, hidden size 32, built from a
+    config) behind the default model's tokenizer, so that the forward costs almost nothing. The call
+    is split by timing, inside it, the model's forward, the tokenizer and the transport terms
+    (``torchmover.family._cross``: every C(X, Y)); host work = call - forward - transport, quoted
+    with and without the tokenizer.
+
+Command (from the repository root)::
+
+    python bench/bench_host.py --data ../shared/data/wmt15-16
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer's work in the timed thread
+
+import torch  # noqa: E402
+
+from bench_common import wmt_parser  # noqa: E402
+from bench_peers import Recorded, Timed, default_layer, load_pairs, model_dir
+
+
+CLOCK = time.thread_time
+
+
+def median_s(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t = CLOCK()
+        fn()
+        times.append(CLOCK() - t)
+    return statistics.median(times)
+
+
+def replayed(run, patch, unpatch, encode_fn, repeats: int) -> float:
+    """Median time of ``run()`` with ``encode_fn`` (patched in by ``patch``) replaying recorded outputs."""
+    recorded = Recorded(encode_fn, key=lambda texts, *a, **k: tuple(texts))
+    patch(recorded)
+    try:
+        run()
+        recorded.replaying = True
+        return median_s(run, repeats)
+    finally:
+        unpatch()
+
+
+def metric_part(pairs: list[dict], repeats: int) -> dict:
+    import bert_score
+    import bert_score.utils
+
+    from torchmover import Scorer
+
+    hyps, refs = [p["hyp"] for p in pairs], [p["ref"] for p in pairs]
+    scorer = Scorer(layer=default_layer())
+    encoder = scorer.encoder
+
+    def patch_encoder(f):
+        encoder.forward = f
+
+    def unpatch_encoder():
+        del encoder.forward
+
+    import torchmover.family as family
+
+    cross = family._cross = Timed(family._cross, CLOCK)
+    try:
+        torchmover_s = replayed(lambda: scorer.score(hyps, refs, batch_size=64, progress=False), patch_encoder,
+                                unpatch_encoder, type(encoder).forward.__get__(encoder), repeats)
+    finally:
+        family._cross = cross.fn
+    transport_s = cross.seconds / (repeats + 2)  # the recording run, the warm-up and the timed runs
+    bert = bert_score.BERTScorer(model_type=model_dir(), num_layers=default_layer(), batch_size=64, device="cpu",
+                                 idf=False, use_fast_tokenizer=True)
+    original = bert_score.utils.get_bert_embedding
+
+    def patch_bert(f):
+        bert_score.utils.get_bert_embedding = f
+
+    def unpatch_bert():
+        bert_score.utils.get_bert_embedding = original
+
+    bert_s = replayed(lambda: bert.score(hyps, refs, batch_size=64), patch_bert, unpatch_bert, original, repeats)
+    return {"torchmover_s": torchmover_s, "transport_s": transport_s, "bert_score_s": bert_s}
+
+
+def tiny_default_tokenizer_scorer():
+    """A Scorer on a 1-layer, 32-wide random BERT behind the default model's tokenizer."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from torchmover import Encoder, Scorer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir())
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=512)
+    return Scorer(Encoder(BertModel(config).eval(), tokenizer, layer=1, name="tiny-random-bert"), centering="none")
+
+
+def reward_call(pairs: list[dict], n_prompts: int, group: int, repeats: int) -> dict:
+    """Medians over ``repeats`` calls: the whole call, and inside it the forward, tokenizer and transport."""
+    import torchmover.family as family
+    from torchmover.reward import MoverReward
+
+    scorer = tiny_default_tokenizer_scorer()
+    refs = list(dict.fromkeys(p["ref"] for p in pairs))[:n_prompts]
+    hyps = [p["hyp"] for p in pairs][:n_prompts * group]
+    targets = [refs[i // group] for i in range(n_prompts * group)]
+    reward = MoverReward(scorer)
+    reward(hyps, targets)  # fills the reference cache
+    encoder = scorer.encoder
+    forward, tokenize, cross = (Timed(f, CLOCK) for f in (encoder.model.forward, encoder.tokenize, family._cross))
+    encoder.model.forward, encoder.tokenize, family._cross = forward, tokenize, cross
+    rows = []
+    try:
+        reward(hyps, targets)
+        for _ in range(repeats):
+            forward.seconds = tokenize.seconds = cross.seconds = 0.0
+            t = CLOCK()
+            reward(hyps, targets)
+            total = CLOCK() - t
+            rows.append((total, forward.seconds, tokenize.seconds, cross.seconds))
+    finally:
+        del encoder.model.forward, encoder.tokenize
+        family._cross = cross.fn
+    total, fwd, tok, transport = (statistics.median(r[k] for r in rows) for k in range(4))
+    host = statistics.median(r[0] - r[1] - r[3] for r in rows)
+    return {"completions": len(hyps), "prompts": n_prompts, "call_ms": 1e3 * total, "forward_ms": 1e3 * fwd,
+            "tokenizer_ms": 1e3 * tok, "transport_ms": 1e3 * transport, "host_ms": 1e3 * host,
+            "host_without_tokenizer_ms": 1e3 * (host - tok)}
+
+
+def main() -> None:
+    parser = wmt_parser(__doc__)
+    parser.add_argument("--pairs", type=int, default=1000, help="WMT pairs for (a) (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs of (a); (b) runs 10x more (default: %(default)s)")
+    parser.add_argument("--skip-metric", action="store_true", help="only (b)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # thread CPU time is the call's CPU time
+    pairs = load_pairs(args.data, args.pairs)
+    print(f"torch {torch.__version__}, 1 thread, CPU time of the thread")
+    print("\n(b) reward call, references cached, tiny random encoder (medians over "
+          f"{10 * args.repeats} calls, ms)\n")
+    print("| completions | call | model forward | transport | host work | of which tokenizer | host work without tokenizer |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for n_prompts in (8, 64):
+        r = reward_call(pairs, n_prompts, 8, 10 * args.repeats)
+        print(f"| {r['completions']} ({r['prompts']} prompts x 8) | {r['call_ms']:.2f} | {r['forward_ms']:.2f} "
+              f"| {r['transport_ms']:.2f} | {r['host_ms']:.2f} | {r['tokenizer_ms']:.2f} "
+              f"| {r['host_without_tokenizer_ms']:.2f} |")
+    if not args.skip_metric:
+        m = metric_part(pairs, args.repeats)
+        print(f"\n(a) metric part on cached embeddings, {args.pairs} WMT pairs (medians over {args.repeats} runs)\n")
+        print(f"| torchmover TWMD | of which transport (mean) | the rest | bert_score F1 | ratio |\n"
+              f"|---:|---:|---:|---:|---:|\n| {m['torchmover_s']:.3f} s | {m['transport_s']:.3f} s "
+              f"| {m['torchmover_s'] - m['transport_s']:.3f} s | {m['bert_score_s']:.3f} s "
+              f"| {m['torchmover_s'] / m['bert_score_s']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
