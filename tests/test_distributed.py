@@ -56,3 +56,36 @@ def test_without_sync_each_rank_centers_on_its_own_slice(two_ranks):
     single = _ddp.loss_and_grad(_ddp.tiny_scorer("batch"), HYPS, REFS)
     assert not torch.allclose(two_ranks[0]["batch_nosync"]["scores"], single["scores"][0::2], atol=1e-4)
     torch.testing.assert_close(two_ranks[0]["eval_rank0"], two_ranks[0]["batch_nosync"]["scores"])
+
+
+# --- corpus statistics fitted over ranks ---------------------------------------------------------------
+
+CORPUS = ["the cat sat on the mat", "a dog barked in the house", "the quick brown fox jumps over the lazy dog",
+          "she eats good food", "the sun is big and red", "a small child", "they ran to the old city"]
+
+
+@pytest.fixture(scope="module")
+def fitted_on_two_ranks(tmp_path_factory):
+    return _ddp.run(_ddp.fit_worker, 2, tmp_path_factory.mktemp("ddp_fit"), CORPUS, HYPS, REFS, timeout=120)
+
+
+def test_fits_on_two_ranks_equal_the_single_process_fit(fitted_on_two_ranks):
+    from torchmover import Encoder, Scorer
+    from torchmover.reward import MoverReward
+    from conftest import tiny_model, tiny_tokenizer
+
+    scorer = _ddp.tiny_scorer("fixed").eval().fit_centering(CORPUS, progress=False)
+    idf_scorer = Scorer(Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny-bert"), centering="none", idf=True)
+    idf_scorer.fit_idf(CORPUS, HYPS)
+    reward = MoverReward(_ddp.tiny_scorer("batch").eval()).fit(CORPUS)
+    one_text = _ddp.tiny_scorer("fixed").eval().fit_centering(CORPUS[:1], progress=False)
+    for out in fitted_on_two_ranks:
+        torch.testing.assert_close(out["mean"], scorer.centering.mean, rtol=0, atol=1e-7)
+        assert int(out["num_tokens"]) == int(scorer.centering.num_tokens)
+        torch.testing.assert_close(out["reward_mean"], reward.centering.mean, rtol=0, atol=1e-7)
+        torch.testing.assert_close(out["reward"], reward(HYPS, REFS), rtol=0, atol=1e-6)
+        assert out["idf_ref"] == idf_scorer.idf["ref"].to_dict() and out["idf_hyp"] == idf_scorer.idf["hyp"].to_dict()
+        torch.testing.assert_close(out["one_text_mean"], one_text.centering.mean, rtol=0, atol=1e-7)  # rank 1: no text
+        assert "every rank must fit on the same texts" in out["mismatch"]
+    # each rank encoded (and cached) only its share: texts[rank::2]
+    assert [int(out["cached"]) for out in fitted_on_two_ranks] == [4, 3]

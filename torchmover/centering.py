@@ -65,8 +65,10 @@ def center(x: Tensor, mask: Tensor, mode: str = "batch", mean: Tensor | None = N
 
     ``batch`` uses the mean of every real token in ``x``: to center hypotheses and references
     together, pass them stacked, or compute ``token_mean`` over both and use ``mode="fixed"``.
-    Padding positions are returned as zeros. Never modifies ``x`` in place.
+    Padding positions are returned as zeros. Never modifies ``x`` in place. Works in float32 or
+    wider: bf16/fp16 vectors are upcast first (their mean, and ``mean``, are never rounded to them).
     """
+    x = x.to(torch.promote_types(x.dtype, torch.float32))
     if mode not in CENTERING_MODES:
         raise ValueError(f"mode must be one of {CENTERING_MODES}, got {mode!r}")
     if (mode == "fixed") != (mean is not None):
@@ -80,7 +82,7 @@ def center(x: Tensor, mask: Tensor, mode: str = "batch", mean: Tensor | None = N
     elif mode == "fixed":
         if mean.shape != x.shape[-1:]:
             raise ValueError(f"mean must have shape {tuple(x.shape[-1:])}, got {tuple(mean.shape)}")
-        x = x - mean.to(x)
+        x = x - mean.to(x)  # x is float32 or wider here: the mean is never rounded to bf16
     return torch.where(mask.unsqueeze(-1), x, torch.zeros_like(x))
 
 
@@ -136,6 +138,7 @@ class Centering(nn.Module):
                 raise ValueError(f"an explicit mean is only defined for mode='batch', this module uses {self.mode!r}")
             return center(x, mask, "fixed", mean)
         sync = self.sync and self.training and is_distributed()  # batch mean over all ranks
+        x = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16/fp16 encoders: means in float32
         if self.mode in ("none", "dimension", "sentence") or (self.mode == "batch" and not sync):
             return center(x, mask, self.mode)
         if self.mode == "batch":
@@ -167,12 +170,17 @@ class Centering(nn.Module):
         self._fitted = True
 
     @torch.no_grad()
-    def fit(self, embeddings, mask: Tensor | None = None) -> "Centering":
+    def fit(self, embeddings, mask: Tensor | None = None, *, distributed: bool = False) -> "Centering":
         """Set ``mean`` to the exact mean of every real token vector of a corpus.
 
         ``embeddings`` is a ``[B, L, D]`` tensor with its ``mask``, or an iterable of
         ``(embeddings, mask)`` batches (streamed, accumulated in float64). To fit on texts, use
         :meth:`torchmover.Scorer.fit_centering`, which encodes them first.
+
+        ``distributed=True`` inside a ``torch.distributed`` job: the batches are this rank's share of
+        the corpus, and the float64 ``(Σ x, count)`` of every rank are all-reduced, so every rank sets
+        the same mean, that of the whole corpus (a collective: every rank must call it; a rank may
+        have no batch at all when the mean's dimension is known).
         """
         batches = [(embeddings, mask)] if isinstance(embeddings, Tensor) else embeddings
         total, count = None, 0
@@ -181,6 +189,13 @@ class Centering(nn.Module):
             s = torch.where(m.unsqueeze(-1), x, torch.zeros_like(x)).double().sum((0, 1))
             total = s if total is None else total + s
             count += int(m.sum())
+        if distributed:
+            if total is None:
+                if not self.mean.numel():
+                    raise ValueError("fit(distributed=True) on a rank without batches needs Centering(dim=...)")
+                total = torch.zeros_like(self.mean, dtype=torch.float64)
+            stats = all_reduce_sum(torch.cat([total, total.new_tensor([count])]))  # [D + 1]  (Σ x, count)
+            total, count = stats[:-1], int(stats[-1])
         if count == 0:
             raise ValueError("fit() needs at least one real token")
         self._resize(total)
@@ -191,7 +206,17 @@ class Centering(nn.Module):
 
     def _resize(self, like: Tensor) -> None:
         if self.mean.numel() != like.numel():
-            self.mean = torch.zeros(like.numel(), dtype=torch.float32, device=like.device)
+            self.mean = torch.zeros(like.numel(), dtype=self.mean.dtype, device=self.mean.device)
+
+    def _apply(self, fn, recurse=True):
+        """``.to(...)`` / ``.cuda()`` / ``.half()`` move the mean but keep it float32 or wider: a
+        ``Scorer.to(torch.bfloat16)`` runs the encoder in bf16 and still centers with the exact mean
+        (converted from the original, never via bf16)."""
+        mean = self.mean
+        super()._apply(fn, recurse)
+        if self.mean.dtype != mean.dtype:
+            self.mean = mean.to(device=self.mean.device, dtype=torch.promote_types(self.mean.dtype, torch.float32))
+        return self
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         saved = state_dict.get(prefix + "mean")

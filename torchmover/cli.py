@@ -96,14 +96,17 @@ def add_scorer_arguments(parser: argparse.ArgumentParser) -> None:
                    help="IDF weights, fitted on the references and hypotheses of the call")
     g.add_argument("--ngram", type=int, help="n-gram units (default: 1)")
     g = parser.add_argument_group("running")
-    g.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cpu)")
+    g.add_argument("--device", help="auto (default: CUDA when available, the local rank's GPU under torchrun), "
+                                    "cpu, cuda, cuda:1, ...")
+    g.add_argument("--dtype", help="encoder precision: float32, bf16, fp16, ... (default: the weights'; "
+                                   "scores stay float32)")
     g.add_argument("--batch-size", type=int, default=64)
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 _SCORER_OPTIONS = ("model", "layer", "method", "direction", "temperature", "n_iter", "centering", "center_scope",
                    "multi_ref", "max_length", "special_tokens", "subwords", "stopwords", "punctuation", "idf",
-                   "ngram", "rescale", "name", "device")
+                   "ngram", "rescale", "name", "device", "dtype")
 
 
 def scorer_from_args(args: argparse.Namespace, references: list[str], hypotheses: list[str]):

@@ -23,9 +23,14 @@ SyncBatchNorm: a rank that skips a step (e.g. an empty batch) stalls the others.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from .weights import IDF, document_frequencies
 
 
 def is_distributed(group=None) -> bool:
@@ -54,3 +59,48 @@ def all_reduce_sum(x: Tensor, group=None) -> Tensor:
     if not is_distributed(group):
         return x
     return _AllReduceSum.apply(x, group)
+
+
+# --- corpus statistics fitted by every rank on its share (fit_centering, fit_idf, MoverReward.fit) ----
+
+def shard(texts: list[str], device: torch.device | str = "cpu", group=None) -> list[str]:
+    """This rank's share ``texts[rank::world_size]`` of a corpus that every rank of ``group`` passes
+    whole (``texts`` itself outside a distributed job).
+
+    Strided rather than contiguous, so that each rank gets texts of every length of a sorted corpus.
+    Collective: checks, with one all-reduce of a digest of ``texts`` (a tensor on ``device``: the
+    CPU for gloo, the rank's GPU for NCCL), that every rank passed the same list, and raises
+    ``ValueError`` on every rank if not.
+    """
+    if not is_distributed(group):
+        return texts
+    digest = int.from_bytes(hashlib.sha256(json.dumps(texts).encode()).digest()[:7], "big")
+    extremes = torch.tensor([digest, -digest], dtype=torch.long, device=device)
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)  # (max digest, −min digest)
+    if extremes.tolist() != [digest, -digest]:
+        raise ValueError("under torch.distributed every rank must fit on the same texts (each encodes its share "
+                         "texts[rank::world_size]); the ranks passed different lists. Pass distributed=False to fit "
+                         "on this rank's texts alone")
+    return texts[dist.get_rank(group)::dist.get_world_size(group)]
+
+
+def fit_idf(texts: list[str], tokenizer, device: torch.device | str = "cpu", group=None) -> IDF:
+    """:meth:`IDF.fit <torchmover.weights.IDF.fit>` on ``texts`` (the same list on every rank), each rank
+    tokenizing its :func:`shard`: the document frequencies ``df(t) = Σ_r df_r(t)`` and the document
+    count ``N = Σ_r N_r`` are summed as one dense ``[vocab + 1]`` int64 all-reduce, so every rank gets
+    the IDF of the whole corpus. ``IDF.fit(texts, tokenizer)`` outside a distributed job."""
+    if not is_distributed(group):
+        return IDF.fit(texts, tokenizer)
+    if not texts:
+        raise ValueError("IDF.fit needs a non-empty list of strings")
+    mine = shard(texts, device, group)
+    counts = torch.zeros(len(tokenizer) + 1, dtype=torch.long)  # host: [df(0) ... df(V − 1), N]
+    frequencies = document_frequencies(mine, tokenizer)
+    if frequencies:
+        counts[torch.tensor(list(frequencies))] = torch.tensor(list(frequencies.values()))
+    counts[-1] = len(mine)
+    counts = counts.to(device)
+    dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
+    counts = counts.cpu()
+    seen = counts[:-1].nonzero().flatten().tolist()
+    return IDF(dict(zip(seen, counts[seen].tolist())), int(counts[-1]))

@@ -347,14 +347,14 @@ class Encoder(nn.Module):
         word_lists = [[-1 if w is None else w for w in e.word_ids] for e in batch.encodings]
         n, length = len(word_lists), len(word_lists[0]) if word_lists else 0
         host = torch.tensor([v for rows in [batch[k] for k in names] + [batch["special_tokens_mask"], word_lists]
-                             for row in rows for v in row], dtype=torch.long).reshape(len(names) + 2, n, length)
+                             for row in rows for v in row], dtype=torch.long, device="cpu").reshape(len(names) + 2, n, length)
         *inputs, special, word_ids = host.unbind(0)
         mask = inputs[names.index("attention_mask")].bool()  # [N, L]
         special = (special != 0) & mask  # [N, L], padding excluded
         if self.special_tokens == "drop":
             mask &= ~special
         elif self.special_tokens == "cls":
-            mask &= ~special | (torch.arange(mask.shape[1]) == 0)
+            mask &= ~special | (torch.arange(mask.shape[1], device=mask.device) == 0)
         if token_policy is not None:
             mask = token_policy(mask, inputs[names.index("input_ids")], word_ids)
         host = torch.cat([host[:len(names)], torch.stack([mask.long(), word_ids, special.long()])])  # [k, N, L]

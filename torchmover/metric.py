@@ -106,6 +106,7 @@ class MoverMetric(Metric):
         # batch centering: the texts, scored together in compute (kept per rank, never gathered)
         self.add_state("preds", default=[], dist_reduce_fx=None)
         self.add_state("targets", default=[], dist_reduce_fx=None)
+        self.to(scorer.encoder.device)  # the metric follows the scorer's device (Scorer(device="auto"))
 
     @property
     def _scores_at_compute(self) -> bool:
@@ -131,7 +132,7 @@ class MoverMetric(Metric):
     def compute(self) -> Tensor | dict[str, Tensor]:
         """Mean score over every prediction seen (NaN before any); see ``return_per_sample``."""
         scores = self._scores_of_texts() if self._scores_at_compute else (
-            dim_zero_cat(self.scores) if len(self.scores) else torch.zeros(0))  # [N]
+            dim_zero_cat(self.scores) if len(self.scores) else torch.zeros(0, device=self.device))  # [N]
         mean = scores.mean() if scores.numel() else torch.tensor(float("nan"), device=scores.device)
         return {"score": mean, "per_sample": scores} if self.return_per_sample else mean
 

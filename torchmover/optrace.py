@@ -107,8 +107,8 @@ def _blocking_move(func, args, kwargs) -> bool:
     """Whether a call moves host data to a device and makes the host wait for it: ``torch.tensor`` /
     ``torch.as_tensor`` given a device, ``Tensor.to(device)`` / ``.cuda()`` without ``non_blocking=True``
     (torchmover's :func:`~torchmover.transfer.send` pins the memory first, so its moves are asynchronous)."""
-    if func in (torch.as_tensor, torch.tensor):
-        return kwargs.get("device") is not None
+    if func in (torch.as_tensor, torch.tensor):  # device="cpu": a host tensor built on the host, no move
+        return kwargs.get("device") is not None and torch.device(kwargs["device"]).type != "cpu"
     if func in (torch.Tensor.to, torch.Tensor.cuda):
         names_device = func is torch.Tensor.cuda or "device" in kwargs or \
             any(isinstance(a, (str, torch.device)) for a in args[1:3])

@@ -64,6 +64,7 @@ from torch import Tensor, nn
 from .arena import TokenArena
 from .transfer import to_device
 from .centering import Centering
+from .distributed import shard
 from .scorer import PairIndex, Scorer, Units, _as_list, _check_references, _check_texts, pair_lists
 
 __all__ = ["CacheInfo", "GroupReward", "GroupRewardResult", "MoverReward", "SelfCriticalResult",
@@ -252,19 +253,26 @@ class MoverReward:
         )
 
     @_synchronized
-    def fit(self, texts: Sequence[str], batch_size: int = 64) -> "MoverReward":
+    def fit(self, texts: Sequence[str], batch_size: int = 64, *, distributed: bool = True) -> "MoverReward":
         """Center every reward on the mean of all real token vectors of ``texts`` (e.g. the training
         references), instead of the scorer's centering; the scorer is not modified. Also fills the
-        reference cache. Returns ``self``."""
+        reference cache. Returns ``self``.
+
+        Under ``torch.distributed`` (and ``distributed=True``) every rank passes the same ``texts``,
+        encodes (and caches) its share ``texts[rank::world_size]``, and the (sum, count) is
+        all-reduced: every rank gets the mean of the whole corpus (as
+        :meth:`Scorer.fit_centering`). A collective: every rank must call it."""
         texts = _check_texts("texts", texts)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if not texts:
             raise ValueError("texts is empty: fit needs at least one text with a real token")
-        chunks = (self._reference_units(texts[i:i + batch_size]) for i in range(0, len(texts), batch_size))
         like = self._like()
+        if distributed:
+            texts = shard(texts, like.device)
+        chunks = (self._reference_units(texts[i:i + batch_size]) for i in range(0, len(texts), batch_size))
         centering = Centering("fixed", dim=like.shape[-1]).to(like.device)
-        centering.fit(units[:2] for units in chunks)
+        centering.fit((units[:2] for units in chunks), distributed=distributed)
         self._centering = centering.eval()
         return self
 

@@ -22,6 +22,9 @@ from . import functional as F
 from .arena import TokenArena
 from .transfer import to_device
 from .centering import MODULE_MODES, Centering
+from .compiled import check_compile, compiled_member_term
+from .devices import resolve_device, resolve_dtype
+from .distributed import fit_idf as fit_idf_over_ranks, shard
 from .encoding import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES, Encoder
 from .family import (DIRECTIONS, UNNORMALIZED, WMD_TEMPERATURE, TokenCloud, member_term, pair_similarity,
                      self_similarity, token_cloud)
@@ -320,7 +323,16 @@ class Scorer(nn.Module):
             pairs (needs :meth:`fit_baseline`): a linear map for readability, correlations unchanged.
         name: the model's name in the :attr:`signature` when ``model`` is a local directory (default:
             the hub id the directory records, see :func:`torchmover.encoding.local_model_name`).
-        device, dtype: where and in which precision the encoder runs (scores are float32 or wider).
+        device: ``"auto"`` (default: CUDA when available, the local rank's GPU under ``torchrun`` /
+            ``accelerate``, else the CPU), ``"cpu"``, ``"cuda:1"``, ... or a ``torch.device``
+            (:func:`torchmover.devices.resolve_device`).
+        dtype: the encoder's precision: ``None`` (the weights' dtype), a ``torch.dtype`` or a name
+            such as ``"bf16"`` / ``"float16"`` (:func:`torchmover.devices.resolve_dtype`). The
+            centering mean, the centering and the transport stay in float32 or wider.
+        compile: run the transport terms through ``torch.compile`` (twmd with a fixed ``n_iter``,
+            trwmd, bertscore, sbert, cka; :mod:`torchmover.compiled`). Off by default: on this project's
+            CPU it saved little against its compile time (README, "Devices, precision and
+            compilation"); meant for GPUs, where it is not measured yet.
 
     Example:
         >>> scorer = Scorer()  # doctest: +SKIP
@@ -334,8 +346,10 @@ class Scorer(nn.Module):
                  special_tokens: str | None = None, power_mean_layers: int | None = None, subwords: str = "all",
                  stopwords: Sequence[str] | str = (), punctuation: str = "keep", idf: bool = False,
                  ngram: int = 1, rescale: bool = False, name: str | None = None,
-                 device: str | torch.device | None = None, dtype: torch.dtype | None = None):
+                 device: str | torch.device | None = "auto", dtype: str | torch.dtype | None = None,
+                 compile: bool = False):
         super().__init__()
+        device, dtype = resolve_device(device), resolve_dtype(dtype)  # fail before loading the model
         if isinstance(model, Encoder):
             for option, value in (("layer", layer), ("special_tokens", special_tokens),
                                   ("power_mean_layers", power_mean_layers), ("max_length", max_length), ("name", name)):
@@ -365,8 +379,8 @@ class Scorer(nn.Module):
         self.centering = Centering(centering, dim=encoder.hidden_size)
         self.idf: dict[str, IDF] = {}  # "hyp" / "ref" dictionaries, from fit_idf
         self.baseline = None  # scores of unrelated pairs, from fit_baseline
-        if device is not None or dtype is not None:
-            self.to(device=device, dtype=dtype)
+        self.compile_transport = check_compile(compile, self.config.method, self.config.n_iter)
+        self.to(device=device, dtype=dtype)  # the centering mean stays float32 (Centering._apply)
         self.eval()  # like a loaded Hugging Face model: call .train() to fine-tune (dropout on)
 
     def extra_repr(self) -> str:
@@ -438,32 +452,49 @@ class Scorer(nn.Module):
 
     # --- fitting -----------------------------------------------------------------------------------
 
-    def fit_idf(self, references: Sequence[str], hypotheses: Sequence[str] | None = None) -> "Scorer":
+    def fit_idf(self, references: Sequence[str], hypotheses: Sequence[str] | None = None, *,
+                distributed: bool = True) -> "Scorer":
         """Fit the IDF dictionaries on an explicit corpus: one from ``references``, one from
-        ``hypotheses`` (MoverScore v2 keeps the two apart; default: the references for both)."""
+        ``hypotheses`` (MoverScore v2 keeps the two apart; default: the references for both).
+
+        Under ``torch.distributed`` (and ``distributed=True``) every rank passes the same corpus and
+        tokenizes its share ``texts[rank::world_size]``; document frequencies and counts are
+        all-reduced (:func:`torchmover.distributed.fit_idf`), so every rank gets the same dictionaries
+        as one process on the whole corpus. A collective: every rank must call it."""
         if not self.config.idf:
             raise ValueError("fit_idf needs a scorer built with idf=True")
         references = _check_texts("references", references)
         hypotheses = references if hypotheses is None else _check_texts("hypotheses", hypotheses)
-        tokenizer = self.encoder.tokenizer
-        self.idf = {"ref": IDF.fit(references, tokenizer), "hyp": IDF.fit(hypotheses, tokenizer)}
+        tokenizer, device = self.encoder.tokenizer, self.encoder.device
+
+        def fit(texts):
+            return fit_idf_over_ranks(texts, tokenizer, device) if distributed else IDF.fit(texts, tokenizer)
+        self.idf = {"ref": fit(references), "hyp": fit(hypotheses)}
         return self
 
     @torch.no_grad()
-    def fit_centering(self, texts: Sequence[str], batch_size: int = 64, progress: bool = True) -> "Scorer":
+    def fit_centering(self, texts: Sequence[str], batch_size: int = 64, progress: bool = True, *,
+                      distributed: bool = True) -> "Scorer":
         """Estimate the ``fixed`` / ``running`` centering mean once on a corpus of ``texts``: the
-        mean of every unit that takes part in scoring (after the token policy)."""
+        mean of every unit that takes part in scoring (after the token policy).
+
+        Under ``torch.distributed`` (and ``distributed=True``) every rank passes the same ``texts`` and
+        encodes its share ``texts[rank::world_size]`` (:func:`torchmover.distributed.shard`); the
+        float64 (sum, count) is all-reduced, so N ranks do 1/N of the work and all get the mean of the
+        whole corpus (equal to one process's to float64 rounding). A collective: every rank must call it."""
         from tqdm.auto import tqdm
 
         if self.config.centering not in ("fixed", "running"):
             raise ValueError(f"fit_centering needs centering='fixed' or 'running', this scorer uses {self.config.centering!r}")
         texts = _check_texts("texts", texts)
+        if distributed:
+            texts = shard(texts, self.encoder.device)
         was_training = self.encoder.training
         self.encoder.eval()
         try:
             batches = (self.embed(texts[i:i + batch_size])[:2] for i in
                        tqdm(range(0, len(texts), batch_size), desc="fitting centering", disable=not progress))
-            self.centering.fit(batches)
+            self.centering.fit(batches, distributed=distributed)
         finally:
             self.encoder.train(was_training)
         return self
@@ -607,7 +638,10 @@ class Scorer(nn.Module):
 
     def _member_term(self):
         c = self.config  # the temperature is a parameter of twmd / trwmd only (wmd, moverscore: WMD_TEMPERATURE)
-        return member_term(c.method, c.temperature if c.method in DEFAULT_TEMPERATURES else None, c.n_iter)
+        temperature = c.temperature if c.method in DEFAULT_TEMPERATURES else None
+        if self.compile_transport:
+            return compiled_member_term(c.method, temperature, c.n_iter)
+        return member_term(c.method, temperature, c.n_iter)
 
     def _combine_references(self, scores: Tensor, owner: Tensor, n: int) -> Tensor:
         if self.config.multi_ref == "max":
@@ -774,14 +808,15 @@ class Scorer(nn.Module):
         save_scorer(self, path)
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, *, device: str | torch.device | None = None,
-                        dtype: torch.dtype | None = None, verify: bool = True) -> "Scorer":
+    def from_pretrained(cls, path: str | os.PathLike, *, device: str | torch.device | None = "auto",
+                        dtype: str | torch.dtype | None = None, verify: bool = True) -> "Scorer":
         """Load a scorer written by :meth:`save_pretrained` (JSON and safetensors only, no network).
 
         It scores exactly as the saved one and has the same :attr:`signature`: the config keeps the
-        original model name. Raises ``FileNotFoundError`` / ``ValueError`` naming the path for a
-        missing, incomplete or corrupt directory. ``verify`` (default) checks every file against the
-        SHA-256 recorded at save time and names the file that differs; ``verify=False`` skips the
+        original model name. ``device`` and ``dtype`` as in :class:`Scorer` (``dtype=None``: the
+        dtype the encoder was saved in). Raises ``FileNotFoundError`` / ``ValueError`` naming the path
+        for a missing, incomplete or corrupt directory. ``verify`` (default) checks every file against
+        the SHA-256 recorded at save time and names the file that differs; ``verify=False`` skips the
         hashing (for a huge model on trusted storage).
         """
         return load_scorer(cls, ScorerConfig, path, device=device, dtype=dtype, verify=verify)

@@ -257,15 +257,15 @@ def _gather(hidden: Tensor, input_ids: Tensor, tokens_per_doc: list[list[_Token]
     rows, length, dim = hidden.shape  # [R, Lw, D]
     n_docs, width = len(tokens_per_doc), max((len(t) for t in tokens_per_doc), default=0)
     padding = rows * length  # index of an appended zero vector
-    index = torch.full((n_docs, width), padding, dtype=torch.long)  # [N, L]
-    sentence_ids = torch.full((n_docs, width), -1, dtype=torch.long)  # [N, L]
+    index = torch.full((n_docs, width), padding, dtype=torch.long, device="cpu")  # [N, L], host
+    sentence_ids = torch.full((n_docs, width), -1, dtype=torch.long, device="cpu")  # [N, L], host
     for n, tokens in enumerate(tokens_per_doc):
         if tokens:
-            r, p, k = (torch.tensor(v, dtype=torch.long) for v in zip(*tokens))
+            r, p, k = (torch.tensor(v, dtype=torch.long, device="cpu") for v in zip(*tokens))
             index[n, :len(tokens)] = r * length + p
             sentence_ids[n, :len(tokens)] = k
     flat = torch.cat([hidden.reshape(padding, dim), hidden.new_zeros(1, dim)])  # [R·Lw + 1, D]
-    ids = torch.cat([input_ids.reshape(-1), torch.tensor([pad_id])])
+    ids = torch.cat([input_ids.reshape(-1), torch.tensor([pad_id], device=input_ids.device)])
     device = hidden.device
     return DocumentEmbeddings(flat[index.to(device)], (sentence_ids >= 0).to(device),
                               sentence_ids.to(device), ids[index].to(device))

@@ -220,21 +220,24 @@ def verify_files(root: Path, meta: dict) -> None:
                              "was changed after saving (verify=False loads it anyway)")
 
 
-def load_scorer(cls, config_type, path: str | os.PathLike, device=None, dtype: torch.dtype | None = None,
+def load_scorer(cls, config_type, path: str | os.PathLike, device="auto", dtype: str | torch.dtype | None = None,
                 verify: bool = True):
     """Rebuild a ``cls`` (a :class:`~torchmover.Scorer`, whose options are the dataclass ``config_type``,
     :class:`~torchmover.ScorerConfig`) saved by :func:`save_scorer`.
 
-    ``dtype`` defaults to the dtype the encoder was saved in; ``device`` to the CPU. ``verify`` checks
+    ``dtype`` defaults to the dtype the encoder was saved in; ``device`` (``"auto"``, a name or a
+    ``torch.device``, :func:`torchmover.devices.resolve_device`) to ``"auto"``. ``verify`` checks
     every saved file against the SHA-256 recorded in ``torchmover.json`` first (:func:`verify_files`).
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     from transformers import AutoModel, AutoTokenizer
 
+    from .devices import resolve_device, resolve_dtype
     from .encoding import Encoder
     from .weights import IDF
 
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
     root = Path(path)
     meta = read_meta(root)
     if verify:
@@ -267,7 +270,7 @@ def load_scorer(cls, config_type, path: str | os.PathLike, device=None, dtype: t
     accepted = inspect.signature(cls.__init__).parameters
     options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
                if f.name in accepted and f.name not in ("model", "max_length", "revision")}
-    scorer = cls(encoder, **options)
+    scorer = cls(encoder, **options, device=device)
     if scorer.config != config:
         raise ValueError(f"the scorer rebuilt from {str(root)!r} has config {scorer.config}, saved {config}")
 
@@ -291,4 +294,4 @@ def load_scorer(cls, config_type, path: str | os.PathLike, device=None, dtype: t
             scorer.idf = {side: IDF.from_dict(saved[side]) for side in ("hyp", "ref")}
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"corrupt {IDF_FILE} in {str(root)!r}: {e}") from e
-    return scorer.to(device=device) if device is not None else scorer
+    return scorer.to(device=device)

@@ -26,6 +26,6 @@ def to_device(lists: Sequence[Sequence[int] | None], device: torch.device | str 
     """Long tensors of ``lists`` (``None`` stays ``None``) on ``device``, sent in one transfer (one host
     tensor, :func:`send`, then split into views on the device)."""
     present = [values for values in lists if values is not None]
-    sent = iter(send(torch.tensor([v for values in present for v in values], dtype=torch.long), device)
+    sent = iter(send(torch.tensor([v for values in present for v in values], dtype=torch.long, device="cpu"), device)
                 .split([len(values) for values in present]))
     return [None if values is None else next(sent) for values in lists]

@@ -67,10 +67,7 @@ class IDF:
         texts = list(texts)
         if not texts or not all(isinstance(t, str) for t in texts):
             raise ValueError("IDF.fit needs a non-empty list of strings")
-        counts: Counter = Counter()
-        for ids in tokenizer([t.strip() for t in texts], truncation=True)["input_ids"]:
-            counts.update(set(ids))
-        return cls(counts, len(texts))
+        return cls(document_frequencies(texts, tokenizer), len(texts))
 
     def value(self, token_id: int) -> float:
         return math.log((self.num_documents + 1) / (self.document_frequency.get(token_id, 0) + 1))
@@ -85,7 +82,7 @@ class IDF:
             values = [math.log(self.num_documents + 1)] * size
             for token_id, df in self.document_frequency.items():
                 values[token_id] = self.value(token_id)
-            self._tables[device] = torch.tensor(values, dtype=torch.float32).to(device)
+            self._tables[device] = torch.tensor(values, dtype=torch.float32, device=device)
         return self._tables[device]
 
     def __call__(self, input_ids: Tensor) -> Tensor:
@@ -106,6 +103,15 @@ class IDF:
     @classmethod
     def from_dict(cls, data: dict) -> "IDF":
         return cls({int(k): v for k, v in data["document_frequency"].items()}, data["num_documents"])
+
+
+def document_frequencies(texts: Sequence[str], tokenizer) -> Counter:
+    """For every token id, how many of ``texts`` contain it (special tokens included; texts stripped
+    and truncated as the encoder does)."""
+    counts: Counter = Counter()
+    for ids in tokenizer([t.strip() for t in texts], truncation=True)["input_ids"] if texts else []:
+        counts.update(set(ids))
+    return counts
 
 
 def _is_punctuation(word: str, ascii_only: bool) -> bool:
@@ -147,7 +153,7 @@ def keep_mask(mask: Tensor, input_ids: Tensor, word_ids: Tensor, tokenizer, *, s
             dropped = {w for w, s in words.items()
                        if s in stop or (punctuation != "keep" and _is_punctuation(s, punctuation == "ascii"))}
             dropped_rows.append([w in dropped for w in wids])
-        keep &= ~send(torch.tensor(dropped_rows, dtype=torch.bool), keep.device).reshape(keep.shape)
+        keep &= ~send(torch.tensor(dropped_rows, dtype=torch.bool, device="cpu"), keep.device).reshape(keep.shape)
     return keep
 
 

@@ -1,0 +1,253 @@
+"""GPU benchmark: torchmover against bert_score, and a reward call broken into its phases, on CUDA.
+
+For each encoder — the default model (``sentence-transformers/all-MiniLM-L6-v2``, layer 4) and a
+randomly initialised base-size encoder built from a config (12 layers, 768 wide, 12 heads, 3072 FFN:
+``roberta-base``'s shapes, on the default model's vocabulary; layer 10, ``roberta-base``'s; random
+weights cost what trained ones cost) — on ``--pairs`` WMT15-16 pairs of ``--data``:
+
+1. **torchmover vs bert_score**, same encoder directory, same layer, same batch size: end to end and
+   the metric part on recorded encoder outputs (``bench_common.measure``: the encoder's share is timed
+   inside the call, then the call is replayed without it), and peak GPU memory of each call.
+2. **a reward call** (``MoverReward``, references cached, centering fitted on them) of 64 and of 512
+   completions (8 completions × 8 and × 64 prompts), split into tokenization
+   (``Encoder.tokenize``), encoder (the model's forward), transport (centering + ``Scorer.score_pairs``)
+   and host work (the rest of the call); the device is synchronised at each phase boundary, so the
+   phases add up to the call (the synchronisations themselves are not free: the call without them is
+   reported too). Peak GPU memory of the call.
+3. **precision and compilation**: the 64-completion reward call with a bf16 and an fp16 encoder and
+   with ``compile=True``: time per phase and the largest score difference from float32.
+
+Without CUDA it prints why and exits with status 0 (nothing is measured). ``--device cpu`` runs the
+same measurements on the CPU (the CPU-safe part: how the call splits when the encoder is not 30-100×
+faster, as it is on a GPU).
+
+Commands (from the repository root)::
+
+    python bench/bench_gpu.py                                      # on a CUDA machine
+    python bench/bench_gpu.py --device cpu --pairs 200 --threads 2 --repeats 3
+
+Writes ``bench_gpu_{cuda,cpu}.md`` and ``.json`` into ``--out`` (default ``bench/results``).
+Needs ``bert-score`` (``pip install "torchmover[bench]"``); ``--skip-bert-score`` leaves it out.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench_common import Timed, load_pairs, model_dir, run_bert_score, run_torchmover, synchronizer, wmt_parser
+
+COMPLETIONS_PER_PROMPT = 8
+PROMPTS = (8, 64)  # 64 and 512 completions
+BASE_SHAPE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                  max_position_embeddings=514)
+
+
+def encoders(tmp: Path, names: list[str]) -> dict[str, tuple[str, int]]:
+    """``{name: (local model directory, layer)}``; the base-size encoder is built and saved to ``tmp``."""
+    from torchmover.encoding import DEFAULT_LAYERS, DEFAULT_MODEL
+
+    out = {}
+    for name in names:
+        if name == "default":
+            out[name] = (model_dir(), DEFAULT_LAYERS[DEFAULT_MODEL][0])
+        elif name == "base":
+            import torch
+            from transformers import AutoTokenizer, BertConfig, BertModel
+
+            tokenizer = AutoTokenizer.from_pretrained(model_dir())
+            torch.manual_seed(0)
+            model = BertModel(BertConfig(vocab_size=len(tokenizer), **BASE_SHAPE))
+            path = tmp / "random-base"
+            model.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+            out[name] = (str(path), DEFAULT_LAYERS["roberta-base"][0])
+        else:
+            raise SystemExit(f"--models: unknown encoder {name!r} (default, base)")
+    return out
+
+
+def peak_memory(device) -> tuple:
+    """(reset, read) of the peak GPU memory in MiB; (no-op, None) on the CPU."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return (lambda: None), (lambda: None)
+    return (lambda: torch.cuda.reset_peak_memory_stats(device)), (
+        lambda: torch.cuda.max_memory_allocated(device) / 2**20)
+
+
+def compare_systems(pairs, path, layer, device, batch_size, with_bert_score: bool) -> dict:
+    """torchmover (default twmd) and bert_score F1 on the same pairs, encoder, layer and batch size."""
+    hyps, refs = [p["hyp"] for p in pairs], [p["ref"] for p in pairs]
+    reset, read = peak_memory(device)
+    runs = {}
+    for name, run in (("torchmover", lambda: run_torchmover(hyps, refs, layer, "twmd", batch_size, model=path,
+                                                            device=device)),
+                      ("bert_score", lambda: run_bert_score(hyps, refs, layer, batch_size, model=path,
+                                                            device=device))):
+        if name == "bert_score" and not with_bert_score:
+            continue
+        reset()
+        out = run()
+        out.pop("scores", None), out.pop("precision", None), out.pop("recall", None)
+        runs[name] = dict(out, peak_gpu_mib=read())
+    return runs
+
+
+def reward_inputs(pairs, n_prompts: int):
+    """``n_prompts`` references, each with ``COMPLETIONS_PER_PROMPT`` completions (WMT hypotheses)."""
+    prompts = pairs[:n_prompts]
+    pool = [p["hyp"] for p in pairs]
+    hyps = [pool[(i * COMPLETIONS_PER_PROMPT + k) % len(pool)] for i in range(n_prompts)
+            for k in range(COMPLETIONS_PER_PROMPT)]
+    refs = [p["ref"] for p in prompts for _ in range(COMPLETIONS_PER_PROMPT)]
+    return hyps, refs, [p["ref"] for p in prompts]
+
+
+def reward_breakdown(path, layer, pairs, device, n_prompts, repeats, dtype=None, compile=False) -> dict:
+    """Median wall time of a reward call and the mean time of each phase in it (module docs)."""
+    import torch
+    from torchmover import Scorer
+    from torchmover.reward import MoverReward
+
+    hyps, refs, references = reward_inputs(pairs, n_prompts)
+    scorer = Scorer(path, layer=layer, device=device, dtype=dtype, compile=compile)
+    reward = MoverReward(scorer).fit(references)
+    sync = synchronizer(device)
+    encoder, centering = scorer.encoder, reward.centering
+
+    def call_s() -> float:
+        sync()
+        t = time.perf_counter()
+        reward(hyps, refs)
+        sync()
+        return time.perf_counter() - t
+
+    with torch.no_grad():
+        scores = reward(hyps, refs)  # warm-up (and compilation)
+        plain = statistics.median(call_s() for _ in range(repeats))
+        phases = {"tokenization": (encoder, "tokenize"), "encoder": (encoder.model, "forward"),
+                  "centering": (centering, "forward"), "transport": (scorer, "score_pairs")}
+        timers = {}
+        for name, (owner, attr) in phases.items():
+            timers[name] = Timed(getattr(owner, attr), sync=sync)
+            setattr(owner, attr, timers[name])  # instance attribute: calls go through the timer
+        reset, read = peak_memory(device)
+        reset()
+        try:
+            total = [call_s() for _ in range(repeats)]
+        finally:
+            for owner, attr in phases.values():
+                delattr(owner, attr)
+    out = {name: timer.seconds / repeats for name, timer in timers.items()}
+    out["transport"] += out.pop("centering")
+    out["host"] = statistics.mean(total) - sum(out.values())
+    out.update(call=statistics.mean(total), call_without_syncs=plain, peak_gpu_mib=read(),
+               completions=len(hyps), scores=scores.float().cpu().tolist(), signature=scorer.signature)
+    return out
+
+
+def ms(seconds: float) -> str:
+    return f"{1000 * seconds:.1f}"
+
+
+def mib(value) -> str:
+    return "—" if value is None else f"{value:.0f}"
+
+
+def report(args, device, results, started) -> str:
+    import torch
+    import transformers
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    lines = [f"# bench_gpu on {name}", "",
+             f"`python bench/bench_gpu.py {' '.join(args.argv)}` — torch {torch.__version__}, transformers "
+             f"{transformers.__version__}, {args.pairs} WMT15-16 pairs (seed {args.seed}), batch size "
+             f"{args.batch_size}, {args.repeats} repeats; wall {time.perf_counter() - started:.0f} s.", ""]
+    if device.type == "cpu":
+        lines += ["Run on the CPU (`--device cpu`): no GPU figure here.", ""]
+    for model, r in results.items():
+        lines += [f"## {model} encoder (layer {r['layer']})", ""]
+        if r["systems"]:
+            lines += ["| system | pairs/s | end to end s | encoder s | metric part s (cached embeddings) | peak GPU MiB |",
+                      "|---|---|---|---|---|---|"]
+            for system, s in r["systems"].items():
+                lines.append(f"| {system} | {args.pairs / s['total_s']:.1f} | {s['total_s']:.2f} | {s['encoder_s']:.2f} | "
+                             f"{s['metric_cached_s']:.3f} | {mib(s['peak_gpu_mib'])} |")
+            lines.append("")
+        lines += ["Reward call (`MoverReward`, references cached), ms per call; phases with the device "
+                  "synchronised at their boundaries:", "",
+                  "| completions | variant | tokenization | encoder | host | transport | call | call without syncs | "
+                  "max \\|Δ score\\| vs fp32 | peak GPU MiB |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for row in r["reward"]:
+            lines.append(f"| {row['completions']} | {row['variant']} | {ms(row['tokenization'])} | {ms(row['encoder'])} | "
+                         f"{ms(row['host'])} | {ms(row['transport'])} | {ms(row['call'])} | "
+                         f"{ms(row['call_without_syncs'])} | {row['max_diff']:.1e} | {mib(row['peak_gpu_mib'])} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import sys
+
+    parser = wmt_parser(__doc__)
+    parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu")
+    parser.add_argument("--pairs", type=int, default=1000, help="WMT pairs for torchmover vs bert_score")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=10, help="timed reward calls per variant")
+    parser.add_argument("--models", default="default,base", help="comma-separated: default, base")
+    parser.add_argument("--threads", type=int, help="torch CPU threads")
+    parser.add_argument("--skip-bert-score", action="store_true", help="leave the bert_score comparison out")
+    args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+
+    import torch
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"bench_gpu: no CUDA device on this machine (torch {torch.__version__}, CUDA build: "
+              f"{torch.version.cuda or 'none'}): nothing measured. Run it on a GPU machine, or with "
+              "--device cpu for the same breakdown on the CPU.")
+        return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from tqdm.auto import tqdm
+
+    started = time.perf_counter()
+    pairs = load_pairs(args.data, max(args.pairs, max(PROMPTS) * COMPLETIONS_PER_PROMPT), args.seed)
+    variants = [("fp32", None, False), ("bf16", "bf16", False), ("fp16", "fp16", False), ("compile", None, True)]
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        models = encoders(Path(tmp), args.models.split(","))
+        steps = len(models) * (1 + len(PROMPTS) + len(variants) - 1)
+        with tqdm(total=steps, desc="bench_gpu", unit="step") as bar:
+            for model, (path, layer) in models.items():
+                bar.set_postfix_str(f"{model}: torchmover vs bert_score")
+                systems = compare_systems(pairs[:args.pairs], path, layer, args.device, args.batch_size,
+                                          not args.skip_bert_score)
+                bar.update()
+                rows, baseline = [], None
+                for n_prompts in PROMPTS:
+                    for variant, dtype, compile in variants if n_prompts == PROMPTS[0] else variants[:1]:
+                        bar.set_postfix_str(f"{model}: reward {n_prompts * COMPLETIONS_PER_PROMPT} {variant}")
+                        row = reward_breakdown(path, layer, pairs, args.device, n_prompts, args.repeats, dtype, compile)
+                        baseline = row["scores"] if variant == "fp32" else baseline
+                        row.update(variant=variant, max_diff=max(abs(a - b) for a, b in zip(row.pop("scores"), baseline)))
+                        rows.append(row)
+                        bar.update()
+                results[model] = {"layer": layer, "systems": systems, "reward": rows}
+    text = report(args, device, results, started)
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"bench_gpu_{device.type}.md").write_text(text + "\n")
+    (args.out / f"bench_gpu_{device.type}.json").write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
