@@ -4,6 +4,27 @@ The whole pipeline is trained end to end — encoder -> batch centering -> tempe
 with an L2 loss against the human score through an affine calibration:
 
     L = mean_i (a · Sim(hyp_i, ref_i) + b − human_i)²          (a, b learned with the encoder)
+        [+ w · (1 − r_batch(a·Sim + b, human))]                    (--loss mse+pearson, --loss-weight w)
+        [+ w · mean_{human_i > human_j} log(1 + exp(−(ŷ_i − ŷ_j)))] (--loss mse+rank: RankNet on the batch)
+
+Centering: training vs evaluation
+---------------------------------
+In training, ``forward`` centers each (global) micro-batch on its own mean token (``--centering batch``,
+the paper's protocol; ``fixed`` keeps the untuned training texts' mean instead). Every evaluation —
+untuned baseline, dev per epoch, final test — and the saved ``final/`` scorer center on a *fixed*
+mean: the mean token of the training texts (``--centering-fit-size`` of them, seeded) under the
+encoder being evaluated, so a pair's score does not depend on the other pairs scored with it.
+
+Model selection and seeds
+-------------------------
+The test set is never used for a choice. With a dev split (``--dev-fraction``, carved from the
+training files), dev Pearson r is measured after every epoch; the final model is the best dev epoch,
+and ``--patience P`` stops after P epochs without a better one. ``--seeds 0,1,2`` runs the recipe
+once per seed (dev split, training subset, data order, dropout) in ``OUTPUT/seed-S`` and writes
+``OUTPUT/seeds.md`` / ``seeds.json``: before / after / Δ per seed and mean ± sd; a finished seed
+is not rerun, an interrupted one resumes. ``--layer`` picks the layer read; the blocks above it are
+cut off (never computed, so never trained); ``--layer-decay γ`` gives block k of K the learning
+rate ``lr·γ^(K−k)`` (embeddings ``lr·γ^K``), ``--freeze-below K`` freezes the lowest blocks.
 
 Why the calibration starts from a least-squares fit
 ---------------------------------------------------
@@ -35,7 +56,8 @@ Outputs (``--output DIR``)
   continues exactly (same data order, dropout masks, optimiser state), read with
   ``torch.load(weights_only=True)``.
 - ``final/``: the fine-tuned scorer (``Scorer.from_pretrained("DIR/final")``: encoder safetensors,
-  ``torchmover.json``, centering statistics) and ``final/calibration.json`` (``a``, ``b``).
+  ``torchmover.json``, ``centering="fixed"`` with the training texts' mean) and
+  ``final/calibration.json`` (``a``, ``b``); ``result.json``: the run's summary.
 - ``test_report.json`` and ``table.txt``: per-language-pair Kendall τ and Pearson r before and after
   fine-tuning (the paper's Table 4 layout), on ``--test`` or, without it, on the dev split.
 
@@ -53,9 +75,10 @@ all-reduce's backward already routes every rank's loss to every rank's tokens), 
 is centred, scored and differentiated as on one process. Evaluation and checkpointing happen on
 rank 0.
 
-Cost: on a 2-core CPU the default encoder trains at ~1-1.5 pairs/s (full protocol: ~1.5 h per run);
-``--freeze-below K`` and ``--max-train-pairs N`` make quick runs. Measurements:
-``bench/results/finetune_wmt.md``.
+Cost: on a quiet 2-core CPU the default encoder trains at 8-9.5 pairs/s in fp32 (WMT15 -> WMT16, 2
+epochs: 12.8 min); on one busy core 1.3-1.7 pairs/s, and ``--precision bf16`` (autocast; evaluation
+stays fp32) was 1.75x faster on a CPU with AMX. ``--max-train-pairs N`` makes quick runs.
+Measurements: ``bench/results/finetune_wmt.md``.
 
 Examples::
 
@@ -66,11 +89,15 @@ Examples::
         --test ../shared/data/wmt15-16/wmt16.cs-en.tsv ... --output runs/wmt15
     torchrun --nproc-per-node 4 recipes/finetune_wmt.py --output runs/ddp --precision bf16
     python recipes/finetune_wmt.py --output runs/wmt1516 --resume          # continue after a stop
+    # three seeds and their mean ± sd table; other members under the same protocol
+    python recipes/finetune_wmt.py --seeds 0,1,2 --output runs/seeds
+    python recipes/finetune_wmt.py --seeds 0,1,2 --method bertscore --direction f1 --output runs/bertscore
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -87,6 +114,7 @@ import torchmover as tm
 from torchmover.checkpoint import (
     atomic_write_text, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state,
 )
+from torchmover.centering import Centering
 from torchmover.correlation import Report, correlate
 from torchmover.data import Rating, read_ratings, split_dev
 
@@ -97,8 +125,9 @@ PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 _OWN_PROCESS_GROUP = False  # whether main() initialised torch.distributed (torchrun launch)
 # Options that fix the data order, the schedule or the model: --resume refuses to change them.
 RESUME_FIXED = ("train", "year", "dev_fraction", "max_train_pairs", "model", "layer", "method", "direction",
-                "temperature", "centering", "max_length", "freeze_below", "epochs", "batch_size", "grad_accum",
-                "seed", "warmup", "schedule", "calibration_init")
+                "temperature", "centering", "centering_fit_size", "max_length", "freeze_below", "epochs",
+                "batch_size", "grad_accum", "seed", "warmup", "schedule", "calibration_init", "loss",
+                "loss_weight", "layer_decay", "patience")
 
 
 # --- command line ----------------------------------------------------------------------------------
@@ -121,18 +150,31 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--method", default="twmd", choices=("twmd", "trwmd", "bertscore", "sbert", "cka"))
     m.add_argument("--direction", default="recall", choices=("recall", "precision", "f1"))
     m.add_argument("--temperature", type=float, help="T of twmd / trwmd (default: the scorer's for the model)")
-    m.add_argument("--centering", default="batch", choices=("batch", "running", "sentence", "dimension", "none"),
-                   help="batch: the paper's fine-tuning protocol (synchronised over processes); set "
-                        "explicitly because the library's default for a model may differ")
+    m.add_argument("--centering", default="batch", choices=("batch", "fixed", "running", "sentence", "dimension", "none"),
+                   help="centering while training. batch: the paper's protocol (synchronised over processes); "
+                        "fixed: the mean of the training texts under the untuned encoder, kept. Evaluation "
+                        "always uses a fixed mean fitted on the training texts (see --centering-fit-size)")
+    m.add_argument("--centering-fit-size", type=int, default=1024,
+                   help="training texts (a seeded subset, hypotheses and references) whose mean token is "
+                        "the fixed evaluation mean (0: all)")
     m.add_argument("--max-length", type=int, help="encoder window in tokens")
     m.add_argument("--freeze-below", type=int, default=0, metavar="K",
                    help="freeze the embeddings and the first K transformer blocks (faster backward); "
                         "0 trains everything")
     o = p.add_argument_group("optimisation")
     o.add_argument("--epochs", type=int, default=2)
+    o.add_argument("--patience", type=int, default=0,
+                   help="early stopping: stop after this many epochs without a better dev Pearson r (0: "
+                        "train every epoch); with a dev split the final model is always the best dev epoch")
+    o.add_argument("--loss", default="mse+pearson", choices=("mse", "mse+pearson", "mse+rank"),
+                   help="mse: (a·Sim + b − human)²; +pearson adds w·(1 − r) of each batch; +rank adds w × the "
+                        "mean logistic loss of the batch's pairs ordered by the human scores")
+    o.add_argument("--loss-weight", type=float, default=1.0, help="w of the correlation term of --loss")
+    o.add_argument("--layer-decay", type=float, default=1.0,
+                   help="layer-wise lr decay: block k of K (from 1) gets lr·γ^(K−k), the embeddings lr·γ^K")
     o.add_argument("--batch-size", type=int, default=16, help="pairs per process and micro-batch")
     o.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimiser step")
-    o.add_argument("--lr", type=float, default=5e-5, help="peak AdamW learning rate of the encoder")
+    o.add_argument("--lr", type=float, default=1e-4, help="peak AdamW learning rate of the encoder")
     o.add_argument("--calibration-lr", type=float, help="learning rate of a, b (default: --lr; 0 freezes)")
     o.add_argument("--calibration-init", default="lsq", choices=("lsq", "identity"),
                    help="lsq: least-squares fit of the untuned scores; identity: a=1, b=0")
@@ -146,8 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (0: off)")
     o.add_argument("--precision", default="fp32", choices=tuple(PRECISIONS),
                    help="autocast dtype of the encoder (bf16 on CPU or GPU, fp16 on GPU with loss scaling)")
-    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--seed", type=int, default=0, help="seed of the dev split, training subset, data order, dropout")
+    o.add_argument("--seeds", help="comma-separated seeds: one run per seed in OUTPUT/seed-S, then the table "
+                                   "OUTPUT/seeds.md and seeds.json (mean ± sd); finished seeds are not rerun")
     o.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda:LOCAL_RANK if available, else cpu)")
+    o.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     r = p.add_argument_group("run")
     r.add_argument("--output", default="runs/finetune_wmt", help="run directory")
     r.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
@@ -194,41 +239,58 @@ def least_squares(sx: float, sy: float, sxx: float, sxy: float, n: float) -> tup
     return a, (sy - a * sx) / n
 
 
-def frozen_parameters(scorer: tm.Scorer, below: int) -> list[str]:
-    """Freeze the embeddings and the first ``below`` transformer blocks; returns the frozen names."""
-    if below <= 0:
-        return []
+def parameter_depths(scorer: tm.Scorer) -> dict[int, int]:
+    """``{id(parameter): depth}`` of the encoder: 0 for the embeddings, ``k`` for transformer block
+    ``k`` (from 1, up to the scored layer: the blocks above it are cut off and never computed)."""
     model = scorer.encoder.model
     blocks = next((name for name, mod in model.named_modules()
                    if isinstance(mod, nn.ModuleList) and len(mod) == model.config.num_hidden_layers), None)
     if blocks is None:
-        raise ValueError(f"--freeze-below: cannot find the block list of {type(model).__name__}")
-    if below > model.config.num_hidden_layers:
-        raise ValueError(f"--freeze-below must be at most {model.config.num_hidden_layers} (the blocks up to "
-                         f"the scored layer), got {below}")
-    frozen = []
+        raise ValueError(f"cannot find the block list of {type(model).__name__}")
+    depths = {}
     for name, param in model.named_parameters():
-        in_block = name.startswith(blocks + ".") and int(name[len(blocks) + 1:].split(".")[0]) < below
-        if "embeddings" in name.split(".")[0] or in_block:
-            param.requires_grad_(False)
-            frozen.append(name)
-    return frozen
+        if name.startswith(blocks + "."):
+            depths[id(param)] = int(name[len(blocks) + 1:].split(".")[0]) + 1
+        elif "embeddings" in name.split(".")[0]:
+            depths[id(param)] = 0
+    return depths
+
+
+def frozen_parameters(scorer: tm.Scorer, below: int) -> int:
+    """Freeze the embeddings and the first ``below`` transformer blocks; returns how many tensors."""
+    if below <= 0:
+        return 0
+    n_blocks = scorer.encoder.model.config.num_hidden_layers
+    if below > n_blocks:
+        raise ValueError(f"--freeze-below must be at most {n_blocks} (the blocks up to the scored layer), got {below}")
+    depths = parameter_depths(scorer)
+    frozen = [p for p in scorer.encoder.model.parameters() if depths.get(id(p), n_blocks + 1) <= below]
+    for param in frozen:
+        param.requires_grad_(False)
+    return len(frozen)
 
 
 def param_groups(scorer: tm.Scorer, calibration: Calibration, args) -> list[dict]:
-    """AdamW groups: encoder weights (decayed), encoder biases and norms (not), calibration."""
-    decay, no_decay = [], []
+    """AdamW groups: per encoder depth, weights (decayed) and biases and norms (not), at the
+    layer-wise decayed learning rate ``lr·γ^(K − depth)``; then the calibration."""
+    if not 0 < args.layer_decay <= 1:
+        raise ValueError(f"--layer-decay must be in (0, 1], got {args.layer_decay}")
+    n_blocks = scorer.encoder.model.config.num_hidden_layers
+    depths = parameter_depths(scorer)
+    groups: dict[tuple[int, bool], list] = {}
     for name, param in scorer.named_parameters():
         if param.requires_grad:
-            (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
+            decayed = not (param.ndim < 2 or "norm" in name.lower())
+            groups.setdefault((depths.get(id(param), n_blocks), decayed), []).append(param)
     cal_lr = args.lr if args.calibration_lr is None else args.calibration_lr
-    groups = [{"params": decay, "weight_decay": args.weight_decay, "lr": args.lr},
-              {"params": no_decay, "weight_decay": 0.0, "lr": args.lr}]
+    out = [{"params": params, "weight_decay": args.weight_decay if decayed else 0.0,
+            "lr": args.lr * args.layer_decay ** (n_blocks - depth)}
+           for (depth, decayed), params in sorted(groups.items())]
     if cal_lr > 0:
-        groups.append({"params": list(calibration.parameters()), "weight_decay": 0.0, "lr": cal_lr})
+        out.append({"params": list(calibration.parameters()), "weight_decay": 0.0, "lr": cal_lr})
     else:
         calibration.requires_grad_(False)
-    return [g for g in groups if g["params"]]
+    return out
 
 
 def lr_schedule(optimizer, warmup_steps: int, total_steps: int, kind: str):
@@ -263,6 +325,15 @@ def setup_distributed(device_arg: str | None) -> tuple[int, int, torch.device]:
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size(), device
     return 0, 1, device
+
+
+def broadcast_int(value: int) -> int:
+    """Rank 0's ``value`` on every rank."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def all_reduce_(t: Tensor) -> Tensor:
@@ -347,6 +418,8 @@ def epoch_steps(n: int, epoch: int, args, rank: int, world: int) -> list[list[li
 # --- evaluation ------------------------------------------------------------------------------------
 
 def evaluate(scorer: tm.Scorer, records: list[Rating], args, n_boot: int, progress: bool) -> Report:
+    """Correlations of ``scorer`` with the human scores of ``records`` (call it inside
+    :func:`fixed_centering`: the evaluation rule)."""
     scores = scorer.score([r.hyp for r in records], [r.ref for r in records], batch_size=args.eval_batch_size,
                           progress=progress)
     return correlate(scores, [r.score for r in records], [r.group for r in records], n_boot=n_boot,
@@ -460,14 +533,75 @@ def fit_calibration(scorer: tm.Scorer, records: list[Rating], args, rank: int, w
     return a, b, int(stats[4])
 
 
+def gather(t: Tensor) -> Tensor:
+    """``t`` of every rank, concatenated in rank order; differentiable (one rank: ``t``)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return t
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.cat(all_gather(t))
+
+
+def correlation_loss(pred: Tensor, human: Tensor, kind: str) -> Tensor:
+    """The correlation term of ``--loss`` on one batch of calibrated predictions ``pred = a·Sim + b``.
+
+    - ``pearson``: ``1 − r(pred, human)`` (invariant to the calibration; 0 for a perfect batch);
+    - ``rank``: ``mean_{(i, j): human_i > human_j} log(1 + exp(−(pred_i − pred_j)))`` (RankNet's
+      logistic loss on every pair of the batch that the humans order; 0 if no pair is ordered)."""
+    if kind == "pearson":
+        x, y = pred - pred.mean(), human - human.mean()
+        return 1 - (x * y).sum() / (x.norm() * y.norm()).clamp_min(1e-12)
+    ordered = human.unsqueeze(1) > human.unsqueeze(0)  # [b, b]: i ranked above j by the humans
+    if not ordered.any():
+        return pred.sum() * 0
+    return nn.functional.softplus(-(pred.unsqueeze(1) - pred.unsqueeze(0))[ordered]).mean()
+
+
+def centering_texts(records: list[Rating], size: int, seed: int) -> list[str]:
+    """The training texts (hypotheses and references, each once) whose mean token is the fixed
+    evaluation mean: a seeded subset of ``size`` of them (0: all)."""
+    texts = sorted({t for r in records for t in (r.hyp, r.ref)})
+    if 0 < size < len(texts):
+        texts = random.Random(f"{seed}/centering").sample(texts, size)
+    return texts
+
+
+@contextlib.contextmanager
+def fixed_centering(scorer: tm.Scorer, texts: list[str], args, progress: bool):
+    """Inside the block, ``scorer`` centers every text on the fixed mean token of ``texts`` (fitted
+    now, with the encoder as it is): the evaluation rule, so that a pair's score does not depend on
+    the other pairs scored with it. The training centering is restored after the block."""
+    config, centering = scorer.config, scorer.centering
+    device = next(scorer.parameters()).device
+    scorer.config = dataclasses.replace(config, centering="fixed")
+    scorer.centering = Centering("fixed", dim=scorer.encoder.hidden_size).to(device)
+    try:
+        scorer.fit_centering(texts, batch_size=args.eval_batch_size, progress=progress)
+        yield scorer
+    finally:
+        scorer.config, scorer.centering = config, centering
+
+
 def main(argv: list[str] | None = None) -> dict:
-    """Run the recipe; returns a summary dict (final calibration, correlations, paths, throughput)."""
+    """Run the recipe (``--seeds``: once per seed, then the seed table); returns a summary dict
+    (final calibration, correlations, paths, throughput; with ``--seeds``: the table's dict)."""
     args = build_parser().parse_args(argv)
+    if args.seeds:
+        return run_seeds(args)
+    return train(args)
+
+
+def train(args: argparse.Namespace) -> dict:
+    """One fine-tuning run with the parsed options ``args``."""
     for name in ("epochs", "batch_size", "grad_accum", "eval_batch_size", "log_every"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if not 0 <= args.dev_fraction < 1:
         raise ValueError(f"--dev-fraction must be in [0, 1), got {args.dev_fraction}")
+    if args.loss_weight < 0:
+        raise ValueError(f"--loss-weight must be non-negative, got {args.loss_weight}")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     rank, world, device = setup_distributed(args.device)
     if args.precision == "fp16" and device.type != "cuda":
         raise ValueError("--precision fp16 needs a GPU; use bf16 on the CPU")
@@ -487,6 +621,7 @@ def main(argv: list[str] | None = None) -> dict:
         keep = sorted(random.Random(f"{args.seed}/train").sample(range(len(train)), args.max_train_pairs))
         train = [train[i] for i in keep]
     test = read_all(args.test, args.year) if args.test else dev
+    eval_texts = centering_texts(train, args.centering_fit_size, args.seed)
     if not test and not args.skip_baseline:
         say("no --test and no dev split: the before/after table is skipped")
 
@@ -496,6 +631,8 @@ def main(argv: list[str] | None = None) -> dict:
     scorer = tm.Scorer(args.model, layer=args.layer, method=args.method, direction=args.direction,
                        temperature=args.temperature, centering=args.centering, max_length=args.max_length,
                        device=device)
+    if args.centering == "fixed":
+        scorer.fit_centering(eval_texts, batch_size=args.eval_batch_size, progress=progress)
     frozen = frozen_parameters(scorer, args.freeze_below)
     calibration = Calibration().to(device)
     optimizer = torch.optim.AdamW(param_groups(scorer, calibration, args), lr=args.lr)
@@ -508,6 +645,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     start_epoch, start_step, global_step = 0, 0, 0
     baseline, dev_history, resumed_losses = None, {}, []
+    best = None  # {"epoch", "pearson", "scorer", "calibration"}: the best dev epoch so far (states on the CPU)
     if args.resume:
         path = resolve_checkpoint(args.resume, output)
         state = load_checkpoint(path)
@@ -528,23 +666,24 @@ def main(argv: list[str] | None = None) -> dict:
         scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"][rank])
         start_epoch, start_step, global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
-        baseline, dev_history = state.get("baseline"), state.get("dev_history", {})
+        baseline, dev_history, best = state.get("baseline"), state.get("dev_history", {}), state.get("best")
         resumed_losses = list(state.get("epoch_losses", []))  # this epoch's losses before the stop
         say(f"resumed from {path}: epoch {start_epoch + 1}, step {start_step} of {steps_per_epoch}")
         log("resume", checkpoint=str(path), epoch=start_epoch, step=global_step)
     else:
         log("config", args=vars(args), world_size=world, signature=scorer.signature, n_train=len(train),
-            n_dev=len(dev), n_test=len(test), frozen=len(frozen), steps_per_epoch=steps_per_epoch,
+            n_dev=len(dev), n_test=len(test), frozen=frozen, steps_per_epoch=steps_per_epoch,
             total_steps=total_steps, warmup_steps=warmup)
         say(f"{scorer.signature}\ntrain {len(train)} pairs, dev {len(dev)}, test {len(test)}; "
             f"{world} process(es), {total_steps} optimiser steps of {args.batch_size * args.grad_accum * world} pairs")
-        if main_rank and not args.skip_baseline:
-            if test:
-                baseline = summary(evaluate(scorer, test, args, args.n_boot, progress))
-                log("eval", split="test", when="before", **baseline)
-            if dev:
-                dev_history["0"] = summary(evaluate(scorer, dev, args, 0, progress)) if test is not dev else baseline
-                log("epoch", epoch=0, dev=dev_history["0"])
+        if main_rank and not args.skip_baseline and (test or dev):
+            with fixed_centering(scorer, eval_texts, args, progress):
+                if test:
+                    baseline = summary(evaluate(scorer, test, args, args.n_boot, progress))
+                    log("eval", split="test", when="before", **baseline)
+                if dev:
+                    dev_history["0"] = summary(evaluate(scorer, dev, args, 0, progress)) if test is not dev else baseline
+                    log("epoch", epoch=0, dev=dev_history["0"])
         barrier()
         if args.calibration_init == "lsq":
             a, b, n_fit = fit_calibration(scorer, train, args, rank, world, device, progress)
@@ -568,7 +707,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "scorer": scorer.state_dict(), "calibration": calibration.state_dict(),
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "scaler": scaler.state_dict(), "rng": rngs, "baseline": baseline, "dev_history": dev_history,
-                "epoch_losses": list(losses) if step_in_epoch else [],
+                "epoch_losses": list(losses) if step_in_epoch else [], "best": best,
             }
             path = save_checkpoint(output / "checkpoints", state, state["global_step"], args.keep_checkpoints)
         barrier()
@@ -592,9 +731,12 @@ def main(argv: list[str] | None = None) -> dict:
                 human = torch.tensor([train[i].score for i in batch], dtype=torch.float32, device=device)
                 with autocast_context(device, args.precision):
                     sim = scorer(hyps, refs)  # [b], float32 even under autocast
-                err = calibration(sim.float()) - human  # [b]
+                pred = calibration(sim.float())  # [b]
                 # Σ_r L_r is the mean over the global step: each rank divides by W · n_step.
-                loss = (err * err).sum() / (n_step * world)
+                loss = ((pred - human) ** 2).sum() / (n_step * world)
+                if args.loss != "mse":  # on the global micro-batch; all_gather's backward sums W copies
+                    term = correlation_loss(gather(pred), gather(human), args.loss.split("+")[1])
+                    loss = loss + args.loss_weight * term * len(batch) / (n_step * world)
                 scaler.scale(loss).backward()
                 step_loss += loss.detach().double().cpu()
             sum_gradients_(trainable)
@@ -634,7 +776,8 @@ def main(argv: list[str] | None = None) -> dict:
         start_step = 0
         dev_summary = None
         if main_rank and dev:
-            dev_summary = summary(evaluate(scorer, dev, args, 0, progress))
+            with fixed_centering(scorer, eval_texts, args, progress):
+                dev_summary = summary(evaluate(scorer, dev, args, 0, progress))
             dev_history[str(epoch + 1)] = dev_summary
         log("epoch", epoch=epoch + 1, step=global_step, train_loss=sum(losses) / max(1, len(losses)),
             dev=dev_summary, a=calibration.a.item(), b=calibration.b.item(),
@@ -642,14 +785,28 @@ def main(argv: list[str] | None = None) -> dict:
         if dev_summary:
             say(f"epoch {epoch + 1}: train loss {sum(losses) / max(1, len(losses)):.4f}, dev Pearson "
                 f"{dev_summary['pearson']:.4f}, Kendall {dev_summary['kendall']:.4f}")
+            if best is None or dev_summary["pearson"] > best["pearson"]:
+                best = {"epoch": epoch + 1, "pearson": dev_summary["pearson"],
+                        "scorer": {k: v.detach().cpu().clone() for k, v in scorer.state_dict().items()},
+                        "calibration": {k: v.detach().cpu().clone() for k, v in calibration.state_dict().items()}}
         checkpoint(epoch + 1, 0)
+        best_epoch = broadcast_int(best["epoch"] if best else 0)  # rank 0 evaluates dev
+        if args.patience and best_epoch and epoch + 1 - best_epoch >= args.patience and epoch + 1 < args.epochs:
+            say(f"early stopping: no better dev Pearson r for {args.patience} epoch(s) after epoch {best_epoch}")
+            log("early_stop", epoch=epoch + 1, best_epoch=best_epoch)
+            break
         if args.stop_after and global_step >= args.stop_after:
             stopped = global_step < total_steps
             if stopped:
                 say(f"stopped after {global_step} steps (--stop-after); continue with --resume")
                 break
 
+    if not stopped and best is not None:  # rank 0 only (it evaluates dev); the other ranks are done
+        scorer.load_state_dict(best["scorer"])
+        calibration.load_state_dict(best["calibration"])
+        say(f"final model: epoch {best['epoch']} (best dev Pearson r {best['pearson']:.4f})")
     result = {"stopped": stopped, "global_step": global_step, "calibration": calibration.to_dict(),
+              "best_epoch": best["epoch"] if best else None,
               "pairs_per_s": pairs_seen / train_time if train_time else None, "train_seconds": train_time,
               "baseline": baseline, "dev_history": dev_history, "output": str(output)}
     if stopped:
@@ -659,11 +816,12 @@ def main(argv: list[str] | None = None) -> dict:
     final = output / "final"
     if main_rank:
         scorer.eval()
-        scorer.save_pretrained(final)
+        with fixed_centering(scorer, eval_texts, args, progress):
+            scorer.save_pretrained(final)  # with centering="fixed" and the training texts' mean
+            report = evaluate(scorer, test, args, args.n_boot, progress) if test else None
         atomic_write_text(final / "calibration.json", json.dumps(
             {**calibration.to_dict(), "formula": "a * Sim + b ~ human DA z-score"}, indent=2) + "\n")
         if test:
-            report = evaluate(scorer, test, args, args.n_boot, progress)
             after = summary(report)
             atomic_write_text(output / "test_report.json", report.to_json() + "\n")
             log("eval", split="test", when="after", **after)
@@ -672,11 +830,90 @@ def main(argv: list[str] | None = None) -> dict:
             say(text)
             result["after"] = after
         log("done", step=global_step, calibration=calibration.to_dict(), final=str(final))
+        atomic_write_text(output / "result.json", json.dumps({**result, "final": str(final)}, indent=1) + "\n")
         if not args.no_plot:
             plot_curves(output / "log.jsonl", output / "curves.png")
     result["final"] = str(final)
     _finish_distributed()
     return result
+
+
+SEED_COLUMNS = (("best_epoch", "best epoch", "{:.0f}"), ("dev_r", "dev r", "{:.3f}"),
+                ("r_before", "r before", "{:.3f}"), ("r_after", "r after", "{:.3f}"), ("delta_r", "Δr", "{:+.3f}"),
+                ("tau_before", "τ before", "{:.3f}"), ("tau_after", "τ after", "{:.3f}"), ("delta_tau", "Δτ", "{:+.3f}"))
+
+
+def run_seeds(args: argparse.Namespace) -> dict:
+    """One run per seed of ``--seeds`` in ``OUTPUT/seed-S``, then the seed table.
+
+    Resumable: a seed whose ``result.json`` exists is read, not rerun; one with a checkpoint
+    continues from it (``--resume``). Writes ``OUTPUT/seeds.md`` and ``OUTPUT/seeds.json``: per seed
+    the best dev epoch and its dev r, test Pearson r and Kendall τ before and after fine-tuning, and
+    their mean ± sample standard deviation and range over the seeds."""
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds has repeated seeds: {args.seeds!r}")
+    output = Path(args.output)
+    rows = []
+    for seed in seeds:
+        out = output / f"seed-{seed}"
+        if not (out / "result.json").is_file():
+            resume = "latest" if latest_checkpoint(out / "checkpoints") else None
+            result = train(argparse.Namespace(**{**vars(args), "seeds": None, "seed": seed, "output": str(out),
+                                                 "resume": resume}))
+            if result["stopped"]:
+                return {"stopped": True, "seed": seed}
+        if dist.is_initialized() and dist.get_rank() > 0:
+            continue  # rank 0 writes the results and the table
+        rows.append(seed_row(seed, json.loads((out / "result.json").read_text(encoding="utf-8"))))
+    if dist.is_initialized() and dist.get_rank() > 0:
+        return {"stopped": False}
+    stats = {key: spread([r[key] for r in rows]) for key, _, _ in SEED_COLUMNS}
+    table = {"seeds": rows, "stats": stats, "args": {k: v for k, v in vars(args).items() if k != "seed"}}
+    atomic_write_text(output / "seeds.json", json.dumps(table, indent=1) + "\n")
+    atomic_write_text(output / "seeds.md", seed_markdown(rows, stats))
+    print(seed_markdown(rows, stats), flush=True)
+    return {"stopped": False, **table}
+
+
+def seed_row(seed: int, result: dict) -> dict:
+    """One line of the seed table from a run's ``result.json``."""
+    pick = lambda part, key: (result.get(part) or {}).get(key)  # noqa: E731
+    row = {"seed": seed, "best_epoch": result.get("best_epoch"),
+           "dev_r": (result["dev_history"].get(str(result["best_epoch"])) or {}).get("pearson")
+           if result.get("best_epoch") else None,
+           "r_before": pick("baseline", "pearson"), "r_after": pick("after", "pearson"),
+           "tau_before": pick("baseline", "kendall"), "tau_after": pick("after", "kendall")}
+    both = lambda a, b: None if a is None or b is None else b - a  # noqa: E731
+    row["delta_r"], row["delta_tau"] = both(row["r_before"], row["r_after"]), both(row["tau_before"], row["tau_after"])
+    return row
+
+
+def spread(values: list) -> dict | None:
+    """Mean, sample standard deviation (0 for one value), min and max of the non-missing ``values``."""
+    v = [x for x in values if x is not None]
+    if not v:
+        return None
+    mean = sum(v) / len(v)
+    sd = (sum((x - mean) ** 2 for x in v) / (len(v) - 1)) ** 0.5 if len(v) > 1 else 0.0
+    return {"mean": mean, "sd": sd, "min": min(v), "max": max(v), "n": len(v)}
+
+
+def seed_markdown(rows: list[dict], stats: dict) -> str:
+    cell = lambda fmt, x: "–" if x is None else fmt.format(x)  # noqa: E731
+    lines = ["| seed | " + " | ".join(name for _, name, _ in SEED_COLUMNS) + " |",
+             "|---:|" + "---:|" * len(SEED_COLUMNS)]
+    lines += [f"| {r['seed']} | " + " | ".join(cell(fmt, r[key]) for key, _, fmt in SEED_COLUMNS) + " |" for r in rows]
+    lines.append(f"| **mean ± sd** (n={len(rows)}) | " + " | ".join(
+        "–" if stats[key] is None else f"{cell(fmt, stats[key]['mean'])} ± {stats[key]['sd']:.3f}"
+        for key, _, fmt in SEED_COLUMNS) + " |")
+    lines.append("| min – max | " + " | ".join(
+        "–" if stats[key] is None else f"{cell(fmt, stats[key]['min'])} – {cell(fmt, stats[key]['max'])}"
+        for key, _, fmt in SEED_COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _finish_distributed() -> None:

@@ -84,15 +84,26 @@ def test_trains_checkpoints_and_saves_a_loadable_scorer(setup, full_run):
     assert state["global_step"] == 10 and state["epoch"] == 2 and set(state["calibration"]) == {"a", "b"}
     assert "τ before" in (out / "table.txt").read_text()
 
-    # The final directory is a Scorer that scores exactly as the fine-tuned one in the checkpoint.
+    # The final directory is the best dev epoch's scorer, centering on a fixed mean fitted on its
+    # training texts: a pair's score does not depend on the pairs scored with it.
     loaded, calibration = recipe.load_finetuned(out / "final")
     assert calibration.to_dict() == pytest.approx(result["calibration"])
-    trained = tm.Scorer(str(setup[0]), layer=2)
-    trained.load_state_dict(state["scorer"])
+    assert loaded.config.centering == "fixed" and "center:fixed-" in loaded.signature
+    model, data = setup
+    train, _ = recipe.split_dev(recipe.read_all([str(data)], None), 0.25, seed=0)
+    texts = recipe.centering_texts(train, 1024, 0)
+    refit = tm.Scorer.from_pretrained(out / "final")
+    with recipe.fixed_centering(refit, texts, recipe.build_parser().parse_args([]), progress=False):
+        torch.testing.assert_close(refit.centering.mean, loaded.centering.mean, rtol=0, atol=1e-6)
     hyps, refs = ["the cat sat on the mat", "a dog barked", ""], ["a cat sat", "the dog barked", "the sun"]
-    assert torch.equal(loaded.score(hyps, refs, progress=False), trained.score(hyps, refs, progress=False))
-    assert not torch.equal(trained.score(hyps, refs, progress=False),
-                           tm.Scorer(str(setup[0]), layer=2).score(hyps, refs, progress=False))  # it moved
+    together = loaded.score(hyps, refs, batch_size=3, progress=False)
+    alone = torch.cat([loaded.score([h], [r], progress=False) for h, r in zip(hyps, refs)])
+    torch.testing.assert_close(together, alone, rtol=0, atol=1e-6)
+    assert together[2] == 0  # an empty hypothesis scores 0
+    untuned = tm.Scorer(str(model), layer=2, centering="fixed").fit_centering(texts, progress=False)
+    assert not torch.allclose(together, untuned.score(hyps, refs, progress=False))  # it moved
+    dev = result["dev_history"]
+    assert result["best_epoch"] == max((1, 2), key=lambda e: dev[str(e)]["pearson"])
 
 
 def test_resume_continues_exactly(setup, full_run, tmp_path):
@@ -148,19 +159,20 @@ def test_bad_arguments_are_reported(setup, full_run, tmp_path):
 def _ddp_worker(rank, world_size, model, data, output):
     recipe.main(["--model", model, "--layer", "2", "--train", data, "--dev-fraction", "0", "--output", output,
                  "--batch-size", "3", "--epochs", "1", "--lr", "1e-3", "--skip-baseline", "--no-progress",
-                 "--no-plot", "--calibration-fit-size", "0"])
+                 "--no-plot", "--calibration-fit-size", "0", "--loss", "mse+pearson"])
     return {}
 
 
 def test_two_processes_equal_one_with_the_global_batch(tmp_path):
     """W=2 processes with batch 3 == 1 process with batch 6: same pairs per step, batch centering over
-    the global batch (differentiable all-reduce), gradients summed over ranks. Dropout off."""
+    the global batch (differentiable all-reduce), the Pearson term on the gathered global batch,
+    gradients summed over ranks. Dropout off."""
     model = str(write_model(tmp_path / "tiny", dropout=0.0))
     data = str(write_ratings(tmp_path / "ratings.tsv", n=24))
     _ddp.run(_ddp_worker, 2, tmp_path, model, data, str(tmp_path / "two"), timeout=90)
     recipe.main(["--model", model, "--layer", "2", "--train", data, "--dev-fraction", "0", "--output",
                  str(tmp_path / "one"), "--batch-size", "6", "--epochs", "1", "--lr", "1e-3", "--skip-baseline",
-                 "--no-progress", "--no-plot", "--calibration-fit-size", "0"])
+                 "--no-progress", "--no-plot", "--calibration-fit-size", "0", "--loss", "mse+pearson"])
     one, two = final_state(tmp_path / "one"), final_state(tmp_path / "two")
     assert one.keys() == two.keys()
     # Batch centering removes any shift common to all tokens, so the bias of the scored layer's last
@@ -170,3 +182,77 @@ def test_two_processes_equal_one_with_the_global_batch(tmp_path):
         torch.testing.assert_close(one[k], two[k], rtol=1e-4, atol=1e-5)
     cal = [json.loads((tmp_path / r / "final" / "calibration.json").read_text()) for r in ("one", "two")]
     assert cal[0]["a"] == pytest.approx(cal[1]["a"], rel=1e-4) and cal[0]["b"] == pytest.approx(cal[1]["b"], rel=1e-4)
+
+
+def test_correlation_losses_match_naive_definitions():
+    import numpy as np
+
+    gen = torch.Generator().manual_seed(0)
+    pred, human = torch.randn(9, generator=gen, dtype=torch.float64), torch.randn(9, generator=gen, dtype=torch.float64)
+    human[3] = human[5]  # a tie: not an ordered pair
+    r = np.corrcoef(pred.numpy(), human.numpy())[0, 1]
+    assert float(recipe.correlation_loss(pred, human, "pearson")) == pytest.approx(1 - r)
+    assert float(recipe.correlation_loss(3 * pred - 2, human, "pearson")) == pytest.approx(1 - r)  # affine-invariant
+    pairs = [(i, j) for i in range(9) for j in range(9) if human[i] > human[j]]
+    naive = sum(math.log1p(math.exp(-(pred[i] - pred[j]).item())) for i, j in pairs) / len(pairs)
+    assert float(recipe.correlation_loss(pred, human, "rank")) == pytest.approx(naive)
+    assert float(recipe.correlation_loss(pred, torch.zeros(9, dtype=torch.float64), "rank")) == 0  # nothing ordered
+    x = pred.clone().requires_grad_()
+    for kind in ("pearson", "rank"):
+        assert torch.autograd.gradcheck(lambda p: recipe.correlation_loss(p, human, kind), (x,))
+
+
+def test_layer_decay_learning_rates(setup):
+    import torchmover as tm
+
+    scorer = tm.Scorer(str(setup[0]), layer=2)
+    args = recipe.build_parser().parse_args(["--lr", "1e-3", "--layer-decay", "0.5", "--calibration-lr", "0"])
+    groups = recipe.param_groups(scorer, recipe.Calibration(), args)
+    lr_of = {id(p): g["lr"] for g in groups for p in g["params"]}
+    named = dict(scorer.encoder.model.named_parameters())
+    assert lr_of[id(named["encoder.layer.1.output.dense.weight"])] == pytest.approx(1e-3)  # the scored block
+    assert lr_of[id(named["encoder.layer.0.output.dense.weight"])] == pytest.approx(5e-4)
+    assert lr_of[id(named["embeddings.word_embeddings.weight"])] == pytest.approx(2.5e-4)
+    assert sum(len(g["params"]) for g in groups) == sum(1 for p in scorer.parameters() if p.requires_grad)
+    decay = {id(p): g["weight_decay"] for g in groups for p in g["params"]}
+    assert decay[id(named["encoder.layer.0.output.LayerNorm.weight"])] == 0 < decay[id(named["encoder.layer.0.output.dense.weight"])]
+    with pytest.raises(ValueError, match="--layer-decay"):
+        recipe.param_groups(scorer, recipe.Calibration(), recipe.build_parser().parse_args(["--layer-decay", "0"]))
+
+
+def test_seeds_table_is_written_and_finished_seeds_are_not_rerun(setup, tmp_path):
+    """--seeds with the correlation loss, layer-wise decay, fixed training centering, early stopping."""
+    import numpy as np
+
+    out = tmp_path / "sweep"
+    extra = ("--seeds", "0,1", "--epochs", "3", "--patience", "1", "--lr", "3e-2", "--loss", "mse+rank",
+             "--loss-weight", "0.5", "--layer-decay", "0.8", "--centering", "fixed", "--max-train-pairs", "12")
+    table = recipe.main(argv(setup, out, *extra))
+    rows = {r["seed"]: r for r in table["seeds"]}
+    assert set(rows) == {0, 1} and (out / "seeds.md").is_file()
+    assert json.loads((out / "seeds.json").read_text())["stats"] == table["stats"]
+    for seed in (0, 1):
+        result = json.loads((out / f"seed-{seed}" / "result.json").read_text())
+        assert rows[seed]["r_after"] == result["after"]["pearson"]
+        assert rows[seed]["delta_r"] == pytest.approx(result["after"]["pearson"] - result["baseline"]["pearson"])
+        dev = {int(e): d["pearson"] for e, d in result["dev_history"].items() if int(e) > 0}
+        assert result["best_epoch"] == max(dev, key=dev.get)
+        stop = next((e for e in sorted(dev) if e - max((k for k in dev if k <= e), key=dev.get) >= 1), 3)
+        assert max(dev) == stop  # early stopping after one epoch without a better dev r
+    deltas = [rows[s]["delta_r"] for s in (0, 1)]
+    assert table["stats"]["delta_r"]["mean"] == pytest.approx(np.mean(deltas))
+    assert table["stats"]["delta_r"]["sd"] == pytest.approx(np.std(deltas, ddof=1))
+    mtime = (out / "seed-0" / "log.jsonl").stat().st_mtime_ns
+    again = recipe.main(argv(setup, out, *extra))
+    assert again["stats"] == table["stats"] and (out / "seed-0" / "log.jsonl").stat().st_mtime_ns == mtime
+    with pytest.raises(ValueError, match="--seeds"):
+        recipe.main(argv(setup, out, "--seeds", "0,x"))
+
+
+@pytest.mark.parametrize("method, direction", [("trwmd", "recall"), ("bertscore", "f1"), ("sbert", "recall")])
+def test_other_members_train(setup, tmp_path, method, direction):
+    result = recipe.main(argv(setup, tmp_path / method, "--method", method, "--direction", direction,
+                              "--epochs", "1", "--max-train-pairs", "8"))
+    loaded, _ = recipe.load_finetuned(tmp_path / method / "final")
+    assert loaded.config.method == method and loaded.config.centering == "fixed"
+    assert math.isfinite(result["after"]["pearson"]) and result["best_epoch"] == 1
