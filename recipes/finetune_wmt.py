@@ -576,7 +576,8 @@ def fixed_centering(scorer: tm.Scorer, texts: list[str], args, progress: bool):
     scorer.config = dataclasses.replace(config, centering="fixed")
     scorer.centering = Centering("fixed", dim=scorer.encoder.hidden_size).to(device)
     try:
-        scorer.fit_centering(texts, batch_size=args.eval_batch_size, progress=progress)
+        # evaluation runs on the main rank alone: a local fit, not the collective one of torch.distributed
+        scorer.fit_centering(texts, batch_size=args.eval_batch_size, progress=progress, distributed=False)
         yield scorer
     finally:
         scorer.config, scorer.centering = config, centering
