@@ -334,7 +334,7 @@ class MoverReward:
         if self.cache_size:
             for t in cached:
                 self._lru.move_to_end(t)
-            free = sorted(set(range(self.cache_size)) - set(self._lru.values()), reverse=True)
+            free = sorted(set(range(self.cache_size)) - set(self._lru.values()), reverse=True) if missing else []
             for t in missing:
                 if len(self._lru) == self.cache_size:
                     old, slot = self._lru.popitem(last=False)
