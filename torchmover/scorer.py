@@ -464,12 +464,13 @@ class Scorer(nn.Module):
         if not self.config.idf:
             raise ValueError("fit_idf needs a scorer built with idf=True")
         references = _check_texts("references", references)
-        hypotheses = references if hypotheses is None else _check_texts("hypotheses", hypotheses)
+        hypotheses = None if hypotheses is None else _check_texts("hypotheses", hypotheses)
         tokenizer, device = self.encoder.tokenizer, self.encoder.device
 
         def fit(texts):
             return fit_idf_over_ranks(texts, tokenizer, device) if distributed else IDF.fit(texts, tokenizer)
-        self.idf = {"ref": fit(references), "hyp": fit(hypotheses)}
+        ref = fit(references)  # one dictionary serves both sides when no hypotheses are given
+        self.idf = {"ref": ref, "hyp": ref if hypotheses is None else fit(hypotheses)}
         return self
 
     @torch.no_grad()
