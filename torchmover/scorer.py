@@ -24,7 +24,7 @@ from .transfer import to_device
 from .centering import MODULE_MODES, Centering
 from .compiled import check_compile, compiled_member_term
 from .devices import resolve_device, resolve_dtype
-from .distributed import fit_idf as fit_idf_over_ranks, shard
+from .distributed import all_reduce_sum, fit_idf as fit_idf_over_ranks, shard
 from .encoding import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES, Encoder
 from .family import (DIRECTIONS, UNNORMALIZED, WMD_TEMPERATURE, TokenCloud, member_term, pair_similarity,
                      self_similarity, token_cloud)
@@ -761,11 +761,9 @@ class Scorer(nn.Module):
         distinct texts — ``μ = Σ_texts Σ_tokens x / Σ_texts n_tokens`` (float64 sums), one mean
         (``joint``) or the hypotheses' and the references' (``separate``) — summed over the ranks of
         ``group`` if given. Returns the means and the arena of the last chunk (to be reused)."""
-        import torch.distributed as dist
-
         sides = (None,) if self.config.center_scope == "joint" else ("hyp", "ref")
         dim, device = self.encoder.hidden_size, self.encoder.device
-        stats = {side: torch.zeros(dim + 1, dtype=torch.float64, device=device) for side in sides}  # (Σ x, n)
+        stats = torch.zeros(len(sides), dim + 1, dtype=torch.float64, device=device)  # per side (Σ x, n)
         seen = {side: set() for side in sides}
         arena = None
         for chunk in chunks:
@@ -773,19 +771,18 @@ class Scorer(nn.Module):
             arena = self._embed_distinct(chunk_hyps, chunk_groups, batch_size, progress)
             side_texts = {None: _distinct_texts(chunk_hyps, chunk_groups), "hyp": chunk_hyps,
                           "ref": [r for g in chunk_groups for r in g]}
-            for side in sides:
+            for k, side in enumerate(sides):
                 new = [t for t in dict.fromkeys(side_texts[side]) if t not in seen[side]]
                 seen[side].update(new)
                 if new:
                     rows, width = arena.index(new)
                     units = arena.gather(to_device([rows], device)[0], len(new), width)
                     real = units.mask.unsqueeze(-1)
-                    stats[side][:-1] += torch.where(real, units.vectors, torch.zeros_like(units.vectors)).double().sum((0, 1))
-                    stats[side][-1] += units.mask.sum()
-        if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
-            for side in sides:
-                dist.all_reduce(stats[side], op=dist.ReduceOp.SUM, group=group)
-        means = tuple((stats[side][:-1] / stats[side][-1].clamp_min(1)).float() for side in sides)
+                    stats[k, :-1] += torch.where(real, units.vectors, torch.zeros_like(units.vectors)).double().sum((0, 1))
+                    stats[k, -1] += units.mask.sum()
+        if group is not None:
+            stats = all_reduce_sum(stats, group)  # one collective for every side
+        means = tuple((s[:-1] / s[-1].clamp_min(1)).float() for s in stats)
         return means, arena
 
     def _embed_distinct(self, hyps: list[str], groups: list[list[str]], batch_size: int,
