@@ -160,7 +160,7 @@ def run_score(args: argparse.Namespace) -> None:
     finally:
         if args.output:
             out.close()
-    means = " ".join(f"{sum(col) / len(col):.6f}" if col else "nan" for col in zip(*rows)) if rows else "nan"
+    means = " ".join(f"{sum(col) / len(col):.6f}" for col in zip(*rows)) if rows else "nan"
     print(f"mean{' P R F1' if args.all else ''}: {means} (n={len(rows)})", file=sys.stderr)
     print(f"signature: {scorer.signature}", file=sys.stderr)
 

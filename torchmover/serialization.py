@@ -128,12 +128,13 @@ def _earlier_save(target: Path) -> dict[str, str]:
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(files, dict):
-            recorded.update({name: digest for name, digest in files.items() if _inside(target, name)})
+            recorded.update({name: digest for name, digest in files.items() if _inside(name)})
     return recorded
 
 
-def _inside(root: Path, name: str) -> bool:
-    """Whether the relative path ``name`` stays inside ``root`` (no absolute path, no ``..``)."""
+def _inside(name: str) -> bool:
+    """Whether the relative path ``name`` stays inside the directory it is relative to (no absolute
+    path, no ``..``)."""
     return isinstance(name, str) and not Path(name).is_absolute() and ".." not in Path(name).parts
 
 
@@ -210,7 +211,7 @@ def verify_files(root: Path, meta: dict) -> None:
         raise ValueError(f"{str(root / CONFIG_FILE)!r} records no SHA-256 of the saved files (saved by torchmover "
                          f"{meta.get('torchmover', 'unknown')}); load with verify=False to skip the check")
     for name, digest in files.items():
-        if not _inside(root, name):
+        if not _inside(name):
             raise ValueError(f"{str(root / CONFIG_FILE)!r} lists {name!r}, a path outside the saved scorer")
         file = root / name
         if not file.is_file():
@@ -294,4 +295,4 @@ def load_scorer(cls, config_type, path: str | os.PathLike, device="auto", dtype:
             scorer.idf = {side: IDF.from_dict(saved[side]) for side in ("hyp", "ref")}
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"corrupt {IDF_FILE} in {str(root)!r}: {e}") from e
-    return scorer.to(device=device)
+    return scorer  # built on `device` above; loaded buffers keep their device
