@@ -523,12 +523,10 @@ class Scorer(nn.Module):
         try:
             raw = self.score([texts[i] for i in first.tolist()], [texts[j] for j in second.tolist()],
                              batch_size=batch_size, progress=progress, return_all=True)
-        except BaseException:
+        finally:
             self.baseline = previous
-            raise
         baseline = PRF(*(s.double().mean().item() for s in raw))
         if max(baseline) >= 1:
-            self.baseline = previous
             raise ValueError(f"unrelated pairs score {max(baseline):.4f} >= 1 on this corpus: no rescaling is possible")
         self.baseline = baseline
         return self
