@@ -237,16 +237,22 @@ class ProcessReward(NamedTuple):
     name: str
 
     def score(self, texts: Sequence[str], refs: Sequence[list[str] | None],
-              missing: Callable[[int], float]) -> list[float]:
+              no_reference: Callable[[int], str]) -> list[float]:
         """Rewards of ``texts[i]`` (parsed by ``parse`` first) against ``refs[i]``, in one micro-batched
-        call; a row whose ``refs[i]`` is None gets ``missing(i)`` instead (which may raise)."""
-        out = [missing(i) if r is None else 0.0 for i, r in enumerate(refs)]
+        call. A row whose ``refs[i]`` is None scores ``config.missing_score``; without one it raises a
+        ValueError with the message ``no_reference(i)``."""
+        out = [self._missing(i, no_reference) if r is None else 0.0 for i, r in enumerate(refs)]
         rows = [i for i, r in enumerate(refs) if r is not None]
         if rows:
             parsed = [apply_parser(self.parse, texts[i], f"completion {i}") for i in rows]
             for i, score in zip(rows, self.batched.score(parsed, [refs[i] for i in rows]).tolist()):
                 out[i] = score
         return out
+
+    def _missing(self, i: int, no_reference: Callable[[int], str]) -> float:
+        if self.config.missing_score is None:
+            raise ValueError(no_reference(i))
+        return self.config.missing_score
 
 
 _lock = threading.Lock()

@@ -45,11 +45,9 @@ def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence
                  for query, prompt in zip(queries, prompts)]
     refs = [reference_list(label, f"labels[{i}]") for i, label in enumerate(labels)]
 
-    def missing(i: int) -> float:
-        if config.missing_score is None:
-            raise ValueError(f"labels[{i}] is {labels[i]!r}: no reference to score against. Set "
-                             "TORCHMOVER_MISSING_SCORE to give such samples a fixed reward")
-        return config.missing_score
+    def no_reference(i: int) -> str:
+        return (f"labels[{i}] is {labels[i]!r}: no reference to score against. Set "
+                "TORCHMOVER_MISSING_SCORE to give such samples a fixed reward")
 
-    values = torch.tensor(shared.score(responses, refs, missing), dtype=torch.float32)
+    values = torch.tensor(shared.score(responses, refs, no_reference), dtype=torch.float32)
     return {"rewards": values, "scores": values, "extra_logs": {shared.name: values}}

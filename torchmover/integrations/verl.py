@@ -47,17 +47,11 @@ def _references(shared: ProcessReward, ground_truth, extra_info, index: int | No
     return reference_list(value, field if index is None else f"{field} of sample {index}")
 
 
-def _missing(shared: ProcessReward, data_sources: Sequence, where: Callable[[int], str]) -> Callable[[int], float]:
-    """What a sample without a reference scores: ``missing_score``, or a ValueError naming it."""
-    def missing(i: int) -> float:
-        if shared.config.missing_score is None:
-            raise ValueError(
-                f"{where(i)} (data_source={data_sources[i]!r}) has no reference in {shared.config.reference_field}: "
-                "set TORCHMOVER_MISSING_SCORE to give such samples a fixed reward, or "
-                "TORCHMOVER_REFERENCE_FIELD to read the reference elsewhere")
-        return shared.config.missing_score
-
-    return missing
+def _no_reference(shared: ProcessReward, data_sources: Sequence, where: Callable[[int], str]) -> Callable[[int], str]:
+    """The error message for sample ``i`` without a reference (when no ``missing_score`` is set)."""
+    return lambda i: (f"{where(i)} (data_source={data_sources[i]!r}) has no reference in "
+                      f"{shared.config.reference_field}: set TORCHMOVER_MISSING_SCORE to give such samples a "
+                      "fixed reward, or TORCHMOVER_REFERENCE_FIELD to read the reference elsewhere")
 
 
 def _check_solutions(solution_strs: Sequence) -> list[str]:
@@ -78,7 +72,7 @@ def compute_score(data_source, solution_str: str, ground_truth, extra_info=None,
     shared = process_reward()
     texts = _check_solutions([solution_str])
     refs = [_references(shared, ground_truth, extra_info, None)]
-    return shared.score(texts, refs, _missing(shared, [data_source], lambda i: "this sample"))[0]
+    return shared.score(texts, refs, _no_reference(shared, [data_source], lambda i: "this sample"))[0]
 
 
 def compute_score_batch(data_sources: Sequence, solution_strs: Sequence[str], ground_truths: Sequence,
@@ -94,4 +88,4 @@ def compute_score_batch(data_sources: Sequence, solution_strs: Sequence[str], gr
     texts = _check_solutions(solution_strs)
     refs = [_references(shared, truth, extra, i)
             for i, (truth, extra) in enumerate(zip(ground_truths, extra_infos))]
-    return shared.score(texts, refs, _missing(shared, data_sources, lambda i: f"sample {i}"))
+    return shared.score(texts, refs, _no_reference(shared, data_sources, lambda i: f"sample {i}"))
