@@ -32,6 +32,12 @@ def masked_mean(x: Tensor, mask: Tensor, dim: tuple[int, ...]) -> Tensor:
     return total / weights.sum(dim, keepdim=True).clamp_min(1.0)
 
 
+def token_sum(x: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """``[D]`` sum of the real token vectors of ``x`` (``[B, L, D]``, ``mask``: ``[B, L]``), accumulated
+    in ``dtype``: the ``Σ x`` of every corpus mean ``Σ x / n``."""
+    return torch.where(mask.unsqueeze(-1), x, torch.zeros_like(x)).to(dtype).sum((0, 1))
+
+
 def token_mean(x: Tensor, mask: Tensor) -> Tensor:
     """``[D]`` mean of all real token vectors of ``x`` (``[B, L, D]``); zeros if there are none."""
     return masked_mean(x, mask, dim=(0, 1)).reshape(x.shape[-1])
@@ -51,8 +57,7 @@ def global_token_mean(x: Tensor, mask: Tensor, *, group=None, return_count: bool
         mean = token_mean(x, mask)
         return (mean, int(mask.sum())) if return_count else mean
     acc = torch.promote_types(x.dtype, torch.float32)  # reduce in float32 or wider
-    m = mask.unsqueeze(-1)
-    s = torch.where(m, x, torch.zeros_like(x)).to(acc).sum((0, 1))  # [D]  S_r
+    s = token_sum(x, mask, acc)  # [D]  S_r
     n = mask.sum().to(acc).reshape(1)  # [1]  n_r
     stats = all_reduce_sum(torch.cat([s, n]), group)  # [D + 1]  (S, n)
     total, count = stats[:-1], stats[-1]
@@ -186,7 +191,7 @@ class Centering(nn.Module):
         total, count = None, 0
         for x, m in batches:
             m = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if m is None else m.bool()
-            s = torch.where(m.unsqueeze(-1), x, torch.zeros_like(x)).double().sum((0, 1))
+            s = token_sum(x, m, torch.float64)
             total = s if total is None else total + s
             count += int(m.sum())
         if distributed:

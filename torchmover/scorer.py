@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from . import functional as F
 from .arena import TokenArena
 from .transfer import to_device
-from .centering import MODULE_MODES, Centering
+from .centering import MODULE_MODES, Centering, token_sum
 from .compiled import check_compile, compiled_member_term
 from .devices import resolve_device, resolve_dtype
 from .distributed import all_reduce_sum, fit_idf as fit_idf_over_ranks, shard
@@ -775,8 +775,7 @@ class Scorer(nn.Module):
                 if new:
                     rows, width = arena.index(new)
                     units = arena.gather(to_device([rows], device)[0], len(new), width)
-                    real = units.mask.unsqueeze(-1)
-                    stats[k, :-1] += torch.where(real, units.vectors, torch.zeros_like(units.vectors)).double().sum((0, 1))
+                    stats[k, :-1] += token_sum(units.vectors, units.mask, torch.float64)
                     stats[k, -1] += units.mask.sum()
         if group is not None:
             stats = all_reduce_sum(stats, group)  # one collective for every side
