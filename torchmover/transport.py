@@ -88,7 +88,8 @@ def marginal_error(log_plan: Tensor, log_a: Tensor, log_b: Tensor, mask: Tensor)
     return row_err + col_err
 
 
-def tempered_residual(sim: Tensor, mask: Tensor, temperature: float, dim: int) -> tuple[Tensor, Tensor]:
+def tempered_residual(sim: Tensor, mask: Tensor, temperature: float, dim: int, *, off: Tensor | None = None,
+                      empty: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """``z = (S − m) / T`` with ``m = max`` of ``S`` over the real entries along ``dim`` (detached),
     and ``m`` itself (0 on slices without a real entry); ``z`` holds ``finfo(dtype).min / 8`` off the mask.
 
@@ -98,10 +99,14 @@ def tempered_residual(sim: Tensor, mask: Tensor, temperature: float, dim: int) -
     rounding noise of ``S / T ≈ 10¹⁰`` in which an ``O(1)`` log-mass would vanish. ``m`` is detached:
     every quantity built from ``z`` is invariant to it, so its gradient would only add and cancel
     terms of size ``1/T``.
+
+    ``off`` (``~mask``) and ``empty`` (the slices along ``dim`` without a real entry, ``keepdim``) may
+    be passed by a caller that already holds them (Sinkhorn, every half-step).
     """
-    has_any = mask.any(dim, keepdim=True)
-    shift = sim.detach().masked_fill(~mask, NEG_INF).amax(dim, keepdim=True).masked_fill(~has_any, 0.0)
-    z = (sim - shift).div_(temperature).masked_fill_(~mask, torch.finfo(sim.dtype).min / 8)  # fresh: in place
+    off = ~mask if off is None else off
+    empty = ~mask.any(dim, keepdim=True) if empty is None else empty
+    shift = sim.detach().masked_fill(off, NEG_INF).amax(dim, keepdim=True).masked_fill(empty, 0.0)
+    z = (sim - shift).div_(temperature).masked_fill_(off, torch.finfo(sim.dtype).min / 8)  # fresh: in place
     return z, shift.squeeze(dim)
 
 
@@ -146,17 +151,21 @@ def sinkhorn(
         raise ValueError(f"exact must be 'rows' or 'columns', got {exact!r}")
     masked = torch.finfo(sim.dtype).min / 8  # three of them still add up to a finite number
     real_rows, real_cols = mask.any(-1), mask.any(-2)  # [B, L1], [B, L2]
+    off = ~mask  # [B, L1, L2]
+    empty_cols, empty_rows = ~real_cols.unsqueeze(-2), ~real_rows.unsqueeze(-1)  # [B, 1, L2], [B, L1, 1]
     u = v = f = g = residual = None
 
     def column_step():  # Σ_i π_ij = b_j
         nonlocal v, g, residual
-        residual, v = tempered_residual(sim if u is None else sim - u.unsqueeze(-1), mask, temperature, -2)
+        residual, v = tempered_residual(sim if u is None else sim - u.unsqueeze(-1), mask, temperature, -2,
+                                        off=off, empty=empty_cols)
         lse = torch.logsumexp(residual if f is None else residual + f.unsqueeze(-1), dim=-2)
         g = torch.where(real_cols, log_b - lse, masked)
 
     def row_step():  # Σ_j π_ij = a_i
         nonlocal u, f, residual
-        residual, u = tempered_residual(sim if v is None else sim - v.unsqueeze(-2), mask, temperature, -1)
+        residual, u = tempered_residual(sim if v is None else sim - v.unsqueeze(-2), mask, temperature, -1,
+                                        off=off, empty=empty_rows)
         lse = torch.logsumexp(residual if g is None else residual + g.unsqueeze(-2), dim=-1)
         f = torch.where(real_rows, log_a - lse, masked)
 
@@ -164,7 +173,7 @@ def sinkhorn(
     for _ in range(n_iter):
         for step in steps:
             step()
-    log_plan = (residual + f.unsqueeze(-1) + g.unsqueeze(-2)).masked_fill(~mask, NEG_INF)
+    log_plan = (residual + f.unsqueeze(-1) + g.unsqueeze(-2)).masked_fill(off, NEG_INF)
     if not diagnose:
         return TransportPlan(log_plan, n_iter, None, None)
     error = marginal_error(log_plan.detach(), log_a, log_b, mask)
