@@ -185,6 +185,21 @@ def measure(run, patch, unpatch, encode_fn, replay: bool = True, sync: Callable[
 
 # --- systems (each run inside its own subprocess) -------------------------------------------------
 
+def default_layer() -> int:
+    from torchmover.encoding import DEFAULT_LAYERS, DEFAULT_MODEL
+
+    return DEFAULT_LAYERS[DEFAULT_MODEL][0]
+
+
+def package_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
 def model_dir() -> str:
     """The default model's local directory (the offline package)."""
     from torchmover.encoding import DEFAULT_MODEL, resolve_model_path

@@ -28,7 +28,7 @@ import torch
 from torchmover import Scorer
 from torchmover.data import read_tsv_dir
 
-from bench_common import wmt_parser
+from bench_common import pearson, wmt_parser
 
 
 def median_seconds(fn, repeats: int) -> tuple[float, float]:
@@ -42,8 +42,6 @@ def median_seconds(fn, repeats: int) -> tuple[float, float]:
     return statistics.median(wall), statistics.median(cpu)
 
 
-def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
-    return float(torch.corrcoef(torch.stack([x.double(), y.double()]))[0, 1])
 
 
 def main() -> None:

@@ -38,7 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import Timed, load_pairs, model_dir, run_bert_score, run_torchmover, synchronizer, wmt_parser
+from bench_common import (Timed, default_layer, load_pairs, model_dir, run_bert_score, run_torchmover, synchronizer,
+                          wmt_parser)
 
 COMPLETIONS_PER_PROMPT = 8
 PROMPTS = (8, 64)  # 64 and 512 completions
@@ -48,12 +49,12 @@ BASE_SHAPE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
 
 def encoders(tmp: Path, names: list[str]) -> dict[str, tuple[str, int]]:
     """``{name: (local model directory, layer)}``; the base-size encoder is built and saved to ``tmp``."""
-    from torchmover.encoding import DEFAULT_LAYERS, DEFAULT_MODEL
+    from torchmover.encoding import DEFAULT_LAYERS
 
     out = {}
     for name in names:
         if name == "default":
-            out[name] = (model_dir(), DEFAULT_LAYERS[DEFAULT_MODEL][0])
+            out[name] = (model_dir(), default_layer())
         elif name == "base":
             import torch
             from transformers import AutoTokenizer, BertConfig, BertModel

@@ -35,8 +35,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer's work
 
 import torch  # noqa: E402
 
-from bench_common import wmt_parser  # noqa: E402
-from bench_peers import Recorded, Timed, default_layer, load_pairs, model_dir
+from bench_common import Recorded, Timed, default_layer, load_pairs, model_dir, wmt_parser  # noqa: E402
 
 
 CLOCK = time.thread_time

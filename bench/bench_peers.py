@@ -69,7 +69,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from bench_common import Recorded, Timed, load_pairs, measure, model_dir, run_bert_score, run_torchmover, wmt_parser
+from bench_common import (Recorded, Timed, default_layer, load_pairs, measure, model_dir, package_version, pearson,
+                          run_bert_score, run_torchmover, wmt_parser)
 
 SYSTEMS = ("torchmover-twmd", "torchmover-wmd", "bert_score", "moverscore")
 
@@ -277,13 +278,10 @@ def spawn(name: str, job_path: Path, tmp: Path, threads: int | None) -> dict:
     return json.loads(result.read_text())
 
 
-def pearson(x, y) -> float:
+def prefix_pearson(x, y) -> float:
     """Pearson r on the common prefix (exact WMD scores only the first pairs)."""
-    import numpy as np
-
     k = min(len(x), len(y))
-    x, y = x[:k], y[:k]
-    return float(np.corrcoef(np.asarray(x, float), np.asarray(y, float))[0, 1])
+    return pearson(x[:k], y[:k])
 
 
 def report(args, runs: dict, reward: dict, pairs, load_before, load_after, wall) -> str:
@@ -318,13 +316,13 @@ def report(args, runs: dict, reward: dict, pairs, load_before, load_after, wall)
             f"| {k / b['total_s']:.1f} | {(k / b['total_s']) / (n / tm['total_s']):.3g}× "
             f"| {b['encoder_s']:.2f} | {b['metric_split_s']:.2f} | {b['metric_cached_s']:.3f} "
             f"| {per_pair:.3g}×{'' if k == n else ' (per pair)'} | {b['peak_after_mb']:.0f} (+{b['peak_delta_mb']:.0f}) "
-            f"| {b['peak_delta_mb'] / max(tm['peak_delta_mb'], 1e-9):.2f}× | {pearson(first[name]['scores'], human[:k]):.3f} |")
+            f"| {b['peak_delta_mb'] / max(tm['peak_delta_mb'], 1e-9):.2f}× | {prefix_pearson(first[name]['scores'], human[:k]):.3f} |")
     ms = best["moverscore"]
     bs = best["bert_score"]
     cross = {
-        f"MoverScore vs torchmover exact WMD (first {len(first['torchmover-wmd']['scores'])} pairs)": pearson(first["moverscore"]["scores"], first["torchmover-wmd"]["scores"]),
-        "MoverScore vs torchmover TWMD": pearson(first["moverscore"]["scores"], first["torchmover-twmd"]["scores"]),
-        "bert_score F1 vs torchmover TWMD": pearson(first["bert_score"]["scores"], first["torchmover-twmd"]["scores"]),
+        f"MoverScore vs torchmover exact WMD (first {len(first['torchmover-wmd']['scores'])} pairs)": prefix_pearson(first["moverscore"]["scores"], first["torchmover-wmd"]["scores"]),
+        "MoverScore vs torchmover TWMD": prefix_pearson(first["moverscore"]["scores"], first["torchmover-twmd"]["scores"]),
+        "bert_score F1 vs torchmover TWMD": prefix_pearson(first["bert_score"]["scores"], first["torchmover-twmd"]["scores"]),
     }
     ms_scores = first["moverscore"]["scores"]
     speedup_ms = ms["total_s"] / tm["total_s"]
@@ -439,27 +437,12 @@ def report(args, runs: dict, reward: dict, pairs, load_before, load_after, wall)
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 
-def default_layer() -> int:
-    from torchmover.encoding import DEFAULT_LAYERS, DEFAULT_MODEL
-
-    return DEFAULT_LAYERS[DEFAULT_MODEL][0]
-
-
 def tm_layer(runs) -> int:
     return runs["torchmover-twmd"][0]["layer"]
 
 
 def transformers_version() -> str:
     return package_version("transformers")
-
-
-def package_version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "not installed"
 
 
 def main(argv=None) -> None:

@@ -32,13 +32,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_common import agreement, load_sample, wmt_parser  # noqa: E402
-from bench_peers import model_dir, package_version  # noqa: E402
+from bench_common import agreement, load_sample, model_dir, package_version, wmt_parser  # noqa: E402
 
 DIRECTIONS = {"P": "precision", "R": "recall", "F": "f1"}
 

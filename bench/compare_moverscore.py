@@ -47,8 +47,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_common import agreement, load_sample, pearson, spearman, wmt_parser  # noqa: E402
-from bench_peers import import_moverscore, model_dir, package_version  # noqa: E402  (the shared shim)
+from bench_common import agreement, load_sample, model_dir, package_version, pearson, spearman, wmt_parser  # noqa: E402
+from bench_peers import import_moverscore  # noqa: E402  (the shared shim)
 
 LAYER = 6  # the last layer of all-MiniLM-L6-v2: moverscore_v2 reads hidden_states[-1]
 PUNCT = set(string.punctuation)  # moverscore_v2's rule: a token equal to one of these characters
