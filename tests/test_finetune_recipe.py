@@ -256,3 +256,15 @@ def test_other_members_train(setup, tmp_path, method, direction):
     loaded, _ = recipe.load_finetuned(tmp_path / method / "final")
     assert loaded.config.method == method and loaded.config.centering == "fixed"
     assert math.isfinite(result["after"]["pearson"]) and result["best_epoch"] == 1
+
+
+def test_default_layer_is_the_top_one(setup, tmp_path):
+    """Without --layer the recipe reads the top layer, so every transformer block is trained."""
+    import torchmover as tm
+
+    model, data = setup
+    assert recipe.top_layer(str(model)) == 3  # the tiny model's blocks
+    recipe.main(["--model", str(model), "--train", str(data), "--dev-fraction", "0", "--output", str(tmp_path / "run"),
+                 "--batch-size", "4", "--max-train-pairs", "8", "--skip-baseline", "--no-progress", "--no-plot"])
+    loaded = tm.Scorer.from_pretrained(tmp_path / "run" / "final")
+    assert "|layer:3|" in loaded.signature and loaded.encoder.model.config.num_hidden_layers == 3
