@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -346,8 +347,9 @@ class Encoder(nn.Module):
         names = [k for k in batch if k != "special_tokens_mask"]  # the model's inputs
         word_lists = [[-1 if w is None else w for w in e.word_ids] for e in batch.encodings]
         n, length = len(word_lists), len(word_lists[0]) if word_lists else 0
-        host = torch.tensor([v for rows in [batch[k] for k in names] + [batch["special_tokens_mask"], word_lists]
-                             for row in rows for v in row], dtype=torch.long, device="cpu").reshape(len(names) + 2, n, length)
+        # NumPy reads nested lists of ints several times faster than torch.tensor does
+        rows = [batch[k] for k in names] + [batch["special_tokens_mask"], word_lists]
+        host = torch.from_numpy(np.array(rows, dtype=np.int64).reshape(len(rows), n, length))
         *inputs, special, word_ids = host.unbind(0)
         mask = inputs[names.index("attention_mask")].bool()  # [N, L]
         special = (special != 0) & mask  # [N, L], padding excluded
