@@ -1,29 +1,13 @@
-"""The cached module walk behind the rewards' weights fingerprint and eval mode (torchmover.moduletree)."""
+"""The rewards' weights fingerprint and eval mode (torchmover.moduletree)."""
 import torch
 from torch import nn
 
-from torchmover.moduletree import eval_mode, walk, weights_fingerprint
+from torchmover.moduletree import eval_mode, weights_fingerprint
 
 
 def make():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(3, 4), nn.Sequential(nn.ReLU(), nn.Linear(4, 2)), nn.BatchNorm1d(2))
-
-
-def test_walk_lists_what_modules_parameters_and_buffers_list():
-    model = make()
-    modules, tensors = walk(model)
-    assert modules == list(model.modules())
-    assert {id(t) for t in tensors} == {id(t) for t in [*model.parameters(), *model.buffers()]}
-
-
-def test_walk_is_cached_until_a_structure_changes():
-    model, other = make(), make()
-    first = walk(model)
-    assert walk(model)[0] is first[0]  # no new walk
-    other[0] = nn.Linear(3, 4)  # any module registering anything drops every cached walk
-    again = walk(model)
-    assert again[0] is not first[0] and again[0] == first[0]
 
 
 def test_fingerprint_sees_every_kind_of_weight_change():
@@ -48,6 +32,8 @@ def test_fingerprint_sees_every_kind_of_weight_change():
     model.to(torch.float64)  # cast
     changed()
     model.load_state_dict({k: v + 1 for k, v in model.state_dict().items()})
+    changed()
+    model.to("meta")  # new Parameter objects put straight into _parameters: no registration hook fires
     changed()
 
 
