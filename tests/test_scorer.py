@@ -94,7 +94,7 @@ def test_score_restores_training_mode_and_builds_no_graph(tiny_scorer):
 def test_duplicate_texts_are_encoded_once(tiny_scorer, monkeypatch):
     seen = []
     forward = type(tiny_scorer.encoder).forward
-    monkeypatch.setattr(type(tiny_scorer.encoder), "forward", lambda self, texts: seen.append(list(texts)) or forward(self, texts))
+    monkeypatch.setattr(type(tiny_scorer.encoder), "forward", lambda self, texts, **kw: seen.append(list(texts)) or forward(self, texts, **kw))
     tiny_scorer(["the cat", "the cat"], [["the dog", "the cat"], ["the dog"]])
     assert seen == [["the cat", "the dog"]]
 

@@ -21,6 +21,7 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
+from .devices import autocast_off
 from .transport import (TransportPlan, converged_sinkhorn, cost_matrix, sinkhorn,
                         tempered_residual)
 
@@ -147,7 +148,7 @@ def family_similarity(
     """
     hyp_mask, ref_mask = _check_inputs(hyp, ref, hyp_mask, ref_mask)
     dtype = torch.promote_types(torch.promote_types(hyp.dtype, ref.dtype), torch.float32)
-    with torch.autocast(device_type=hyp.device.type, enabled=False):
+    with autocast_off(hyp.device):
         return pair_similarity(term, token_cloud(hyp, hyp_mask, hyp_weights, dtype=dtype, name="hyp_weights",
                                                  validate=validate),
                                token_cloud(ref, ref_mask, ref_weights, dtype=dtype, name="ref_weights",
@@ -167,7 +168,7 @@ def pair_similarity(
     :func:`self_similarity`). Autocast is off inside: the matmuls run in the clouds' dtype.
     """
     term = _resolve(term, direction)
-    with torch.autocast(device_type=hyp.vectors.device.type, enabled=False):
+    with autocast_off(hyp.vectors.device):
         h = hyp if hyp_index is None else hyp.select(hyp_index)
         r = ref if ref_index is None else ref.select(ref_index)
         cross = _cross(term, r, h)  # first, so that a diagnosed plan list starts with the cross term

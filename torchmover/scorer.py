@@ -541,7 +541,8 @@ class Scorer(nn.Module):
         if c.method in SENTENCE_METHODS:  # whole documents, per sentence when longer than the window
             documents = encode_documents(self.encoder, texts)
             return Units(documents.embeddings, documents.mask, sentence_ids=documents.sentence_ids)
-        tokens = self.encoder(texts) if c.token_policy_is_identity else self.encoder(texts, token_policy=self._keep_mask)
+        policy = None if c.token_policy_is_identity else self._keep_mask
+        tokens = self.encoder(texts, token_policy=policy, with_word_ids=c.subwords == "mean")
         x, mask = tokens.embeddings, tokens.mask
         weights = [self.idf[side](tokens.input_ids) for side in ("hyp", "ref")] if c.idf else []
         if c.special_tokens == "target":  # in the mask as matching targets, with mass 0
