@@ -190,11 +190,12 @@ def self_similarity(term: TransportTerm | dict[str, TransportTerm], cloud: Token
 
 
 def _resolve(term: TransportTerm | dict[str, TransportTerm], direction: str) -> TransportTerm:
-    """The term of ``direction`` (``f1``: the harmonic mean of the recall and precision terms)."""
+    """The term of ``direction`` (``f1``, unless the member has its own: the harmonic mean of the recall
+    and precision terms)."""
     if not isinstance(term, dict):
         return term
     _check_direction(direction)
-    if direction != "f1":
+    if direction in term:
         return term[direction]
     recall, precision = term["recall"], term["precision"]
     return lambda *args: _harmonic_mean(recall(*args), precision(*args))
@@ -266,12 +267,16 @@ def _relaxed_term(temperature: float, exact: str) -> TransportTerm:
     return term
 
 
-def _greedy_term(exact: str) -> TransportTerm:
+def _greedy_term(direction: str) -> TransportTerm:
+    """BERTScore's greedy matching ``R = Σ_i a_i max_j S_ij``, ``P = Σ_j b_j max_i S_ij``, or (``f1``)
+    both from one similarity matrix and their harmonic mean."""
     def term(x, y, mask, a, b):
         sim = _sim(x, y).masked_fill(~mask, torch.finfo(x.dtype).min)
-        if exact == "rows":  # R = Σ_i a_i max_j S_ij
-            return (sim.amax(-1) * a).sum(-1)
-        return (sim.amax(-2) * b).sum(-1)  # P = Σ_j b_j max_i S_ij
+        recall = (sim.amax(-1) * a).sum(-1) if direction != "precision" else None
+        precision = (sim.amax(-2) * b).sum(-1) if direction != "recall" else None
+        if direction == "f1":
+            return _harmonic_mean(recall, precision)
+        return recall if direction == "recall" else precision
     return term
 
 
@@ -286,7 +291,10 @@ def _cka_term(x, y, mask, a, b):
 
 
 MEMBERS = ("twmd", "trwmd", "wmd", "moverscore", "bertscore", "sbert", "cka")
-UNNORMALIZED = ("moverscore",)  # Sim(X, X) = 1 by construction
+# C(X, X) = 1 by construction: moverscore's ``1 − cost``, and bertscore's greedy matching (on unit
+# vectors S_ii = 1 is every row's and column's maximum), so the self-terms, two more matchings per
+# pair, are not computed.
+UNNORMALIZED = ("moverscore", "bertscore")
 
 
 def member_term(method: str, temperature: float | None = None, n_iter: int | None = 1,
@@ -307,7 +315,7 @@ def member_term(method: str, temperature: float | None = None, n_iter: int | Non
     if method == "moverscore":
         return _moverscore_term(temperature or WMD_TEMPERATURE, plans)
     if method == "bertscore":
-        return {"recall": _greedy_term("rows"), "precision": _greedy_term("columns")}
+        return {direction: _greedy_term(direction) for direction in ("recall", "precision", "f1")}
     if method == "sbert":
         return _mean_term
     if method == "cka":
