@@ -78,8 +78,8 @@ def _masses(mask: Tensor, weights: Tensor | None, name: str, dtype: torch.dtype,
 
 def _unit_vectors(x: Tensor, mask: Tensor) -> Tensor:
     """L2-normalised token vectors, exactly zero at padding (never NaN, whatever padding holds)."""
-    x = torch.where(mask.unsqueeze(-1), x, torch.zeros_like(x))
-    return x * x.square().sum(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny).rsqrt()
+    x = torch.where(mask.unsqueeze(-1), x, 0.0)
+    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
 
 
 def _placeholder_for_empty(x: Tensor, mask: Tensor, w: Tensor, empty: Tensor):
@@ -108,7 +108,7 @@ class TokenCloud(NamedTuple):
     empty: Tensor
 
     def select(self, index: Tensor) -> "TokenCloud":
-        return TokenCloud(*(t[index] for t in self))
+        return TokenCloud(*(t.index_select(0, index) for t in self))
 
 
 def token_cloud(x: Tensor, mask: Tensor, weights: Tensor | None = None, *, dtype: torch.dtype | None = None,

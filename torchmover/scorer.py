@@ -202,8 +202,12 @@ class Units(NamedTuple):
     ref_weights: Tensor | None = None
     sentence_ids: Tensor | None = None
 
-    def select(self, index: Tensor) -> "Units":
-        return Units(*(None if t is None else t[index] for t in self))
+    def select(self, index: Tensor | slice) -> "Units":
+        """The rows ``index``: views for a slice, else one ``index_select`` per field (on the CPU about
+        twice as fast as ``t[index]``, which goes through advanced indexing)."""
+        if isinstance(index, slice):
+            return Units(*(None if t is None else t[index] for t in self))
+        return Units(*(None if t is None else t.index_select(0, index) for t in self))
 
     def unpad(self) -> list["Units"]:
         """Per-text units with their padding removed (each field ``[n_i, ...]``)."""
