@@ -54,7 +54,7 @@ def test_score_encodes_every_text_once_under_batch_centering(tiny_encoder, monke
     scorer = Scorer(tiny_encoder, centering="batch")
     encoded = []
     forward = type(scorer.encoder).forward
-    monkeypatch.setattr(type(scorer.encoder), "forward", lambda self, texts: encoded.extend(texts) or forward(self, texts))
+    monkeypatch.setattr(type(scorer.encoder), "forward", lambda self, texts, **kw: encoded.extend(texts) or forward(self, texts, **kw))
     scorer.score(HYPS, REFS, batch_size=3, progress=False)
     texts = set(HYPS) | {r for g in REFS for r in ([g] if isinstance(g, str) else g)}
     assert sorted(encoded) == sorted(texts)

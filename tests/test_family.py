@@ -74,3 +74,22 @@ def test_gradient_through_shared_texts():
                                hyp_index, ref_index, direction="f1")
 
     assert torch.autograd.gradcheck(f, (hyp, ref))
+
+
+@pytest.mark.parametrize("method", UNNORMALIZED)
+def test_unnormalized_members_have_unit_self_terms(method):
+    """The members whose self-terms the scorer skips: C(X, X) = 1 for every text, every direction."""
+    x, mask, weights = texts(3, 4, 6)
+    cloud = token_cloud(x, mask, weights)
+    for direction in ("recall", "precision", "f1") if method in DIRECTED else ("recall",):
+        torch.testing.assert_close(self_similarity(term_of(method), cloud, direction), torch.ones(4, dtype=x.dtype),
+                                   atol=1e-6 if method == "moverscore" else 1e-12, rtol=0)
+
+
+def test_bertscore_f1_term_is_the_harmonic_mean_of_its_recall_and_precision():
+    """One similarity matrix for both directions gives what two separate matchings give."""
+    hyp, ref = token_cloud(*texts(4, 3, 5)), token_cloud(*texts(5, 3, 7))
+    terms = member_term("bertscore")
+    args = (ref.vectors, hyp.vectors, ref.mask.unsqueeze(-1) & hyp.mask.unsqueeze(-2), ref.mass, hyp.mass)
+    r, p = terms["recall"](*args), terms["precision"](*args)
+    torch.testing.assert_close(terms["f1"](*args), 2 * r * p / (r + p), atol=1e-15, rtol=0)

@@ -171,3 +171,35 @@ def test_the_trace_names_syncing_ops_and_their_frames():
         F.tempered_wmd(x, x, mask, mask)  # moves the user's masks to the vectors' device: blocking
     assert not trace.syncs
     assert {op.frame.split(" in ")[1] for op in trace.late_host_data} == {"_check_inputs"}
+
+
+def on_meta(scorer: Scorer) -> Scorer:
+    """``scorer`` on the ``meta`` device (shapes and dtypes, no data), its model's forward replaced
+    by one that returns hidden states of the right shape (transformers' own mask checks read data)."""
+    from types import SimpleNamespace
+
+    scorer = scorer.to("meta")
+    model = scorer.encoder.model
+    width, layers = model.config.hidden_size, scorer.encoder.layer
+
+    def shapes_only(input_ids, **_):
+        h = torch.empty(*input_ids.shape, width, device="meta")
+        return SimpleNamespace(hidden_states=(h,) * (layers + 1))
+    model.forward = shapes_only
+    return scorer
+
+
+@pytest.mark.parametrize("options", [{}, {"idf": True, "stopwords": "english"}, {"subwords": "mean"},
+                                     {"method": "bertscore", "direction": "f1"}], ids=str)
+def test_rewards_run_on_the_meta_device(fitted_scorer, tiny_encoder, options):
+    """A second proof, independent of the trace: no data can be read from a meta tensor (a scalar
+    read, ``nonzero``, ``unique`` raise), so a whole call that runs there reads none."""
+    scorer = fitted_scorer if not options else make_scorer(tiny_encoder, **options)
+    reward, self_critical = MoverReward(scorer), SelfCriticalReward(scorer)
+    if options:  # fitted on the CPU
+        reward.fit(REFS)
+        self_critical.fit(REFS)
+    reward(HYPS[:2], REFS[:2])  # two references cached on the CPU: moving the scorer must drop them
+    on_meta(scorer)
+    for scores in (reward(HYPS, REFS), self_critical(HYPS, HYPS[::-1], REFS).advantage):
+        assert scores.device.type == "meta" and scores.shape == (len(HYPS),)

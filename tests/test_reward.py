@@ -28,9 +28,9 @@ def record_encoded(scorer) -> list[str]:
     """Texts passed to the scorer's encoder from now on (patched on the instance)."""
     seen, forward = [], scorer.encoder.forward
 
-    def spy(texts):
+    def spy(texts, **kwargs):
         seen.extend(texts)
-        return forward(texts)
+        return forward(texts, **kwargs)
 
     scorer.encoder.forward = spy
     return seen

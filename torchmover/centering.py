@@ -28,14 +28,14 @@ MODULE_MODES = CENTERING_MODES + ("running",)
 def masked_mean(x: Tensor, mask: Tensor, dim: tuple[int, ...]) -> Tensor:
     """Mean of ``x`` (``[..., L, D]``) over the real tokens (``mask``: ``[..., L]``) along ``dim``."""
     weights = mask.unsqueeze(-1).to(x.dtype)
-    total = torch.where(mask.unsqueeze(-1), x, torch.zeros_like(x)).sum(dim, keepdim=True)
+    total = torch.where(mask.unsqueeze(-1), x, 0.0).sum(dim, keepdim=True)
     return total / weights.sum(dim, keepdim=True).clamp_min(1.0)
 
 
 def token_sum(x: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
     """``[D]`` sum of the real token vectors of ``x`` (``[B, L, D]``, ``mask``: ``[B, L]``), accumulated
     in ``dtype``: the ``Σ x`` of every corpus mean ``Σ x / n``."""
-    return torch.where(mask.unsqueeze(-1), x, torch.zeros_like(x)).to(dtype).sum((0, 1))
+    return torch.where(mask.unsqueeze(-1), x, 0.0).to(dtype).sum((0, 1))
 
 
 def token_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -88,7 +88,7 @@ def center(x: Tensor, mask: Tensor, mode: str = "batch", mean: Tensor | None = N
         if mean.shape != x.shape[-1:]:
             raise ValueError(f"mean must have shape {tuple(x.shape[-1:])}, got {tuple(mean.shape)}")
         x = x - mean.to(x)  # x is float32 or wider here: the mean is never rounded to bf16
-    return torch.where(mask.unsqueeze(-1), x, torch.zeros_like(x))
+    return torch.where(mask.unsqueeze(-1), x, 0.0)
 
 
 class Centering(nn.Module):

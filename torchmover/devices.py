@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -87,3 +88,11 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     if isinstance(dtype, str) and dtype.lower().removeprefix("torch.") in DTYPE_NAMES:
         return DTYPE_NAMES[dtype.lower().removeprefix("torch.")]
     raise ValueError(f"dtype must be None, a floating torch.dtype or one of {tuple(DTYPE_NAMES)}, got {dtype!r}")
+
+
+def autocast_off(device: torch.device):
+    """A context with autocast off on ``device``'s type; nothing to switch off where torch has no
+    autocast (the ``meta`` device, on which the hot paths are traced without computing)."""
+    if not torch.amp.is_autocast_available(device.type):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, enabled=False)

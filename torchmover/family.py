@@ -21,6 +21,7 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
+from .devices import autocast_off
 from .transport import (TransportPlan, converged_sinkhorn, cost_matrix, sinkhorn,
                         tempered_residual)
 
@@ -77,8 +78,8 @@ def _masses(mask: Tensor, weights: Tensor | None, name: str, dtype: torch.dtype,
 
 def _unit_vectors(x: Tensor, mask: Tensor) -> Tensor:
     """L2-normalised token vectors, exactly zero at padding (never NaN, whatever padding holds)."""
-    x = torch.where(mask.unsqueeze(-1), x, torch.zeros_like(x))
-    return x * x.square().sum(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny).rsqrt()
+    x = torch.where(mask.unsqueeze(-1), x, 0.0)
+    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
 
 
 def _placeholder_for_empty(x: Tensor, mask: Tensor, w: Tensor, empty: Tensor):
@@ -107,7 +108,7 @@ class TokenCloud(NamedTuple):
     empty: Tensor
 
     def select(self, index: Tensor) -> "TokenCloud":
-        return TokenCloud(*(t[index] for t in self))
+        return TokenCloud(*(t.index_select(0, index) for t in self))
 
 
 def token_cloud(x: Tensor, mask: Tensor, weights: Tensor | None = None, *, dtype: torch.dtype | None = None,
@@ -147,7 +148,7 @@ def family_similarity(
     """
     hyp_mask, ref_mask = _check_inputs(hyp, ref, hyp_mask, ref_mask)
     dtype = torch.promote_types(torch.promote_types(hyp.dtype, ref.dtype), torch.float32)
-    with torch.autocast(device_type=hyp.device.type, enabled=False):
+    with autocast_off(hyp.device):
         return pair_similarity(term, token_cloud(hyp, hyp_mask, hyp_weights, dtype=dtype, name="hyp_weights",
                                                  validate=validate),
                                token_cloud(ref, ref_mask, ref_weights, dtype=dtype, name="ref_weights",
@@ -167,7 +168,7 @@ def pair_similarity(
     :func:`self_similarity`). Autocast is off inside: the matmuls run in the clouds' dtype.
     """
     term = _resolve(term, direction)
-    with torch.autocast(device_type=hyp.vectors.device.type, enabled=False):
+    with autocast_off(hyp.vectors.device):
         h = hyp if hyp_index is None else hyp.select(hyp_index)
         r = ref if ref_index is None else ref.select(ref_index)
         cross = _cross(term, r, h)  # first, so that a diagnosed plan list starts with the cross term
@@ -189,11 +190,12 @@ def self_similarity(term: TransportTerm | dict[str, TransportTerm], cloud: Token
 
 
 def _resolve(term: TransportTerm | dict[str, TransportTerm], direction: str) -> TransportTerm:
-    """The term of ``direction`` (``f1``: the harmonic mean of the recall and precision terms)."""
+    """The term of ``direction`` (``f1``, unless the member has its own: the harmonic mean of the recall
+    and precision terms)."""
     if not isinstance(term, dict):
         return term
     _check_direction(direction)
-    if direction != "f1":
+    if direction in term:
         return term[direction]
     recall, precision = term["recall"], term["precision"]
     return lambda *args: _harmonic_mean(recall(*args), precision(*args))
@@ -265,12 +267,16 @@ def _relaxed_term(temperature: float, exact: str) -> TransportTerm:
     return term
 
 
-def _greedy_term(exact: str) -> TransportTerm:
+def _greedy_term(direction: str) -> TransportTerm:
+    """BERTScore's greedy matching ``R = Σ_i a_i max_j S_ij``, ``P = Σ_j b_j max_i S_ij``, or (``f1``)
+    both from one similarity matrix and their harmonic mean."""
     def term(x, y, mask, a, b):
         sim = _sim(x, y).masked_fill(~mask, torch.finfo(x.dtype).min)
-        if exact == "rows":  # R = Σ_i a_i max_j S_ij
-            return (sim.amax(-1) * a).sum(-1)
-        return (sim.amax(-2) * b).sum(-1)  # P = Σ_j b_j max_i S_ij
+        recall = (sim.amax(-1) * a).sum(-1) if direction != "precision" else None
+        precision = (sim.amax(-2) * b).sum(-1) if direction != "recall" else None
+        if direction == "f1":
+            return _harmonic_mean(recall, precision)
+        return recall if direction == "recall" else precision
     return term
 
 
@@ -285,7 +291,10 @@ def _cka_term(x, y, mask, a, b):
 
 
 MEMBERS = ("twmd", "trwmd", "wmd", "moverscore", "bertscore", "sbert", "cka")
-UNNORMALIZED = ("moverscore",)  # Sim(X, X) = 1 by construction
+# C(X, X) = 1 by construction: moverscore's ``1 − cost``, and bertscore's greedy matching (on unit
+# vectors S_ii = 1 is every row's and column's maximum), so the self-terms, two more matchings per
+# pair, are not computed.
+UNNORMALIZED = ("moverscore", "bertscore")
 
 
 def member_term(method: str, temperature: float | None = None, n_iter: int | None = 1,
@@ -306,7 +315,7 @@ def member_term(method: str, temperature: float | None = None, n_iter: int | Non
     if method == "moverscore":
         return _moverscore_term(temperature or WMD_TEMPERATURE, plans)
     if method == "bertscore":
-        return {"recall": _greedy_term("rows"), "precision": _greedy_term("columns")}
+        return {direction: _greedy_term(direction) for direction in ("recall", "precision", "f1")}
     if method == "sbert":
         return _mean_term
     if method == "cka":

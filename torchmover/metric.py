@@ -38,7 +38,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         "(or `pip install torchmetrics`)"
     ) from e
 
-from .reward import _eval_mode
+from .moduletree import eval_mode
 from .scorer import Scorer, _check_references, _check_texts
 
 _SCORER_OPTIONS = frozenset(inspect.signature(Scorer.__init__).parameters) - {"self"}
@@ -114,7 +114,7 @@ class MoverMetric(Metric):
         return self.scorer.config.centering == "batch"
 
     def _scoring_mode(self):
-        return contextlib.nullcontext() if self.train_scorer else _eval_mode(self.scorer)
+        return contextlib.nullcontext() if self.train_scorer else eval_mode(self.scorer)
 
     def update(self, preds: str | Sequence[str], target: str | Sequence[str] | Sequence[Sequence[str]]) -> None:
         """Score ``preds`` against ``target`` (one reference per prediction, or a list of them; or

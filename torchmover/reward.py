@@ -51,17 +51,16 @@ explicitly.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import itertools
 import threading
 from collections import OrderedDict
 from typing import Callable, NamedTuple, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .arena import TokenArena
+from .moduletree import eval_mode, weights_fingerprint
 from .transfer import to_device
 from .centering import Centering
 from .distributed import shard
@@ -103,25 +102,6 @@ class GroupRewardResult(NamedTuple):
     rewards: Tensor
     baseline: Tensor
     advantages: Tensor
-
-
-@contextlib.contextmanager
-def _eval_mode(module: nn.Module):
-    """Every submodule in eval mode for the body, then the ones that were training restored."""
-    training = [m for m in module.modules() if m.training]
-    if training:  # nothing to switch (and no module walk) when the scorer is already in eval mode
-        module.eval()
-    try:
-        yield
-    finally:
-        for m in training:
-            m.training = True
-
-
-def _weights_fingerprint(module: nn.Module) -> tuple:
-    """Changes whenever a parameter or buffer is replaced, moved, cast or updated in place."""
-    return tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device)
-                 for t in itertools.chain(module.parameters(), module.buffers()))
 
 
 def _cat_units(a: Units, b: Units) -> Units:
@@ -292,7 +272,7 @@ class MoverReward:
 
     def _check_fingerprint(self) -> None:
         scorer = self._scorer
-        fingerprint = (_weights_fingerprint(scorer.encoder), scorer.config, tuple(map(id, scorer.idf.values())))
+        fingerprint = (weights_fingerprint(scorer.encoder), scorer.config, tuple(map(id, scorer.idf.values())))
         if fingerprint != self._fingerprint:
             if self._lru:
                 self._invalidations += 1
@@ -404,14 +384,14 @@ class MoverReward:
 
     def _check_centering(self, centering: Centering) -> None:
         """Forget the cached self-terms if the centering's mean changed."""
-        fingerprint = _weights_fingerprint(centering)
+        fingerprint = weights_fingerprint(centering)
         if fingerprint != self._centering_fingerprint:
             self._known_self_terms.clear()
             self._centering_fingerprint = fingerprint
 
     def _encode(self, texts: list[str]) -> Units:
         """:meth:`Scorer.embed` of ``texts`` (padded), no graph."""
-        with _eval_mode(self._scorer), torch.no_grad():
+        with eval_mode(self._scorer), torch.no_grad():
             return self._scorer.embed(texts)
 
     def _like(self) -> Tensor:
@@ -445,7 +425,7 @@ class MoverReward:
         index, *sent = to_device([plan.index, *pair_lists(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
                                                            {t: i for i, t in enumerate(ref_texts)}),
                                   *self_term_lists], like.device)
-        with _eval_mode(self._scorer), torch.no_grad():
+        with eval_mode(self._scorer), torch.no_grad():
             try:
                 hyp_units = self._scorer.embed(hyp_texts)
                 ref_units = self._references(plan, index)

@@ -202,8 +202,12 @@ class Units(NamedTuple):
     ref_weights: Tensor | None = None
     sentence_ids: Tensor | None = None
 
-    def select(self, index: Tensor) -> "Units":
-        return Units(*(None if t is None else t[index] for t in self))
+    def select(self, index: Tensor | slice) -> "Units":
+        """The rows ``index``: views for a slice, else one ``index_select`` per field (on the CPU about
+        twice as fast as ``t[index]``, which goes through advanced indexing)."""
+        if isinstance(index, slice):
+            return Units(*(None if t is None else t[index] for t in self))
+        return Units(*(None if t is None else t.index_select(0, index) for t in self))
 
     def unpad(self) -> list["Units"]:
         """Per-text units with their padding removed (each field ``[n_i, ...]``)."""
@@ -541,7 +545,8 @@ class Scorer(nn.Module):
         if c.method in SENTENCE_METHODS:  # whole documents, per sentence when longer than the window
             documents = encode_documents(self.encoder, texts)
             return Units(documents.embeddings, documents.mask, sentence_ids=documents.sentence_ids)
-        tokens = self.encoder(texts) if c.token_policy_is_identity else self.encoder(texts, token_policy=self._keep_mask)
+        policy = None if c.token_policy_is_identity else self._keep_mask
+        tokens = self.encoder(texts, token_policy=policy, with_word_ids=c.subwords == "mean")
         x, mask = tokens.embeddings, tokens.mask
         weights = [self.idf[side](tokens.input_ids) for side in ("hyp", "ref")] if c.idf else []
         if c.special_tokens == "target":  # in the mask as matching targets, with mass 0

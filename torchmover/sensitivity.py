@@ -460,9 +460,9 @@ class _MemoEncoder(Encoder):
         self.power_mean_layers = inner.power_mean_layers
         self._memo: dict[tuple[str, ...], TokenEmbeddings] = {}
 
-    def forward(self, texts: Sequence[str], token_policy=None) -> TokenEmbeddings:
+    def forward(self, texts: Sequence[str], token_policy=None, *, with_word_ids: bool = True) -> TokenEmbeddings:
         if torch.is_grad_enabled() or self.training:
-            return super().forward(texts, token_policy)
+            return super().forward(texts, token_policy, with_word_ids=with_word_ids)
         key = tuple(texts)
         if key not in self._memo:
             self._memo[key] = super().forward(texts)

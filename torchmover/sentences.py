@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from .family import WMD_TEMPERATURE, _check_inputs, _log, _placeholder_for_empty, _unit_vectors
+from .devices import autocast_off
 from .transport import check_temperature, converged_sinkhorn, cost_matrix, sinkhorn
 
 __all__ = ["split_sentences", "encode_documents", "sentence_movers", "DocumentEmbeddings", "VARIANTS"]
@@ -320,7 +321,7 @@ def sentence_movers(
         >>> sentence_movers(x, x, mask, mask, ids, ids, variant="s+wms").round(decimals=6).tolist()
         [1.0, 0.0]
     """
-    with torch.autocast(device_type=hyp.device.type, enabled=False):
+    with autocast_off(hyp.device):
         return _sentence_movers(hyp, ref, hyp_mask, ref_mask, hyp_sentence_ids, ref_sentence_ids,
                                 variant, temperature, n_iter)
 

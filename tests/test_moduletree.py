@@ -1,0 +1,50 @@
+"""The rewards' weights fingerprint and eval mode (torchmover.moduletree)."""
+import torch
+from torch import nn
+
+from torchmover.moduletree import eval_mode, weights_fingerprint
+
+
+def make():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.Sequential(nn.ReLU(), nn.Linear(4, 2)), nn.BatchNorm1d(2))
+
+
+def test_fingerprint_sees_every_kind_of_weight_change():
+    model = make()
+    seen = {weights_fingerprint(model)}
+
+    def changed():
+        fp = weights_fingerprint(model)
+        assert fp not in seen
+        seen.add(fp)
+
+    assert weights_fingerprint(model) in seen  # unchanged: equal
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # in place (an optimiser step)
+    changed()
+    model[1][1].weight = nn.Parameter(torch.zeros(2, 4))  # a parameter replaced
+    changed()
+    model[1][1] = nn.Linear(4, 2)  # a submodule replaced
+    changed()
+    model[2].running_mean = torch.ones(2)  # a buffer replaced
+    changed()
+    model.to(torch.float64)  # cast
+    changed()
+    model.load_state_dict({k: v + 1 for k, v in model.state_dict().items()})
+    changed()
+    model.to("meta")  # new Parameter objects put straight into _parameters: no registration hook fires
+    changed()
+
+
+def test_eval_mode_restores_exactly_the_training_flags():
+    model = make().train()
+    model[1].eval()  # a submodule already in eval mode stays so
+    before = [m.training for m in model.modules()]
+    with eval_mode(model):
+        assert not any(m.training for m in model.modules())
+    assert [m.training for m in model.modules()] == before
+    model[0] = nn.Linear(3, 4)  # a new submodule (training) is seen by the next call
+    with eval_mode(model):
+        assert not any(m.training for m in model.modules())
+    assert model[0].training
