@@ -30,13 +30,15 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer's work in the timed thread
 
 import torch  # noqa: E402
 
-from bench_common import Recorded, Timed, default_layer, load_pairs, model_dir, wmt_parser  # noqa: E402
+from bench_common import (Recorded, Timed, default_layer, load_average, load_pairs, model_dir, wmt_parser,  # noqa: E402
+                          write_report)
 
 
 CLOCK = time.thread_time
@@ -167,27 +169,32 @@ def main() -> None:
     parser.add_argument("--skip-metric", action="store_true", help="only (b)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # thread CPU time is the call's CPU time
+    load_before = load_average()
     pairs = load_pairs(args.data, args.pairs)
-    print(f"torch {torch.__version__}, 1 thread, CPU time of the thread")
-    print("\n(b) reward call, references cached, tiny random encoder (medians over "
-          f"{10 * args.repeats} calls, ms)\n")
-    print("| completions | call | model forward | transport | host work | of which tokenizer | host work without tokenizer |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    table = [f"(b) reward call, references cached, tiny random encoder, medians over {10 * args.repeats} calls, ms", "",
+             "| completions | call | model forward | transport | host work | of which tokenizer | host work without tokenizer |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
     for n_prompts in (8, 64):
         r = reward_call(pairs, n_prompts, 8, 10 * args.repeats)
-        print(f"| {r['completions']} ({r['prompts']} prompts x 8) | {r['call_ms']:.2f} | {r['forward_ms']:.2f} "
-              f"| {r['transport_ms']:.2f} | {r['host_ms']:.2f} | {r['tokenizer_ms']:.2f} "
-              f"| {r['host_without_tokenizer_ms']:.2f} |")
+        table.append(f"| {r['completions']} ({r['prompts']} prompts x 8) | {r['call_ms']:.2f} | {r['forward_ms']:.2f} "
+                     f"| {r['transport_ms']:.2f} | {r['host_ms']:.2f} | {r['tokenizer_ms']:.2f} "
+                     f"| {r['host_without_tokenizer_ms']:.2f} |")
     if not args.skip_metric:
         m = metric_part(pairs, args.repeats)
         bert = m["bert_score"]
-        print(f"\n(a) metric part on cached embeddings, {args.pairs} WMT pairs (medians over {args.repeats} runs, s)\n")
-        print("| system | metric part | of which transport terms (mean) | the rest (host work) | metric part / bert_score's |")
-        print("|---|---:|---:|---:|---:|")
+        table += ["", f"(a) metric part on cached embeddings, {args.pairs} WMT pairs, medians over {args.repeats} runs, s",
+                  "", "| system | metric part | of which transport terms (mean) | the rest (host work) | metric part / bert_score's |",
+                  "|---|---:|---:|---:|---:|"]
         for name, label in (("twmd", "torchmover TWMD (default)"), ("bertscore", "torchmover `bertscore` preset (F1)")):
             total, transport = m[name]
-            print(f"| {label} | {total:.3f} | {transport:.3f} | {total - transport:.3f} | {total / bert:.2f}x |")
-        print(f"| bert_score F1 | {bert:.3f} | | | 1.00x |")
+            table.append(f"| {label} | {total:.3f} | {transport:.3f} | {total - transport:.3f} | {total / bert:.2f}x |")
+        table.append(f"| bert_score F1 | {bert:.3f} | | | 1.00x |")
+    write_report(args.out, "bench_host.md", "Host overhead: what a call does besides the encoder and the transport",
+                 "python bench/bench_host.py " + " ".join(sys.argv[1:]),
+                 [f"torch {torch.__version__}, 1 torch thread, CPU time of the calling thread (time.thread_time)",
+                  "tokenizer: TOKENIZERS_PARALLELISM=false, so its Rust work is in the calling thread"],
+                 table, load_before)
+
 
 if __name__ == "__main__":
     main()
