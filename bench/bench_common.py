@@ -211,13 +211,18 @@ def model_dir() -> str:
 
 
 def run_torchmover(hyps, refs, layer, method, batch_size, profile_path=None, model: str | None = None,
-                   device: str = "cpu") -> dict:
+                   device: str = "cpu", preset: str | None = None) -> dict:
     """``Scorer(model, layer=..., method=..., device=...).score(hyps, refs)`` under :func:`measure`
-    (``model``: a local directory, default: the default model)."""
+    (``model``: a local directory, default: the default model); with ``preset``,
+    ``Scorer.from_preset(preset, model=..., layer=..., device=...)`` instead (``method`` must be its)."""
     import torch
     from torchmover import Scorer
 
-    scorer = Scorer(**({"model": model} if model else {}), layer=layer, method=method, device=device)
+    if preset:
+        scorer = Scorer.from_preset(preset, model=model or model_dir(), layer=layer, device=device)
+        assert scorer.config.method == method, (preset, method)
+    else:
+        scorer = Scorer(**({"model": model} if model else {}), layer=layer, method=method, device=device)
     scorer.score(hyps[:16], refs[:16], batch_size=batch_size, progress=False)  # warm-up
     encoder = scorer.encoder
 

@@ -82,12 +82,16 @@ def peak_memory(device) -> tuple:
 
 
 def compare_systems(pairs, path, layer, device, batch_size, with_bert_score: bool) -> dict:
-    """torchmover (default twmd) and bert_score F1 on the same pairs, encoder, layer and batch size."""
+    """torchmover (default twmd, and the bertscore preset: bert_score's arithmetic) and bert_score F1 on
+    the same pairs, encoder, layer and batch size."""
     hyps, refs = [p["hyp"] for p in pairs], [p["ref"] for p in pairs]
     reset, read = peak_memory(device)
     runs = {}
     for name, run in (("torchmover", lambda: run_torchmover(hyps, refs, layer, "twmd", batch_size, model=path,
                                                             device=device)),
+                      ("torchmover bertscore preset", lambda: run_torchmover(hyps, refs, layer, "bertscore", batch_size,
+                                                                             model=path, device=device,
+                                                                             preset="bertscore")),
                       ("bert_score", lambda: run_bert_score(hyps, refs, layer, batch_size, model=path,
                                                             device=device))):
         if name == "bert_score" and not with_bert_score:

@@ -28,90 +28,65 @@ Command (from the repository root)::
 """
 from __future__ import annotations
 
+import functools
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer's work in the timed thread
 
 import torch  # noqa: E402
 
-from bench_common import Recorded, Timed, default_layer, load_pairs, model_dir, wmt_parser  # noqa: E402
+from bench_common import (Recorded, Timed, default_layer, load_average, load_pairs, model_dir, wmt_parser,  # noqa: E402
+                          write_report)
 
 
 CLOCK = time.thread_time
 
 
-def median_s(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t = CLOCK()
-        fn()
-        times.append(CLOCK() - t)
-    return statistics.median(times)
-
-
-def replayed(run, patch, unpatch, encode_fn, repeats: int) -> float:
-    """Median time of ``run()`` with ``encode_fn`` (patched in by ``patch``) replaying recorded outputs."""
-    recorded = Recorded(encode_fn, key=lambda texts, *a, **k: tuple(texts))
-    patch(recorded)
-    try:
-        run()
-        recorded.replaying = True
-        return median_s(run, repeats)
-    finally:
-        unpatch()
-
-
-def torchmover_metric_part(scorer, hyps: list[str], refs: list[str], repeats: int) -> tuple[float, float]:
-    """Median time of ``scorer.score`` with its encoder replaying recorded outputs, and the mean time
-    in its transport terms (``family._cross``) per call."""
-    import torchmover.family as family
-
-    encoder = scorer.encoder
-
-    def patch_encoder(f):
-        encoder.forward = f
-
-    def unpatch_encoder():
-        del encoder.forward
-
-    cross = family._cross = Timed(family._cross, CLOCK)
-    try:
-        total = replayed(lambda: scorer.score(hyps, refs, batch_size=64, progress=False), patch_encoder,
-                         unpatch_encoder, type(encoder).forward.__get__(encoder), repeats)
-    finally:
-        family._cross = cross.fn
-    return total, cross.seconds / (repeats + 2)  # the recording run, the warm-up and the timed runs
-
-
 def metric_part(pairs: list[dict], repeats: int) -> dict:
     """The metric part of TWMD (the default) and of the ``bertscore`` preset (BERTScore F1, the same
-    arithmetic as bert_score's) on the default model, and of bert_score's F1."""
+    arithmetic as bert_score's) on the default model, and of bert_score's F1: each system's encoding
+    function replays its recorded outputs; the three run in turn, ``repeats`` rounds after a warm-up
+    round, so that a drift of the machine's speed hits them alike. Returns per system the rounds'
+    times (s) and, for torchmover, the time in its transport terms (``family._cross``) per round."""
     import bert_score
     import bert_score.utils
 
+    import torchmover.family as family
     from torchmover import Scorer
 
     hyps, refs = [p["hyp"] for p in pairs], [p["ref"] for p in pairs]
-    result = {}
+    runs = {}
     for name, scorer in (("twmd", Scorer(layer=default_layer())),
                          ("bertscore", Scorer.from_preset("bertscore", model=model_dir(), layer=default_layer()))):
-        result[name] = torchmover_metric_part(scorer, hyps, refs, repeats)
+        encoder = scorer.encoder
+        encoder.forward = Recorded(type(encoder).forward.__get__(encoder), key=lambda texts, *a, **k: tuple(texts))
+        runs[name] = (encoder.forward, functools.partial(scorer.score, hyps, refs, batch_size=64, progress=False))
     bert = bert_score.BERTScorer(model_type=model_dir(), num_layers=default_layer(), batch_size=64, device="cpu",
                                  idf=False, use_fast_tokenizer=True)
     original = bert_score.utils.get_bert_embedding
-
-    def patch_bert(f):
-        bert_score.utils.get_bert_embedding = f
-
-    def unpatch_bert():
+    bert_score.utils.get_bert_embedding = Recorded(original, key=lambda texts, *a, **k: tuple(texts))
+    runs["bert_score"] = (bert_score.utils.get_bert_embedding, functools.partial(bert.score, hyps, refs, batch_size=64))
+    cross = family._cross = Timed(family._cross, CLOCK)
+    times = {name: [] for name in runs}
+    transport = {name: [] for name in runs}
+    try:
+        for recorded, run in runs.values():  # recording run
+            run()
+            recorded.replaying = True
+        for round_ in range(repeats + 1):  # a warm-up round, then the timed ones
+            for name, (_, run) in runs.items():
+                cross.seconds, t = 0.0, CLOCK()
+                run()
+                if round_:
+                    times[name].append(CLOCK() - t)
+                    transport[name].append(cross.seconds)
+    finally:
+        family._cross = cross.fn
         bert_score.utils.get_bert_embedding = original
-
-    result["bert_score"] = replayed(lambda: bert.score(hyps, refs, batch_size=64), patch_bert, unpatch_bert,
-                                    original, repeats)
-    return result
+    return {"times": times, "transport": transport}
 
 
 def tiny_default_tokenizer_scorer():
@@ -167,27 +142,35 @@ def main() -> None:
     parser.add_argument("--skip-metric", action="store_true", help="only (b)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # thread CPU time is the call's CPU time
+    load_before = load_average()
     pairs = load_pairs(args.data, args.pairs)
-    print(f"torch {torch.__version__}, 1 thread, CPU time of the thread")
-    print("\n(b) reward call, references cached, tiny random encoder (medians over "
-          f"{10 * args.repeats} calls, ms)\n")
-    print("| completions | call | model forward | transport | host work | of which tokenizer | host work without tokenizer |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    table = [f"(b) reward call, references cached, tiny random encoder, medians over {10 * args.repeats} calls, ms", "",
+             "| completions | call | model forward | transport | host work | of which tokenizer | host work without tokenizer |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
     for n_prompts in (8, 64):
         r = reward_call(pairs, n_prompts, 8, 10 * args.repeats)
-        print(f"| {r['completions']} ({r['prompts']} prompts x 8) | {r['call_ms']:.2f} | {r['forward_ms']:.2f} "
-              f"| {r['transport_ms']:.2f} | {r['host_ms']:.2f} | {r['tokenizer_ms']:.2f} "
-              f"| {r['host_without_tokenizer_ms']:.2f} |")
+        table.append(f"| {r['completions']} ({r['prompts']} prompts x 8) | {r['call_ms']:.2f} | {r['forward_ms']:.2f} "
+                     f"| {r['transport_ms']:.2f} | {r['host_ms']:.2f} | {r['tokenizer_ms']:.2f} "
+                     f"| {r['host_without_tokenizer_ms']:.2f} |")
     if not args.skip_metric:
         m = metric_part(pairs, args.repeats)
-        bert = m["bert_score"]
-        print(f"\n(a) metric part on cached embeddings, {args.pairs} WMT pairs (medians over {args.repeats} runs, s)\n")
-        print("| system | metric part | of which transport terms (mean) | the rest (host work) | metric part / bert_score's |")
-        print("|---|---:|---:|---:|---:|")
+        times, transport, bert = m["times"], m["transport"], m["times"]["bert_score"]
+        table += ["", f"(a) metric part on cached embeddings, {args.pairs} WMT pairs, medians over {args.repeats} "
+                  "rounds (the three systems in turn in each round), s", "",
+                  "| system | metric part | of which transport terms | the rest (host work) "
+                  "| metric part / bert_score's (median of the rounds' ratios) |", "|---|---:|---:|---:|---:|"]
         for name, label in (("twmd", "torchmover TWMD (default)"), ("bertscore", "torchmover `bertscore` preset (F1)")):
-            total, transport = m[name]
-            print(f"| {label} | {total:.3f} | {transport:.3f} | {total - transport:.3f} | {total / bert:.2f}x |")
-        print(f"| bert_score F1 | {bert:.3f} | | | 1.00x |")
+            ratio = statistics.median(t / b for t, b in zip(times[name], bert))
+            rest = statistics.median(t - c for t, c in zip(times[name], transport[name]))
+            table.append(f"| {label} | {statistics.median(times[name]):.3f} | {statistics.median(transport[name]):.3f} "
+                         f"| {rest:.3f} | {ratio:.2f}x |")
+        table.append(f"| bert_score F1 | {statistics.median(bert):.3f} | | | 1.00x |")
+    write_report(args.out, "bench_host.md", "Host overhead: what a call does besides the encoder and the transport",
+                 "python bench/bench_host.py " + " ".join(sys.argv[1:]),
+                 [f"torch {torch.__version__}, 1 torch thread, CPU time of the calling thread (time.thread_time)",
+                  "tokenizer: TOKENIZERS_PARALLELISM=false, so its Rust work is in the calling thread"],
+                 table, load_before)
+
 
 if __name__ == "__main__":
     main()

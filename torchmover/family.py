@@ -65,14 +65,15 @@ def _masses(mask: Tensor, weights: Tensor | None, name: str, dtype: torch.dtype,
             validate: bool) -> tuple[Tensor, Tensor]:
     """Token masses (in ``dtype``) summing to 1 over real tokens, and the mask with zero-weight
     tokens removed. ``validate`` checks that the weights are non-negative (a read of device data)."""
-    if weights is None:
+    if weights is None:  # uniform: 1 on every real token, already 0 off the mask
         weights = mask.to(dtype)
     elif weights.shape != mask.shape:
         raise ValueError(f"{name} must have shape {tuple(mask.shape)}, got {tuple(weights.shape)}")
-    elif validate and bool((weights < 0).any()):
-        raise ValueError(f"{name} must be non-negative")
-    mask = mask & (weights > 0)
-    weights = torch.where(mask, weights, torch.zeros_like(weights))
+    else:
+        if validate and bool((weights < 0).any()):
+            raise ValueError(f"{name} must be non-negative")
+        mask = mask & (weights > 0)
+        weights = torch.where(mask, weights, 0.0)
     return weights / weights.sum(-1, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny), mask
 
 
@@ -85,13 +86,16 @@ def _unit_vectors(x: Tensor, mask: Tensor) -> Tensor:
 def _placeholder_for_empty(x: Tensor, mask: Tensor, w: Tensor, empty: Tensor):
     """Replace the texts where ``empty`` ``[B]`` by one placeholder unit token (e₀, mass 1) so that all
     arithmetic stays finite; their pairs' scores are set to 0 afterwards. ``x`` must be a fresh
-    tensor of the caller's (e.g. from :func:`_unit_vectors`): its first token row is written in place."""
+    tensor of the caller's (e.g. from :func:`_unit_vectors`): its first token row is written in place.
+    The placeholder's mass is ``1 + w[:, 0]``: 1 for a text without a token of positive mass (all its
+    masses are 0); any finite value does where a caller flags a non-empty text (its pair scores 0)."""
     if x.shape[1] == 0:
         x, mask, w = x.new_zeros(x.shape[0], 1, x.shape[2]), mask.new_zeros(mask.shape[0], 1), w.new_zeros(w.shape[0], 1)
-    first = (torch.arange(mask.shape[1], device=mask.device) == 0) & empty.unsqueeze(-1)  # [B, L]
-    e0 = (torch.arange(x.shape[-1], device=x.device) == 0).to(x.dtype)
-    x[:, 0] = torch.where(empty.unsqueeze(-1), e0, x[:, 0])
-    return x, mask | first, torch.where(first, torch.ones_like(w), w)
+    first = torch.nn.functional.pad(empty.unsqueeze(-1), (0, mask.shape[1] - 1))  # [B, L]: token 0 of an empty text
+    flag = empty.to(x.dtype)  # [B]
+    x[:, 0].mul_((1 - flag).unsqueeze(-1))  # an empty text's first vector: 0 (it may be a zero-mass target) ...
+    x[:, 0, 0].add_(flag)  # ... then e₀
+    return x, mask | first, w + first.to(w.dtype)
 
 
 class TokenCloud(NamedTuple):
