@@ -32,7 +32,7 @@ Read the encoder's top layer (6 of all-MiniLM-L6-v2, so every block is trained: 
 0.775 after one epoch, against 0.723 -> 0.769 reading the untuned-best layer 4), T = 0.15, one epoch
 (a second one lowered the dev r at both layers), AdamW lr 1e-4 with 10% warm-up then linear decay,
 MSE + Pearson loss, fp32. The two layers are tied within the dev noise (paired bootstrap +0.005 ±
-0.012 r); on WMT16 the top layer gains more (Δr +5.7) from a lower start, and ends ~2 points *below*
+0.012 r); on WMT16 the top layer gains more (Δr +5.5, 3 seeds) from a lower start, and ends ~2 points *below*
 layer 4 fine-tuned in absolute r. Measurements: ``bench/results/finetune_wmt.md`` (session 4).
 
 Why the calibration starts from a least-squares fit
