@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 import torch
 from scipy.special import logsumexp
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchmover import transport
+from torchmover.functional import tempered_rwmd, tempered_wmd
 from torchmover.transport import CHECK_EVERY, converged_sinkhorn, marginal_error, masked_logsumexp, sinkhorn
 
 
@@ -55,10 +57,11 @@ def log_of(w):
     return torch.where(w > 0, w, torch.ones_like(w)).log()
 
 
+@pytest.mark.parametrize("spread", [10, 100])  # 100: entries far more than -EXP_FLOOR below their slice's maximum
 @pytest.mark.parametrize("dim", [-1, -2])
-def test_masked_logsumexp_matches_naive_and_has_zero_gradient_off_mask(dim):
+def test_masked_logsumexp_matches_naive_and_has_zero_gradient_off_mask(dim, spread):
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(6, 5, generator=g, dtype=torch.float64) * 10
+    x = torch.randn(6, 5, generator=g, dtype=torch.float64) * spread
     mask = torch.rand(6, 5, generator=g) > 0.4
     mask[2, :] = False
     mask[:, 3] = False
@@ -175,3 +178,33 @@ def test_diagnostics_are_opt_in_and_do_not_change_the_plan():
     lean = sinkhorn(sim, mask, log_a, log_b, 0.1, 2, diagnose=False)
     torch.testing.assert_close(lean.log_plan, full.log_plan)
     assert lean.marginal_error is None and lean.converged is None and full.marginal_error.shape == (2,)
+
+
+class ExpArguments(TorchDispatchMode):
+    """Records the smallest argument of every ``exp`` dispatched (``logsumexp`` decomposes into one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lowest, self.calls = math.inf, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.exp.default, torch.ops.aten.exp_.default):
+            self.lowest, self.calls = min(self.lowest, args[0].min().item()), self.calls + 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("temperature", [0.15, 0.01])
+@pytest.mark.parametrize("score", [
+    lambda *a, t: tempered_wmd(*a, temperature=t),
+    lambda *a, t: tempered_wmd(*a, temperature=t, n_iter=3, direction="f1"),
+    lambda *a, t: tempered_rwmd(*a, temperature=t),
+], ids=["twmd", "twmd-3-iterations-f1", "trwmd"])
+def test_no_exp_argument_on_the_cpu_slow_path(score, temperature):
+    """float32 ``exp`` on the CPU is 35-50x slower for arguments below log(finfo.tiny) ≈ -87.3 (subnormal
+    or zero results): padding (finfo.min/8, -inf) and the tails of a small-T plan are floored at
+    ``EXP_FLOOR`` before every exp of the unrolled solvers, forward and backward."""
+    x, y, mask, a, b, rows, cols = problem(3, l1=7, l2=6, batch=4, dtype=torch.float32)
+    x.requires_grad_()
+    with ExpArguments() as seen:
+        score(x, y, rows, cols, t=temperature).sum().backward()
+    assert seen.calls > 0 and seen.lowest > math.log(torch.finfo(torch.float32).tiny), seen.lowest

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .devices import autocast_off
-from .transport import (TransportPlan, converged_sinkhorn, cost_matrix, sinkhorn,
+from .transport import (TransportPlan, converged_sinkhorn, cost_matrix, floored_exp, floored_logsumexp, sinkhorn,
                         tempered_residual)
 
 DIRECTIONS = ("recall", "precision", "f1")
@@ -245,14 +245,14 @@ def _twmd_term(temperature: float, n_iter: int | None, exact: str, plans: list |
         sim = _sim(x, y)
         if n_iter is None:
             result = converged_sinkhorn(x, y, mask, a, b, temperature)
-            plan = result.plan  # envelope theorem: the plan is treated as a constant
         else:
             result = sinkhorn(sim, mask, _log(a), _log(b), temperature, n_iter, exact=exact,
                               diagnose=plans is not None)
-            plan = result.log_plan.exp()
         if plans is not None:
             plans.append(result)
-        return (plan * sim).sum((-1, -2))
+        # sim is exactly 0 off the mask (zero vectors there), so the floor's e^-80 adds nothing. The
+        # converged plan carries no graph (envelope theorem: it is treated as a constant).
+        return (floored_exp(result.log_plan) * sim).sum((-1, -2))
     return term
 
 
@@ -264,9 +264,9 @@ def _relaxed_term(temperature: float, exact: str) -> TransportTerm:
     def term(x, y, mask, a, b):
         sim = _sim(x, y)
         z, _ = tempered_residual(sim, mask, temperature, dim)
-        # z already holds finfo.min/8 off the mask, so a plain log-sum-exp sums the real entries only
-        log_p = (z - torch.logsumexp(z, dim, keepdim=True)).masked_fill(~mask, float("-inf"))
-        plan = log_p.exp() * (a if exact == "rows" else b).unsqueeze(dim)
+        # z is 0 at each slice's maximum and finfo.min/8 off the mask, where sim is exactly 0: the
+        # floored softmax sums the real entries only, and the floor's e^-80 off the mask adds nothing
+        plan = floored_exp(z - floored_logsumexp(z, dim, keepdim=True)) * (a if exact == "rows" else b).unsqueeze(dim)
         return (plan * sim).sum((-1, -2))
     return term
 

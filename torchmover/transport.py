@@ -26,16 +26,42 @@ from torch import Tensor
 NEG_INF = float("-inf")
 
 
+# PyTorch's vectorised float32 exp on the CPU leaves its fast path for arguments below
+# log(finfo(float32).tiny) ≈ −87.3, whose results are subnormal or 0: measured 35-50x slower per element
+# (−inf: 2-4x). Masked entries (finfo.min/8, −inf) and the far tails of a plan live there. The solvers
+# therefore never hand exp an exponent below EXP_FLOOR: e^−80 ≈ 1.8e−35 lies ~27 orders of magnitude
+# below one rounding unit of any sum that also holds a term near e^0, so raising the exponents under it
+# to it changes no sum (float32 or float64), and the entries raised get zero gradient (theirs was
+# below e^−80 too). On a GPU the clamp is one cheap elementwise kernel.
+EXP_FLOOR = -80.0
+
+
+def floored_logsumexp(x: Tensor, dim: int, keepdim: bool = False) -> Tensor:
+    """``log Σ exp(max(x, EXP_FLOOR))`` along ``dim``: the log-sum-exp of ``x`` for an ``x`` whose
+    maximum along ``dim`` is within a few tens of 0 (a residual shifted to its maximum, plus potentials
+    of log-mass size), computed with every exponent on exp's fast path (``EXP_FLOOR``)."""
+    return torch.logsumexp(x.clamp_min(EXP_FLOOR), dim, keepdim=keepdim)
+
+
+def floored_exp(log_x: Tensor) -> Tensor:
+    """``exp(max(log_x, EXP_FLOOR))``: ``e^−80`` where ``log_x`` is below it, ``−inf`` included. For a
+    plan that multiplies a similarity which is exactly 0 off the mask (zero token vectors there), the
+    product, its sum and its gradients are those of the exact plan."""
+    return log_x.clamp_min(EXP_FLOOR).exp_()
+
+
 def masked_logsumexp(x: Tensor, mask: Tensor, dim: int) -> Tensor:
     """``log Σ_{k: mask_k} exp(x_k)`` along ``dim``, keeping the dimension.
 
     Where a slice holds no True entry the result is 0 (not −inf), so that arithmetic on fully
     masked rows stays finite; callers re-apply the mask afterwards. Masked entries get exactly zero
-    gradient, also when the whole slice is masked.
+    gradient, also when the whole slice is masked. Entries more than ``−EXP_FLOOR`` below their
+    slice's maximum count as that (see ``EXP_FLOOR``), so exp stays on its fast path also at small ``T``.
     """
     has_any = mask.any(dim, keepdim=True)
     x = x.masked_fill(~mask, NEG_INF).masked_fill(~has_any, 0.0)
-    return torch.logsumexp(x, dim, keepdim=True).masked_fill(~has_any, 0.0)
+    floor = x.detach().amax(dim, keepdim=True) + EXP_FLOOR  # finite: a real entry, or all 0
+    return torch.logsumexp(torch.maximum(x, floor), dim, keepdim=True).masked_fill(~has_any, 0.0)
 
 
 def normalize_rows(log_plan: Tensor, mask: Tensor, log_a: Tensor) -> Tensor:
@@ -81,7 +107,7 @@ MIN_CONVERGED_TEMPERATURE = 1e-5
 
 def marginal_error(log_plan: Tensor, log_a: Tensor, log_b: Tensor, mask: Tensor) -> Tensor:
     """``‖π1 − a‖₁ + ‖πᵀ1 − b‖₁`` per batch item (``[B]``), counting real tokens only."""
-    plan = log_plan.exp()
+    plan = floored_exp(log_plan)
     rows, cols = mask.any(-1), mask.any(-2)
     row_err = ((plan.sum(-1) - log_a.exp()).abs() * rows).sum(-1)
     col_err = ((plan.sum(-2) - log_b.exp()).abs() * cols).sum(-1)
@@ -144,8 +170,8 @@ def sinkhorn(
 
     Off the mask the residual holds ``finfo(dtype).min / 8`` and the potentials of padding rows and
     columns are set to it: every log-sum-exp stays finite (no ``−inf − (−inf)``, so no NaN in the
-    backward pass either) and ``exp`` of those entries is exactly 0. The returned ``log_plan`` holds
-    ``−inf`` off the mask.
+    backward pass either), and the log-sum-exps count them as ``e^EXP_FLOOR`` (no sum can see it; see
+    :func:`floored_logsumexp`). The returned ``log_plan`` holds ``−inf`` off the mask.
     """
     if exact not in ("rows", "columns"):
         raise ValueError(f"exact must be 'rows' or 'columns', got {exact!r}")
@@ -159,14 +185,14 @@ def sinkhorn(
         nonlocal v, g, residual
         residual, v = tempered_residual(sim if u is None else sim - u.unsqueeze(-1), mask, temperature, -2,
                                         off=off, empty=empty_cols)
-        lse = torch.logsumexp(residual if f is None else residual + f.unsqueeze(-1), dim=-2)
+        lse = floored_logsumexp(residual if f is None else residual + f.unsqueeze(-1), dim=-2)
         g = torch.where(real_cols, log_b - lse, masked)
 
     def row_step():  # Σ_j π_ij = a_i
         nonlocal u, f, residual
         residual, u = tempered_residual(sim if v is None else sim - v.unsqueeze(-2), mask, temperature, -1,
                                         off=off, empty=empty_rows)
-        lse = torch.logsumexp(residual if g is None else residual + g.unsqueeze(-2), dim=-1)
+        lse = floored_logsumexp(residual if g is None else residual + g.unsqueeze(-2), dim=-1)
         f = torch.where(real_rows, log_a - lse, masked)
 
     steps = (column_step, row_step) if exact == "rows" else (row_step, column_step)
