@@ -245,6 +245,9 @@ def test_seeds_table_is_written_and_finished_seeds_are_not_rerun(setup, tmp_path
     mtime = (out / "seed-0" / "log.jsonl").stat().st_mtime_ns
     again = recipe.main(argv(setup, out, *extra))
     assert again["stats"] == table["stats"] and (out / "seed-0" / "log.jsonl").stat().st_mtime_ns == mtime
+    assert not (out / "seeds.png").exists()  # --no-plot
+    recipe.main([a for a in argv(setup, out, *extra) if a != "--no-plot"])  # reads the seeds, draws the plot
+    assert (out / "seeds.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="--seeds"):
         recipe.main(argv(setup, out, "--seeds", "0,x"))
 
