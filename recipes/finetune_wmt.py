@@ -34,7 +34,8 @@ noise, paired bootstrap +0.005 ± 0.012 r), T = 0.15, one epoch (a second one lo
 layers), AdamW lr 2e-4 (dev r 0.783 / 0.762 against 0.765 / 0.758 at 1e-4 on the dev splits of seeds
 0 / 1) with 10% warm-up then linear decay, MSE + Pearson loss, fp32. On WMT16 (3 seeds): Δr = +6.4 ±
 0.9, fine-tuned r 0.697 ± 0.009; the top layer starts 3 points below layer 4, so part of the gain is
-a lower start. Measurements: ``bench/results/finetune_wmt.md`` (sessions 4 and 5).
+a lower start, and ``--layer 4`` (a dev tie) ends higher on WMT16 (r 0.714, 2 seeds) with a smaller
+gain (+5.0). Measurements: ``bench/results/finetune_wmt.md`` (sessions 4 and 5).
 
 Why the calibration starts from a least-squares fit
 ---------------------------------------------------
