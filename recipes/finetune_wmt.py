@@ -22,9 +22,10 @@ training files), dev Pearson r is measured after every epoch; the final model is
 and ``--patience P`` stops after P epochs without a better one. ``--seeds 0,1,2`` runs the recipe
 once per seed (dev split, training subset, data order, dropout) in ``OUTPUT/seed-S`` and writes
 ``OUTPUT/seeds.md`` / ``seeds.json`` (before / after / Δ per seed and mean ± sd) and ``seeds.png``
-(test r per language pair, before and after); a finished seed is not rerun, an interrupted one resumes. ``--layer`` picks the layer read (default: the top one);
-the blocks above it are cut off (never computed, so never trained); ``--layer-decay γ`` gives block k of K the learning
-rate ``lr·γ^(K−k)`` (embeddings ``lr·γ^K``), ``--freeze-below K`` freezes the lowest blocks.
+(test r per language pair, before and after); a finished seed is not rerun, an interrupted one
+resumes. ``--layer`` picks the layer read (default: the top one); the blocks above it are cut off
+(never computed, so never trained); ``--layer-decay γ`` gives block k of K the learning rate
+``lr·γ^(K−k)`` (embeddings ``lr·γ^K``), ``--freeze-below K`` freezes the lowest blocks.
 
 Defaults (chosen on the dev split of WMT15, never on the test year)
 ------------------------------------------------------------------
@@ -478,12 +479,20 @@ def table4(before: dict | None, after: dict, title: str) -> str:
     return "\n".join(lines)
 
 
-def plot_curves(log_path: Path, out: Path) -> Path | None:
-    """``curves.png``: loss per optimiser step, and dev Pearson r / Kendall τ per epoch."""
+def _figure_class(out: Path):
+    """matplotlib's ``Figure``, or ``None`` (saying that ``out`` is skipped) without matplotlib."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        print("curves.png skipped: matplotlib is not installed (pip install torchmover[plot])", file=sys.stderr)
+        print(f"{out.name} skipped: matplotlib is not installed (pip install torchmover[plot])", file=sys.stderr)
+        return None
+    return Figure
+
+
+def plot_curves(log_path: Path, out: Path) -> Path | None:
+    """``curves.png``: loss per optimiser step, and dev Pearson r / Kendall τ per epoch."""
+    Figure = _figure_class(out)
+    if Figure is None:
         return None
     events = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.strip()]
     steps = [(e["step"], e["loss"]) for e in events if e["event"] == "step"]
@@ -511,24 +520,21 @@ def plot_curves(log_path: Path, out: Path) -> Path | None:
 def plot_seeds(results: dict[int, dict], out: Path) -> Path | None:
     """``seeds.png``: test Pearson r per group and on average, before and after fine-tuning, as the
     mean over the seeds with their min-max range."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        print("seeds.png skipped: matplotlib is not installed (pip install torchmover[plot])", file=sys.stderr)
-        return None
     runs = [r for r in results.values() if r.get("after")]
-    if not runs:
+    Figure = _figure_class(out) if runs else None
+    if Figure is None:
         return None
     groups = sorted(runs[0]["after"]["groups"])
     fig = Figure(figsize=(max(6.0, 1.1 * (len(groups) + 1)), 3.8), layout="constrained")
     ax = fig.subplots()
     for offset, part, label in ((-0.2, "baseline", "untuned"), (0.2, "after", "fine-tuned")):
-        values = [[r[part]["groups"][g]["pearson"] for g in groups] + [r[part]["pearson"]] for r in runs if r.get(part)]
-        if not values:
+        per_seed = [[r[part]["groups"][g]["pearson"] for g in groups] + [r[part]["pearson"]] for r in runs if r.get(part)]
+        if not per_seed:
             continue
-        mean = [sum(v) / len(v) for v in zip(*values)]
-        low = [m - min(v) for m, v in zip(mean, zip(*values))]
-        high = [max(v) - m for m, v in zip(mean, zip(*values))]
+        columns = list(zip(*per_seed))  # one tuple of seeds per group
+        mean = [sum(c) / len(c) for c in columns]
+        low = [m - min(c) for m, c in zip(mean, columns)]
+        high = [max(c) - m for m, c in zip(mean, columns)]
         ax.errorbar([i + offset for i in range(len(mean))], mean, yerr=[low, high], fmt="o", capsize=3, label=label)
     ax.set_xticks(range(len(groups) + 1), groups + ["average"], rotation=30, ha="right")
     ax.set_ylabel(f"test Pearson r (mean of {len(runs)} seeds, min-max)")
