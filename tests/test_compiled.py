@@ -22,7 +22,7 @@ def clouds(batch=3, rows=6, cols=4, dim=8):
     row_mask, col_mask = torch.ones(batch, rows, dtype=torch.bool), torch.ones(batch, cols, dtype=torch.bool)
     row_mask[0, rows // 2:] = False
     a, b = row_mask / row_mask.sum(-1, keepdim=True), col_mask / col_mask.sum(-1, keepdim=True)
-    return x, y, row_mask.unsqueeze(-1) & col_mask.unsqueeze(-2), a, b
+    return x * row_mask.unsqueeze(-1), y, row_mask, col_mask, a, b  # vectors 0 at padding, as token_cloud's
 
 
 @pytest.mark.parametrize("method", COMPILABLE)

@@ -82,7 +82,7 @@ def test_masked_logsumexp_matches_naive_and_has_zero_gradient_off_mask(dim, spre
 def test_sinkhorn_matches_naive_loop(exact, n_iter):
     x, y, mask, a, b, rows, cols = problem(1)
     s = x @ y.transpose(-1, -2)
-    result = sinkhorn(s, mask, log_of(a), log_of(b), 0.2, n_iter, exact=exact)
+    result = sinkhorn(s, rows, cols, log_of(a), log_of(b), 0.2, n_iter, exact=exact)
     assert result.n_iter == n_iter and result.log_plan.shape == s.shape
     assert (result.log_plan[~mask] == float("-inf")).all()
     for k in range(s.shape[0]):
@@ -100,18 +100,43 @@ def test_sinkhorn_matches_naive_loop(exact, n_iter):
     torch.testing.assert_close(result.converged, naive_error <= transport.CONVERGENCE_TOLERANCE)
 
 
+@pytest.mark.parametrize("temperature", [0.2, 1e-3])
+@pytest.mark.parametrize("n_iter", [1, 3])
+@pytest.mark.parametrize("exact", ["rows", "columns"])
+def test_sinkhorn_value_is_the_plans_value_with_its_gradient(exact, n_iter, temperature):
+    """Σ π S without the plan (one softmax for the last step) equals Σ π S of the plan, and so do the
+    gradients, also through padded rows and columns (the sims are 0 there, as the family's are)."""
+    x, y, mask, a, b, rows, cols = problem(6, l1=6, l2=5, batch=4)
+    x.requires_grad_()
+    args = (rows, cols, log_of(a), log_of(b), temperature, n_iter)
+
+    def both():
+        s = x @ y.transpose(-1, -2)
+        return (transport.sinkhorn_value(s, *args, exact=exact),
+                (sinkhorn(s, *args, exact=exact).plan * s).sum((-1, -2)))
+
+    fast, slow = both()
+    torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
+    (grad_fast,) = torch.autograd.grad(fast.sum(), x)
+    (grad_slow,) = torch.autograd.grad(both()[1].sum(), x)
+    torch.testing.assert_close(grad_fast, grad_slow, rtol=1e-9, atol=1e-9)
+    assert grad_fast[~rows].abs().max() < 1e-30  # e^EXP_FLOOR-sized at most: padding takes no part
+    assert torch.autograd.gradcheck(lambda v: transport.sinkhorn_value(v @ y.transpose(-1, -2), *args, exact=exact),
+                                    (x.detach().clone().requires_grad_(),))
+
+
 def test_sinkhorn_rejects_unknown_exact():
-    x, y, mask, a, b, _, _ = problem(2)
+    x, y, mask, a, b, rows, cols = problem(2)
     with pytest.raises(ValueError, match="exact"):
-        sinkhorn(x @ y.transpose(-1, -2), mask, log_of(a), log_of(b), 0.1, 1, exact="both")
+        sinkhorn(x @ y.transpose(-1, -2), rows, cols, log_of(a), log_of(b), 0.1, 1, exact="both")
 
 
 def test_sinkhorn_with_fully_padded_rows_and_columns_is_finite_with_finite_gradient():
     x, y, mask, a, b, rows, cols = problem(3, batch=4)
-    mask = mask.clone()
-    mask[1] = False  # an entirely padded item
+    rows, mask = rows.clone(), mask.clone()
+    rows[1], mask[1] = False, False  # an entirely padded item
     s = (x @ y.transpose(-1, -2)).requires_grad_()
-    result = sinkhorn(s, mask, log_of(a), log_of(b), 1e-3, 3)
+    result = sinkhorn(s, rows, cols, log_of(a), log_of(b), 1e-3, 3)
     value = (result.plan * s).sum()
     assert torch.isfinite(value)
     value.backward()
@@ -172,16 +197,17 @@ def test_converged_sinkhorn_handles_coincident_points():
 def test_diagnostics_are_opt_in_and_do_not_change_the_plan():
     torch.manual_seed(0)
     sim = torch.randn(2, 4, 5)
-    mask = torch.ones(2, 4, 5, dtype=torch.bool)
+    rows, cols = torch.ones(2, 4, dtype=torch.bool), torch.ones(2, 5, dtype=torch.bool)
     log_a, log_b = torch.full((2, 4), -math.log(4)), torch.full((2, 5), -math.log(5))
-    full = sinkhorn(sim, mask, log_a, log_b, 0.1, 2)
-    lean = sinkhorn(sim, mask, log_a, log_b, 0.1, 2, diagnose=False)
+    full = sinkhorn(sim, rows, cols, log_a, log_b, 0.1, 2)
+    lean = sinkhorn(sim, rows, cols, log_a, log_b, 0.1, 2, diagnose=False)
     torch.testing.assert_close(lean.log_plan, full.log_plan)
     assert lean.marginal_error is None and lean.converged is None and full.marginal_error.shape == (2,)
 
 
 class ExpArguments(TorchDispatchMode):
-    """Records the smallest argument of every ``exp`` dispatched (``logsumexp`` decomposes into one)."""
+    """Records the smallest argument of every ``exp`` dispatched (``logsumexp`` decomposes into one),
+    and of the ``exp(x − max x)`` inside every softmax."""
 
     def __init__(self):
         super().__init__()
@@ -190,6 +216,9 @@ class ExpArguments(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in (torch.ops.aten.exp.default, torch.ops.aten.exp_.default):
             self.lowest, self.calls = min(self.lowest, args[0].min().item()), self.calls + 1
+        elif func is torch.ops.aten._softmax.default:
+            x, dim = args[0], args[1]
+            self.lowest, self.calls = min(self.lowest, (x - x.amax(dim, keepdim=True)).min().item()), self.calls + 1
         return func(*args, **(kwargs or {}))
 
 
@@ -201,8 +230,8 @@ class ExpArguments(TorchDispatchMode):
 ], ids=["twmd", "twmd-3-iterations-f1", "trwmd"])
 def test_no_exp_argument_on_the_cpu_slow_path(score, temperature):
     """float32 ``exp`` on the CPU is 35-50x slower for arguments below log(finfo.tiny) ≈ -87.3 (subnormal
-    or zero results): padding (finfo.min/8, -inf) and the tails of a small-T plan are floored at
-    ``EXP_FLOOR`` before every exp of the unrolled solvers, forward and backward."""
+    or zero results): padding (-inf) and the tails of a small-T plan are floored at ``EXP_FLOOR``
+    before every exp (and softmax) of the unrolled solvers, forward and backward."""
     x, y, mask, a, b, rows, cols = problem(3, l1=7, l2=6, batch=4, dtype=torch.float32)
     x.requires_grad_()
     with ExpArguments() as seen:

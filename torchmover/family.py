@@ -22,15 +22,16 @@ import torch
 from torch import Tensor
 
 from .devices import autocast_off
-from .transport import (TransportPlan, converged_sinkhorn, cost_matrix, floored_exp, floored_logsumexp, sinkhorn,
-                        tempered_residual)
+from .transport import (TransportPlan, converged_sinkhorn, cost_matrix, floored_exp, log_pair_mask, plan_value,
+                        sinkhorn, sinkhorn_value, tempered_residual)
 
 DIRECTIONS = ("recall", "precision", "f1")
 WMD_TEMPERATURE = 1e-3
 
-# C(x1, x2, mask, a, b) -> [B]: unit vectors x1 [B, L1, D], x2 [B, L2, D], pair mask [B, L1, L2],
-# masses a [B, L1], b [B, L2] (zero off the mask, each summing to 1).
-TransportTerm = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+# C(x1, x2, rows, cols, a, b) -> [B]: unit vectors x1 [B, L1, D], x2 [B, L2, D] (zero off their masks), masks
+# rows [B, L1], cols [B, L2] (each with at least one True: the pair mask is their outer product), masses
+# a [B, L1], b [B, L2] (zero off the masks, each summing to 1).
+TransportTerm = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 class FamilyScore(NamedTuple):
@@ -207,7 +208,7 @@ def _resolve(term: TransportTerm | dict[str, TransportTerm], direction: str) -> 
 
 def _cross(term: TransportTerm, x: TokenCloud, y: TokenCloud) -> Tensor:
     """``C(X, Y)`` ``[B]`` of aligned clouds (``x`` rows, ``y`` columns)."""
-    return term(x.vectors, y.vectors, x.mask.unsqueeze(-1) & y.mask.unsqueeze(-2), x.mass, y.mass)
+    return term(x.vectors, y.vectors, x.mask, y.mask, x.mass, y.mass)
 
 
 def _harmonic_mean(r: Tensor, p: Tensor) -> Tensor:
@@ -215,6 +216,10 @@ def _harmonic_mean(r: Tensor, p: Tensor) -> Tensor:
     total = r + p
     safe = torch.where(total == 0, torch.ones_like(total), total)
     return torch.where(total == 0, torch.zeros_like(total), 2 * r * p / safe)
+
+
+def _pair_mask(rows: Tensor, cols: Tensor) -> Tensor:
+    return rows.unsqueeze(-1) & cols.unsqueeze(-2)  # [B, L1, L2]
 
 
 def _sim(x: Tensor, y: Tensor) -> Tensor:
@@ -230,8 +235,8 @@ def _log(w: Tensor) -> Tensor:
 
 def _moverscore_term(temperature: float, plans: list | None) -> TransportTerm:
     """``C = 1 − min_π Σ π_ij ‖x_i − y_j‖`` (MoverScore v2: Euclidean cost on unit vectors)."""
-    def term(x, y, mask, a, b):
-        result = converged_sinkhorn(x, y, mask, a, b, temperature, cost="euclidean")
+    def term(x, y, rows, cols, a, b):
+        result = converged_sinkhorn(x, y, _pair_mask(rows, cols), a, b, temperature, cost="euclidean")
         if plans is not None:
             plans.append(result)
         return 1.0 - (result.plan * cost_matrix(x, y, "euclidean")).sum((-1, -2))
@@ -241,13 +246,14 @@ def _moverscore_term(temperature: float, plans: list | None) -> TransportTerm:
 def _twmd_term(temperature: float, n_iter: int | None, exact: str, plans: list | None) -> TransportTerm:
     """``C = Σ π S`` of the TWMD plan; the cross term's plan is appended to ``plans`` (with its
     diagnostics) unless ``plans`` is ``None``."""
-    def term(x, y, mask, a, b):
+    def term(x, y, rows, cols, a, b):
         sim = _sim(x, y)
         if n_iter is None:
-            result = converged_sinkhorn(x, y, mask, a, b, temperature)
+            result = converged_sinkhorn(x, y, _pair_mask(rows, cols), a, b, temperature)
+        elif plans is None:  # the hot path: Σ π S without the plan
+            return sinkhorn_value(sim, rows, cols, _log(a), _log(b), temperature, n_iter, exact=exact)
         else:
-            result = sinkhorn(sim, mask, _log(a), _log(b), temperature, n_iter, exact=exact,
-                              diagnose=plans is not None)
+            result = sinkhorn(sim, rows, cols, _log(a), _log(b), temperature, n_iter, exact=exact)
         if plans is not None:
             plans.append(result)
         # sim is exactly 0 off the mask (zero vectors there), so the floor's e^-80 adds nothing. The
@@ -261,35 +267,36 @@ def _relaxed_term(temperature: float, exact: str) -> TransportTerm:
     taken on :func:`~torchmover.transport.tempered_residual` so that it stays exact for any ``T > 0``."""
     dim = -1 if exact == "rows" else -2
 
-    def term(x, y, mask, a, b):
+    def term(x, y, rows, cols, a, b):
         sim = _sim(x, y)
-        z, _ = tempered_residual(sim, mask, temperature, dim)
-        # z is 0 at each slice's maximum and finfo.min/8 off the mask, where sim is exactly 0: the
-        # floored softmax sums the real entries only, and the floor's e^-80 off the mask adds nothing
-        plan = floored_exp(z - floored_logsumexp(z, dim, keepdim=True)) * (a if exact == "rows" else b).unsqueeze(dim)
-        return (plan * sim).sum((-1, -2))
+        mine, other = (rows, cols) if exact == "rows" else (cols, rows)  # the slices along dim, and across
+        empty = ~(mine & other.any(-1, keepdim=True)).unsqueeze(dim)
+        z, _ = tempered_residual(sim, log_pair_mask(rows, cols, sim.dtype), empty, temperature, dim)
+        # z is 0 at each slice's maximum and -inf off the mask, where sim is exactly 0: the floored
+        # softmax sums the real entries only, and the floor's e^-80 off the mask adds nothing
+        return plan_value(z, sim, a if exact == "rows" else b, dim)
     return term
 
 
 def _greedy_term(direction: str) -> TransportTerm:
     """BERTScore's greedy matching ``R = Σ_i a_i max_j S_ij``, ``P = Σ_j b_j max_i S_ij``, or (``f1``)
     both from one similarity matrix and their harmonic mean."""
-    def term(x, y, mask, a, b):
-        sim = _sim(x, y).masked_fill(~mask, torch.finfo(x.dtype).min)
-        recall = (sim.amax(-1) * a).sum(-1) if direction != "precision" else None
-        precision = (sim.amax(-2) * b).sum(-1) if direction != "recall" else None
+    def term(x, y, rows, cols, a, b):
+        sim = _sim(x, y) + log_pair_mask(rows, cols, x.dtype)  # -inf off the mask
+        recall = (torch.where(rows, sim.amax(-1), 0.0) * a).sum(-1) if direction != "precision" else None
+        precision = (torch.where(cols, sim.amax(-2), 0.0) * b).sum(-1) if direction != "recall" else None
         if direction == "f1":
             return _harmonic_mean(recall, precision)
         return recall if direction == "recall" else precision
     return term
 
 
-def _mean_term(x, y, mask, a, b):
+def _mean_term(x, y, rows, cols, a, b):
     """``C = Σ_ij a_i b_j S_ij = ⟨Σ a_i x_i, Σ b_j y_j⟩``."""
     return (a.unsqueeze(-1) * b.unsqueeze(-2) * _sim(x, y)).sum((-1, -2))
 
 
-def _cka_term(x, y, mask, a, b):
+def _cka_term(x, y, rows, cols, a, b):
     """``C = Σ_ij a_i b_j S_ij²`` (linear CKA between the two word sets)."""
     return (a.unsqueeze(-1) * b.unsqueeze(-2) * _sim(x, y).square()).sum((-1, -2))
 
