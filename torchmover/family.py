@@ -271,7 +271,7 @@ def _relaxed_term(temperature: float, exact: str) -> TransportTerm:
         sim = _sim(x, y)
         mine, other = (rows, cols) if exact == "rows" else (cols, rows)  # the slices along dim, and across
         empty = ~(mine & other.any(-1, keepdim=True)).unsqueeze(dim)
-        z, _ = tempered_residual(sim, log_pair_mask(rows, cols, sim.dtype), empty, temperature, dim)
+        z, _ = tempered_residual(sim + log_pair_mask(rows, cols, sim.dtype), empty, temperature, dim)
         # z is 0 at each slice's maximum and -inf off the mask, where sim is exactly 0: the floored
         # softmax sums the real entries only, and the floor's e^-80 off the mask adds nothing
         return plan_value(z, sim, a if exact == "rows" else b, dim)

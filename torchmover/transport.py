@@ -130,11 +130,10 @@ def log_pair_mask(rows: Tensor, cols: Tensor, dtype: torch.dtype) -> Tensor:
     return log_side(rows).unsqueeze(-1) + log_side(cols).unsqueeze(-2)
 
 
-def tempered_residual(sim: Tensor, log_mask: Tensor, empty: Tensor, temperature: float,
-                      dim: int) -> tuple[Tensor, Tensor]:
+def tempered_residual(masked_sim: Tensor, empty: Tensor, temperature: float, dim: int) -> tuple[Tensor, Tensor]:
     """``z = (S − m) / T`` with ``m = max`` of ``S`` over the real entries along ``dim`` (detached),
-    and ``m`` itself (0 on ``empty``, the slices along ``dim`` without a real entry, ``keepdim``);
-    ``z`` is ``−inf`` off the mask (``log_mask``: :func:`log_pair_mask`; ``S`` must be finite).
+    and ``m`` itself (0 on ``empty``, the slices along ``dim`` without a real entry, ``keepdim``), for
+    ``masked_sim`` = a finite ``S`` plus :func:`log_pair_mask` (``−inf`` off the mask, as ``z`` is).
 
     Subtracting the maximum *before* dividing by ``T`` is what keeps small temperatures exact: the
     maximal entry becomes exactly ``0`` (a float minus itself) and every other entry is at most
@@ -144,16 +143,24 @@ def tempered_residual(sim: Tensor, log_mask: Tensor, empty: Tensor, temperature:
     terms of size ``1/T``. The entries off the mask reach no output of the solvers: each is floored
     at ``EXP_FLOOR`` before any exp, and the floor passes them no gradient.
     """
-    masked = sim + log_mask
-    shift = masked.detach().amax(dim, keepdim=True).masked_fill_(empty, 0.0)
-    return (masked - shift).div_(temperature), shift.squeeze(dim)  # fresh: divided in place
+    shift = masked_sim.detach().amax(dim, keepdim=True).masked_fill_(empty, 0.0)
+    return (masked_sim - shift).div_(temperature), shift.squeeze(dim)  # fresh: divided in place
 
 
-def _potential(exponent: Tensor, dim: int, real: Tensor, log_mass: Tensor) -> Tensor:
+def floored_logsumexp_of_residual(z: Tensor, dim: int) -> Tensor:
+    """:func:`floored_logsumexp` of a residual ``z`` of :func:`tempered_residual` (``z <= 0``, its
+    maximum along ``dim`` exactly 0 on a slice with a real entry), without shifting by the maximum:
+    ``exp`` cannot overflow and a real slice's sum is at least 1 (two passes fewer than ``logsumexp``)."""
+    return z.clamp_min(EXP_FLOOR).exp_().sum(dim).log()
+
+
+def _potential(exponent: Tensor, dim: int, real: Tensor, log_mass: Tensor, residual_only: bool = False) -> Tensor:
     """The potential that normalises ``exponent`` along ``dim``: ``log mass − LSE_dim exponent`` on the
     ``real`` slices (``[B, L]``), ``finfo(dtype).min / 8`` on the others (finite: three of them still
-    add up to a finite number, so no arithmetic on padding makes an inf or a NaN)."""
-    return torch.where(real, log_mass - floored_logsumexp(exponent, dim), torch.finfo(exponent.dtype).min / 8)
+    add up to a finite number, so no arithmetic on padding makes an inf or a NaN). ``residual_only``:
+    ``exponent`` is a residual without potentials (:func:`floored_logsumexp_of_residual` applies)."""
+    lse = floored_logsumexp_of_residual(exponent, dim) if residual_only else floored_logsumexp(exponent, dim)
+    return torch.where(real, log_mass - lse, torch.finfo(exponent.dtype).min / 8)
 
 
 class _LastStep(NamedTuple):
@@ -174,7 +181,7 @@ def _unrolled_sinkhorn(sim: Tensor, rows: Tensor, cols: Tensor, log_a: Tensor, l
         raise ValueError(f"exact must be 'rows' or 'columns', got {exact!r}")
     if n_iter < 1:
         raise ValueError(f"n_iter must be at least 1, got {n_iter!r}")
-    log_mask = log_pair_mask(rows, cols, sim.dtype)  # [B, L1, L2]
+    masked_sim = sim + log_pair_mask(rows, cols, sim.dtype)  # [B, L1, L2], -inf off the mask
     # per dim of the step: the side's real slices, log-masses, shift (u or v) and potential (f or g)
     real = {-1: rows & cols.any(-1, keepdim=True), -2: cols & rows.any(-1, keepdim=True)}  # [B, L1], [B, L2]
     log_mass = {-1: log_a, -2: log_b}
@@ -182,12 +189,13 @@ def _unrolled_sinkhorn(sim: Tensor, rows: Tensor, cols: Tensor, log_a: Tensor, l
     dims = ((-2, -1) if exact == "rows" else (-1, -2)) * n_iter  # -2: a column step, -1: a row step
     for k, dim in enumerate(dims):
         other = -3 - dim  # the other side's quantities broadcast along it
-        residual, shift[dim] = tempered_residual(sim if other not in shift else sim - shift[other].unsqueeze(other),
-                                                 log_mask, ~real[dim].unsqueeze(dim), temperature, dim)
+        residual, shift[dim] = tempered_residual(
+            masked_sim if other not in shift else masked_sim - shift[other].unsqueeze(other),
+            ~real[dim].unsqueeze(dim), temperature, dim)
         exponent = residual if other not in potential else residual + potential[other].unsqueeze(other)
         if k == len(dims) - 1:
             return _LastStep(exponent, dim, real[dim], log_mass[dim])
-        potential[dim] = _potential(exponent, dim, real[dim], log_mass[dim])
+        potential[dim] = _potential(exponent, dim, real[dim], log_mass[dim], residual_only=other not in potential)
 
 
 def sinkhorn(
