@@ -8,9 +8,10 @@ sentence units first: they are not offered.
 
 Each term is compiled once per (member, temperature, iterations) and direction, with dynamic shapes
 (batch size and token counts change from call to call without recompiling). Compiled and eager
-scores agree to float32 rounding. Whether it is faster depends on the device: see the README,
-"Devices, precision and compilation" (on the 2-core CPU of this project the transport of a reward
-call got somewhat faster, a small share of the call, against a compile time of seconds; GPUs are not
+scores agree to float32 rounding. Whether it is faster depends on the device and, on a CPU, on the
+allocator: see the README, "Devices, precision and compilation" (on the 2-core CPU of this project the
+compiled TWMD term beat the eager one with glibc's default allocator, which gives every large
+temporary fresh pages, and lost to it with freed memory kept; a compile costs seconds; GPUs are not
 measured).
 """
 from __future__ import annotations
