@@ -8,7 +8,7 @@ TWMD (:func:`sinkhorn`) takes the mask as its two factors, the real rows ``[B, L
 
 The Gibbs plan of temperature ``T`` is ``log π⁰ = S / T``. One Sinkhorn step rescales it so that one
 marginal is met exactly, in log space with a log-sum-exp over the real entries only
-(:func:`masked_logsumexp`):
+(:func:`plan_logsumexp`):
 
     rows:     log π_ij ← log π_ij − LSE_j(log π_ij) + log a_i        (Σ_j π_ij = a_i)
     columns:  log π_ij ← log π_ij − LSE_i(log π_ij) + log b_j        (Σ_i π_ij = b_j)
@@ -52,30 +52,28 @@ def floored_exp(log_x: Tensor) -> Tensor:
     return log_x.clamp_min(EXP_FLOOR).exp_()
 
 
-def masked_logsumexp(x: Tensor, mask: Tensor, dim: int) -> Tensor:
-    """``log Σ_{k: mask_k} exp(x_k)`` along ``dim``, keeping the dimension.
-
-    Where a slice holds no True entry the result is 0 (not −inf), so that arithmetic on fully
-    masked rows stays finite; callers re-apply the mask afterwards. Masked entries get exactly zero
-    gradient, also when the whole slice is masked. Entries more than ``−EXP_FLOOR`` below their
-    slice's maximum count as that (see ``EXP_FLOOR``), so exp stays on its fast path also at small ``T``.
-    """
-    has_any = mask.any(dim, keepdim=True)
-    x = x.masked_fill(~mask, NEG_INF).masked_fill(~has_any, 0.0)
-    floor = x.detach().amax(dim, keepdim=True) + EXP_FLOOR  # finite: a real entry, or all 0
-    return torch.logsumexp(torch.maximum(x, floor), dim, keepdim=True).masked_fill(~has_any, 0.0)
+def plan_logsumexp(log_plan: Tensor, real: Tensor, dim: int) -> Tensor:
+    """``log Σ exp(log π)`` along ``dim`` (kept) of a log-plan that holds ``−inf`` off the mask, for
+    the slices with a real entry (``real``: ``[B, L1]`` for ``dim=-1``, ``[B, L2]`` for ``dim=-2``);
+    0 (not −inf) on the others, so that arithmetic on fully masked rows stays finite and their
+    entries stay ``−inf``. Entries more than ``−EXP_FLOOR`` below their slice's maximum count as that
+    (see ``EXP_FLOOR``), the ``−inf`` ones too, so exp stays on its fast path also at small ``T``.
+    For the converged solver, which runs without a gradient: the mask is never read (no boolean
+    kernel over ``[B, L1, L2]``; see :func:`log_pair_mask`)."""
+    floor = (log_plan.amax(dim, keepdim=True) + EXP_FLOOR).clamp_min(torch.finfo(log_plan.dtype).min)
+    return torch.where(real.unsqueeze(dim), torch.logsumexp(torch.maximum(log_plan, floor), dim, keepdim=True), 0.0)
 
 
-def normalize_rows(log_plan: Tensor, mask: Tensor, log_a: Tensor) -> Tensor:
-    """Rescale ``log_plan`` so that row ``i`` sums to ``a_i``: ``log π − LSE_j log π + log a``."""
-    log_plan = log_plan - masked_logsumexp(log_plan, mask, dim=-1) + log_a.unsqueeze(-1)
-    return log_plan.masked_fill(~mask, NEG_INF)
+def normalize_rows(log_plan: Tensor, rows: Tensor, log_a: Tensor) -> Tensor:
+    """Rescale ``log_plan`` (``−inf`` off the mask, as it stays) so that each real row ``i``
+    (``rows`` ``[B, L1]``) sums to ``a_i``: ``log π − LSE_j log π + log a``."""
+    return log_plan - plan_logsumexp(log_plan, rows, dim=-1) + log_a.unsqueeze(-1)
 
 
-def normalize_columns(log_plan: Tensor, mask: Tensor, log_b: Tensor) -> Tensor:
-    """Rescale ``log_plan`` so that column ``j`` sums to ``b_j``: ``log π − LSE_i log π + log b``."""
-    log_plan = log_plan - masked_logsumexp(log_plan, mask, dim=-2) + log_b.unsqueeze(-2)
-    return log_plan.masked_fill(~mask, NEG_INF)
+def normalize_columns(log_plan: Tensor, cols: Tensor, log_b: Tensor) -> Tensor:
+    """Rescale ``log_plan`` (``−inf`` off the mask, as it stays) so that each real column ``j``
+    (``cols`` ``[B, L2]``) sums to ``b_j``: ``log π − LSE_i log π + log b``."""
+    return log_plan - plan_logsumexp(log_plan, cols, dim=-2) + log_b.unsqueeze(-2)
 
 
 class TransportPlan(NamedTuple):
@@ -107,10 +105,10 @@ CHECK_EVERY = 10
 MIN_CONVERGED_TEMPERATURE = 1e-5
 
 
-def marginal_error(log_plan: Tensor, log_a: Tensor, log_b: Tensor, mask: Tensor) -> Tensor:
-    """``‖π1 − a‖₁ + ‖πᵀ1 − b‖₁`` per batch item (``[B]``), counting real tokens only."""
+def marginal_error(log_plan: Tensor, log_a: Tensor, log_b: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
+    """``‖π1 − a‖₁ + ‖πᵀ1 − b‖₁`` per batch item (``[B]``), counting the real rows (``rows``
+    ``[B, L1]``) and columns (``cols`` ``[B, L2]``) only: those with a real entry (:func:`real_sides`)."""
     plan = floored_exp(log_plan)
-    rows, cols = mask.any(-1), mask.any(-2)
     row_err = ((plan.sum(-1) - log_a.exp()).abs() * rows).sum(-1)
     col_err = ((plan.sum(-2) - log_b.exp()).abs() * cols).sum(-1)
     return row_err + col_err
@@ -128,6 +126,12 @@ def log_pair_mask(rows: Tensor, cols: Tensor, dtype: torch.dtype) -> Tensor:
     def log_side(mask):
         return torch.full(mask.shape, NEG_INF, dtype=dtype, device=mask.device).masked_fill_(mask, 0.0)
     return log_side(rows).unsqueeze(-1) + log_side(cols).unsqueeze(-2)
+
+
+def real_sides(rows: Tensor, cols: Tensor) -> tuple[Tensor, Tensor]:
+    """The rows ``[B, L1]`` and columns ``[B, L2]`` of the pair mask ``rows ⊗ cols`` with a real entry
+    (none on an item whose other side is empty)."""
+    return rows & cols.any(-1, keepdim=True), cols & rows.any(-1, keepdim=True)
 
 
 def tempered_residual(masked_sim: Tensor, empty: Tensor, temperature: float, dim: int) -> tuple[Tensor, Tensor]:
@@ -183,7 +187,7 @@ def _unrolled_sinkhorn(sim: Tensor, rows: Tensor, cols: Tensor, log_a: Tensor, l
         raise ValueError(f"n_iter must be at least 1, got {n_iter!r}")
     masked_sim = sim + log_pair_mask(rows, cols, sim.dtype)  # [B, L1, L2], -inf off the mask
     # per dim of the step: the side's real slices, log-masses, shift (u or v) and potential (f or g)
-    real = {-1: rows & cols.any(-1, keepdim=True), -2: cols & rows.any(-1, keepdim=True)}  # [B, L1], [B, L2]
+    real = dict(zip((-1, -2), real_sides(rows, cols)))
     log_mass = {-1: log_a, -2: log_b}
     shift, potential = {}, {}
     dims = ((-2, -1) if exact == "rows" else (-1, -2)) * n_iter  # -2: a column step, -1: a row step
@@ -242,7 +246,7 @@ def sinkhorn(
     log_plan = last.exponent + _potential(*last).unsqueeze(last.dim)
     if not diagnose:
         return TransportPlan(log_plan, n_iter, None, None)
-    error = marginal_error(log_plan.detach(), log_a, log_b, rows.unsqueeze(-1) & cols.unsqueeze(-2))
+    error = marginal_error(log_plan.detach(), log_a, log_b, *real_sides(rows, cols))
     return TransportPlan(log_plan, n_iter, error, error <= CONVERGENCE_TOLERANCE)
 
 
@@ -366,13 +370,14 @@ def converged_sinkhorn(
         eps = temperature * ANNEALING_START
         log_ab = log_a.unsqueeze(-1) + log_b.unsqueeze(-2)
         log_plan = _geomloss_warm_start(x, y, a, b, eps, scaling, cost).masked_fill(~mask, NEG_INF)
+        sides = mask.any(-1), mask.any(-2)  # the real rows and columns, read once per solve
         n_iter = 0
         while True:
-            log_plan, n_iter, error = _iterate_to_tolerance(log_plan, mask, log_a, log_b, tolerance, n_iter, max_iter)
+            log_plan, n_iter, error = _iterate_to_tolerance(log_plan, *sides, log_a, log_b, tolerance, n_iter, max_iter)
             if eps <= temperature or n_iter >= max_iter:
                 break
             eps, previous = max(temperature, eps * ANNEALING_RATIO), eps
-            log_plan = (log_ab + (log_plan - log_ab) * (previous / eps)).masked_fill(~mask, NEG_INF)
+            log_plan = log_ab + (log_plan - log_ab) * (previous / eps)  # -inf off the mask stays -inf
     reached = eps <= temperature  # False if max_iter ran out before the last stage: not a plan at T
     return TransportPlan(log_plan, n_iter, error, (error <= tolerance) & reached)
 
@@ -382,31 +387,31 @@ ANNEALING_START = 32.0
 ANNEALING_RATIO = 0.5
 
 
-def _iterate_to_tolerance(log_plan, mask, log_a, log_b, tolerance, n_iter, max_iter):
+def _iterate_to_tolerance(log_plan, rows, cols, log_a, log_b, tolerance, n_iter, max_iter):
     """Sinkhorn iterations at a fixed temperature until ``marginal_error <= tolerance`` (or
-    ``max_iter`` iterations in all), checked every ``CHECK_EVERY``.
+    ``max_iter`` iterations in all), checked every ``CHECK_EVERY``. ``log_plan`` holds ``−inf`` off
+    the mask, and every step keeps it so (``rows``, ``cols``: the real rows and columns)
 
     Plain Sinkhorn at T ~ 1e-3 can need ~10⁴ iterations; over-relaxed steps (Thibault et al. 2021,
     "Overrelaxed Sinkhorn-Knopp") cut that several-fold. Every check ends with an exact step, and ω
     falls back to 1 (plain Sinkhorn) if the error grows.
     """
     omega = OVER_RELAXATION
-    error = marginal_error(log_plan, log_a, log_b, mask)
+    error = marginal_error(log_plan, log_a, log_b, rows, cols)
     while n_iter < max_iter and bool((error > tolerance).any()):
         for _ in range(CHECK_EVERY - 1):
-            log_plan = _overrelaxed_step(log_plan, mask, log_a, log_b, omega)
-        log_plan = normalize_rows(normalize_columns(log_plan, mask, log_b), mask, log_a)
+            log_plan = _overrelaxed_step(log_plan, rows, cols, log_a, log_b, omega)
+        log_plan = normalize_rows(normalize_columns(log_plan, cols, log_b), rows, log_a)
         n_iter += CHECK_EVERY
-        previous, error = error, marginal_error(log_plan, log_a, log_b, mask)
+        previous, error = error, marginal_error(log_plan, log_a, log_b, rows, cols)
         if bool((error > 1.1 * previous + 0.1 * tolerance).any()):  # not rounding noise on a plateau
             omega = 1.0
     return log_plan, n_iter, error
 
 
-def _overrelaxed_step(log_plan: Tensor, mask: Tensor, log_a: Tensor, log_b: Tensor, omega: float) -> Tensor:
+def _overrelaxed_step(log_plan: Tensor, rows: Tensor, cols: Tensor, log_a: Tensor, log_b: Tensor,
+                      omega: float) -> Tensor:
     """Columns then rows, each moved ``omega`` times the exact Sinkhorn step in log space:
     ``log π ← log π + ω (log b − LSE_i log π)`` (``omega = 1``: :func:`normalize_columns`)."""
-    log_plan = log_plan + omega * (log_b.unsqueeze(-2) - masked_logsumexp(log_plan, mask, dim=-2))
-    log_plan = log_plan.masked_fill(~mask, NEG_INF)
-    log_plan = log_plan + omega * (log_a.unsqueeze(-1) - masked_logsumexp(log_plan, mask, dim=-1))
-    return log_plan.masked_fill(~mask, NEG_INF)
+    log_plan = log_plan + omega * (log_b.unsqueeze(-2) - plan_logsumexp(log_plan, cols, dim=-2))
+    return log_plan + omega * (log_a.unsqueeze(-1) - plan_logsumexp(log_plan, rows, dim=-1))
