@@ -390,7 +390,7 @@ ANNEALING_RATIO = 0.5
 def _iterate_to_tolerance(log_plan, rows, cols, log_a, log_b, tolerance, n_iter, max_iter):
     """Sinkhorn iterations at a fixed temperature until ``marginal_error <= tolerance`` (or
     ``max_iter`` iterations in all), checked every ``CHECK_EVERY``. ``log_plan`` holds ``−inf`` off
-    the mask, and every step keeps it so (``rows``, ``cols``: the real rows and columns)
+    the mask, and every step keeps it so (``rows``, ``cols``: the real rows and columns).
 
     Plain Sinkhorn at T ~ 1e-3 can need ~10⁴ iterations; over-relaxed steps (Thibault et al. 2021,
     "Overrelaxed Sinkhorn-Knopp") cut that several-fold. Every check ends with an exact step, and ω
