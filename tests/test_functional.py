@@ -231,9 +231,8 @@ def test_wmd_plan_not_converged_is_reported():
     from torchmover import transport
     x = torch.nn.functional.normalize(ref.nan_to_num(), dim=-1)
     y = torch.nn.functional.normalize(hyp.nan_to_num(), dim=-1)
-    mask = rm[:, :, None] & hm[:, None, :]
     a, b = rm.double() / rm.sum(-1, keepdim=True), hm.double() / hm.sum(-1, keepdim=True)
-    result = transport.converged_sinkhorn(x, y, mask, a, b, 1e-3, tolerance=1e-14, max_iter=20)
+    result = transport.converged_sinkhorn(x, y, rm, hm, a, b, 1e-3, tolerance=1e-14, max_iter=20)
     assert result.n_iter == 20 and not bool(result.converged.any())
     assert bool((result.marginal_error > 1e-14).all())
 

@@ -142,7 +142,7 @@ def test_sinkhorn_with_fully_padded_rows_and_columns_is_finite_with_finite_gradi
 @pytest.mark.parametrize("temperature", [0.05, 1e-3])
 def test_converged_sinkhorn_reaches_the_entropic_fixed_point(temperature, weighted):
     x, y, mask, a, b, rows, cols = problem(4, l1=6, l2=5, weighted=weighted)
-    result = converged_sinkhorn(x, y, mask, a, b, temperature)
+    result = converged_sinkhorn(x, y, rows, cols, a, b, temperature)
     assert bool(result.converged.all()), result.marginal_error
     assert result.n_iter % CHECK_EVERY == 0 and result.n_iter < 5000
     assert bool((result.marginal_error <= transport.CONVERGENCE_TOLERANCE).all())
@@ -167,13 +167,13 @@ def test_converged_sinkhorn_reaches_the_entropic_fixed_point(temperature, weight
 
 
 def test_converged_sinkhorn_preserves_grad_mode_and_returns_no_graph():
-    x, y, mask, a, b, _, _ = problem(5)
+    x, y, mask, a, b, rows, cols = problem(5)
     x.requires_grad_()
     with torch.no_grad():
-        converged_sinkhorn(x, y, mask, a, b, 0.01)
+        converged_sinkhorn(x, y, rows, cols, a, b, 0.01)
         assert not torch.is_grad_enabled()
     assert torch.is_grad_enabled()
-    result = converged_sinkhorn(x, y, mask, a, b, 0.01)
+    result = converged_sinkhorn(x, y, rows, cols, a, b, 0.01)
     assert torch.is_grad_enabled()
     assert not result.log_plan.requires_grad
 
@@ -182,9 +182,9 @@ def test_converged_sinkhorn_handles_coincident_points():
     """All points equal (identical one-token texts): geomloss would estimate a zero diameter."""
     x = torch.zeros(2, 1, 3, dtype=torch.float64)
     x[..., 0] = 1.0
-    mask = torch.ones(2, 1, 1, dtype=torch.bool)
+    real = torch.ones(2, 1, dtype=torch.bool)
     w = torch.ones(2, 1, dtype=torch.float64)
-    result = converged_sinkhorn(x, x, mask, w, w, 1e-3)
+    result = converged_sinkhorn(x, x, real, real, w, w, 1e-3)
     torch.testing.assert_close(result.plan, torch.ones(2, 1, 1, dtype=torch.float64))
     assert bool(result.converged.all())
 

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .devices import autocast_off
 from .transport import (TransportPlan, converged_sinkhorn, cost_matrix, floored_exp, log_pair_mask, plan_value,
-                        sinkhorn, sinkhorn_value, tempered_residual)
+                        real_sides, sinkhorn, sinkhorn_value, tempered_residual)
 
 DIRECTIONS = ("recall", "precision", "f1")
 WMD_TEMPERATURE = 1e-3
@@ -218,10 +218,6 @@ def _harmonic_mean(r: Tensor, p: Tensor) -> Tensor:
     return torch.where(total == 0, torch.zeros_like(total), 2 * r * p / safe)
 
 
-def _pair_mask(rows: Tensor, cols: Tensor) -> Tensor:
-    return rows.unsqueeze(-1) & cols.unsqueeze(-2)  # [B, L1, L2]
-
-
 def _sim(x: Tensor, y: Tensor) -> Tensor:
     return x @ y.transpose(-1, -2)  # [B, L1, L2]
 
@@ -236,7 +232,7 @@ def _log(w: Tensor) -> Tensor:
 def _moverscore_term(temperature: float, plans: list | None) -> TransportTerm:
     """``C = 1 − min_π Σ π_ij ‖x_i − y_j‖`` (MoverScore v2: Euclidean cost on unit vectors)."""
     def term(x, y, rows, cols, a, b):
-        result = converged_sinkhorn(x, y, _pair_mask(rows, cols), a, b, temperature, cost="euclidean")
+        result = converged_sinkhorn(x, y, rows, cols, a, b, temperature, cost="euclidean")
         if plans is not None:
             plans.append(result)
         return 1.0 - (result.plan * cost_matrix(x, y, "euclidean")).sum((-1, -2))
@@ -249,7 +245,7 @@ def _twmd_term(temperature: float, n_iter: int | None, exact: str, plans: list |
     def term(x, y, rows, cols, a, b):
         sim = _sim(x, y)
         if n_iter is None:
-            result = converged_sinkhorn(x, y, _pair_mask(rows, cols), a, b, temperature)
+            result = converged_sinkhorn(x, y, rows, cols, a, b, temperature)
         elif plans is None:  # the hot path: Σ π S without the plan
             return sinkhorn_value(sim, rows, cols, _log(a), _log(b), temperature, n_iter, exact=exact)
         else:
@@ -269,8 +265,7 @@ def _relaxed_term(temperature: float, exact: str) -> TransportTerm:
 
     def term(x, y, rows, cols, a, b):
         sim = _sim(x, y)
-        mine, other = (rows, cols) if exact == "rows" else (cols, rows)  # the slices along dim, and across
-        empty = ~(mine & other.any(-1, keepdim=True)).unsqueeze(dim)
+        empty = ~real_sides(rows, cols)[0 if exact == "rows" else 1].unsqueeze(dim)  # slices along dim
         z, _ = tempered_residual(sim + log_pair_mask(rows, cols, sim.dtype), empty, temperature, dim)
         # z is 0 at each slice's maximum and -inf off the mask, where sim is exactly 0: the floored
         # softmax sums the real entries only, and the floor's e^-80 off the mask adds nothing

@@ -344,8 +344,7 @@ def _sentence_movers(hyp, ref, hyp_mask, ref_mask, hyp_sentence_ids, ref_sentenc
     y, my, b = _placeholder_for_empty(y, my, b, empty)
     cost = cost_matrix(x, y, "euclidean")  # [B, U1, U2]  C_ij = ‖x_i − y_j‖
     if temperature is None:
-        mask = mx.unsqueeze(-1) & my.unsqueeze(-2)  # [B, U1, U2]
-        plan = converged_sinkhorn(x, y, mask, a, b, WMD_TEMPERATURE, cost="euclidean").plan  # no graph
+        plan = converged_sinkhorn(x, y, mx, my, a, b, WMD_TEMPERATURE, cost="euclidean").plan  # no graph
     else:
         plan = sinkhorn(-cost, mx, my, _log(a), _log(b), float(temperature), n_iter, exact="rows").plan
     distance = (plan * cost).sum((-1, -2))  # [B]  WMD = Σ π C

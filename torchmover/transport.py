@@ -1,10 +1,10 @@
 """Entropic optimal transport between two token clouds, in the log domain.
 
 Everything here works on a batch of similarity matrices ``S`` (``[B, L1, L2]``, rows = reference
-tokens, columns = hypothesis tokens), a boolean ``mask`` (``[B, L1, L2]``, True where both tokens are
-real) and log-marginals ``log_a`` (``[B, L1]``) and ``log_b`` (``[B, L2]``). The unrolled solver of
-TWMD (:func:`sinkhorn`) takes the mask as its two factors, the real rows ``[B, L1]`` and columns
-``[B, L2]``, and masks by adding :func:`log_pair_mask` (float arithmetic, not boolean kernels).
+tokens, columns = hypothesis tokens), the real tokens of each side, ``rows`` (``[B, L1]``) and
+``cols`` (``[B, L2]``), whose outer product is the pair mask (True where both tokens are real), and
+log-marginals ``log_a`` (``[B, L1]``) and ``log_b`` (``[B, L2]``). The solvers mask by adding
+:func:`log_pair_mask` (float arithmetic, not boolean kernels over ``[B, L1, L2]``).
 
 The Gibbs plan of temperature ``T`` is ``log π⁰ = S / T``. One Sinkhorn step rescales it so that one
 marginal is met exactly, in log space with a log-sum-exp over the real entries only
@@ -243,7 +243,8 @@ def sinkhorn(
     be finite.
     """
     last = _unrolled_sinkhorn(sim, rows, cols, log_a, log_b, temperature, n_iter, exact)
-    log_plan = last.exponent + _potential(*last).unsqueeze(last.dim)
+    potential = _potential(last.exponent, last.dim, last.real, last.log_mass)
+    log_plan = last.exponent + potential.unsqueeze(last.dim)
     if not diagnose:
         return TransportPlan(log_plan, n_iter, None, None)
     error = marginal_error(log_plan.detach(), log_a, log_b, *real_sides(rows, cols))
@@ -333,14 +334,15 @@ def check_converged_temperature(temperature: float) -> None:
 
 
 def converged_sinkhorn(
-    x: Tensor, y: Tensor, mask: Tensor, a: Tensor, b: Tensor, temperature: float,
+    x: Tensor, y: Tensor, rows: Tensor, cols: Tensor, a: Tensor, b: Tensor, temperature: float,
     tolerance: float = CONVERGENCE_TOLERANCE, max_iter: int = 5000, scaling: float = 0.9,
     cost: str = "cosine",
 ) -> TransportPlan:
     """Entropic OT plan at temperature ``T``, solved to convergence (no gradient).
 
     Solves ``min_π Σ π_ij C_ij − T·H(π)`` subject to ``π1 = a``, ``πᵀ1 = b``, for points ``x``
-    (``[B, L1, D]``) and ``y`` (``[B, L2, D]``) and the ground cost ``C`` of :func:`cost_matrix`:
+    (``[B, L1, D]``, real rows ``rows`` ``[B, L1]``) and ``y`` (``[B, L2, D]``, real columns ``cols``
+    ``[B, L2]``; the pair mask is their outer product, as for :func:`sinkhorn`) and the ground cost ``C`` of :func:`cost_matrix`:
     with the default ``cosine`` cost on unit vectors this is ``max_π Σ π_ij S_ij + T·H(π)``,
     ``S = x yᵀ``. geomloss's annealed solver gives the warm start at ``ANNEALING_START·T`` (its
     ε-schedule stops before converging at its final ε); we then run our own log-domain iterations,
@@ -356,8 +358,7 @@ def converged_sinkhorn(
         raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
     check_converged_temperature(temperature)
     if x.shape[0] == 0:  # geomloss cannot take an empty batch
-        empty = mask.new_zeros(0)
-        return TransportPlan(x.new_zeros(mask.shape), 0, x.new_zeros(0), empty)
+        return TransportPlan(x.new_zeros(0, rows.shape[1], cols.shape[1]), 0, x.new_zeros(0), rows.new_zeros(0))
     with torch.no_grad():
         x, y = x.detach(), y.detach()
         log_a = a.log().masked_fill(a <= 0, 0.0)
@@ -369,8 +370,8 @@ def converged_sinkhorn(
         # The plan keeps the Gibbs form a_i b_j exp((f_i + g_j − C_ij)/ε) throughout.
         eps = temperature * ANNEALING_START
         log_ab = log_a.unsqueeze(-1) + log_b.unsqueeze(-2)
-        log_plan = _geomloss_warm_start(x, y, a, b, eps, scaling, cost).masked_fill(~mask, NEG_INF)
-        sides = mask.any(-1), mask.any(-2)  # the real rows and columns, read once per solve
+        log_plan = _geomloss_warm_start(x, y, a, b, eps, scaling, cost) + log_pair_mask(rows, cols, x.dtype)
+        sides = real_sides(rows, cols)
         n_iter = 0
         while True:
             log_plan, n_iter, error = _iterate_to_tolerance(log_plan, *sides, log_a, log_b, tolerance, n_iter, max_iter)
