@@ -2,14 +2,16 @@
 
 :class:`TokenArena` keeps every field of :class:`~torchmover.scorer.Units` (vectors, mask, weights)
 of many texts as flat device tensors ``[capacity, ...]``: a text added from a padded batch ``[N, L, ...]``
-occupies ``L`` consecutive rows (its padded row, padding masked), appended without any index. A batch
-of texts is read back as padded ``Units`` ``[R, W, ...]`` (``W`` the widest of them) by one gather
+occupies ``L`` consecutive rows (its padded row, padding masked), appended without any index, and is
+known by its span: the columns ``(first, stop)`` that hold its unmasked units (host-known, e.g. from
+:meth:`~torchmover.Scorer.embed_with_spans`), so that a short text of a long batch is read back short.
+A batch of texts is read back as padded ``Units`` ``[R, W, ...]`` (``W`` the widest span) by one gather
 whose row index ``[R, W]`` is built on the host from the spans (:meth:`TokenArena.index`) and sent
 with the call's other indices in one transfer (:func:`to_device`). So the number of device ops of a
 read does not grow with the number of texts, and nothing on the device is read back to the host:
-spans are bookkept on the host from the tensors' shapes, never from their values.
+rows are bookkept on the host from the tensors' shapes and the given spans, never from their values.
 
-Removed texts leave holes; :meth:`TokenArena.compact` closes them (one gather with an index sent
+Removed texts, and the rows outside the spans, are holes; :meth:`TokenArena.compact` closes them (one gather with an index sent
 from the host) once they outnumber the live rows.
 """
 from __future__ import annotations
@@ -34,7 +36,7 @@ class TokenArena:
         self.fields: list[Tensor | None] | None = None  # flat [capacity, ...] per field
         self.spans: dict[Hashable, tuple[int, int]] = {}  # key -> (first row, width)
         self.size = 0  # rows written (live or removed)
-        self.live = 0  # rows of the texts present
+        self.live = 0  # rows within the spans of the texts present
 
     def __contains__(self, key) -> bool:
         return key in self.spans
@@ -43,37 +45,44 @@ class TokenArena:
         return len(self.spans)
 
     @classmethod
-    def of(cls, batches: Sequence[tuple[Sequence[Hashable], object]]) -> "TokenArena":
-        """An arena of ``(keys, units)`` batches (as :meth:`add`), each field written by one ``cat``."""
+    def of(cls, batches: Sequence[tuple[Sequence[Hashable], object, Sequence[tuple[int, int]]]]) -> "TokenArena":
+        """An arena of ``(keys, units, spans)`` batches (as :meth:`add`), allocated once."""
         arena = cls(type(batches[0][1]))
-        for keys, units in batches:
-            arena._span(keys, units.mask.shape[1])
-        arena.fields = [None if f is None else torch.cat([u[k].flatten(0, 1) for _, u in batches])
-                        for k, f in enumerate(batches[0][1])]
+        arena._reserve(sum(units.mask.numel() for _, units, _ in batches), batches[0][1])
+        for batch in batches:
+            arena.add(*batch)
         return arena
 
-    def _span(self, keys: Sequence[Hashable], width: int) -> None:
-        """Record ``keys`` as ``width`` rows each from row ``size`` on."""
-        for i, key in enumerate(keys):
+    def _span(self, keys: Sequence[Hashable], width: int, spans: Sequence[tuple[int, int]]) -> None:
+        """Record ``keys`` as the padded rows of ``width`` columns from row ``size`` on, each by its span."""
+        if len(keys) != len(spans):
+            raise ValueError(f"{len(keys)} keys for {len(spans)} spans")
+        for key, (first, stop) in zip(keys, spans):
+            if not 0 <= first <= stop <= width:
+                raise ValueError(f"span {(first, stop)} of {key!r} is not within its {width} columns")
+        for i, (key, (first, stop)) in enumerate(zip(keys, spans)):
             self.remove(key)
-            self.spans[key] = (self.size + i * width, width)
+            self.spans[key] = (self.size + i * width + first, stop - first)
+            self.live += stop - first
         self.size += len(keys) * width
-        self.live += len(keys) * width
 
-    def add(self, keys: Sequence[Hashable], units) -> None:
-        """Append the texts ``keys`` (row ``i`` of padded ``units`` ``[N, L, ...]`` is ``keys[i]``), each
-        as ``L`` rows. A key already present is replaced (its old rows become a hole)."""
+    def add(self, keys: Sequence[Hashable], units, spans: Sequence[tuple[int, int]]) -> None:
+        """Append the texts ``keys`` (row ``i`` of padded ``units`` ``[N, L, ...]`` is ``keys[i]``, its
+        unmasked units within the columns ``spans[i] = (first, stop)``), each as ``L`` rows. A key
+        already present is replaced (its old rows become a hole)."""
         n, width = units.mask.shape[:2]
         if len(keys) != n:
             raise ValueError(f"{len(keys)} keys for {n} rows of units")
-        flat = [None if t is None else t.reshape(n * width, *t.shape[2:]) for t in units]
-        if self.fields is None:
-            self.fields = [None if t is None else t.new_empty((0, *t.shape[1:])) for t in flat]
-        self._reserve(self.size + n * width)
-        for field, values in zip(self.fields, flat):
-            if field is not None:
-                field[self.size:self.size + n * width] = values
-        self._span(keys, width)
+        start = self.size
+        self._reserve(start + n * width, units)
+        self._span(keys, width, spans)
+        for field, values in zip(self.fields, units):
+            if field is not None:  # written through a view: the units may be a non-contiguous slice
+                field[start:self.size].view(n, width, *field.shape[1:]).copy_(values)
+
+    def widths(self) -> dict[Hashable, int]:
+        """Each text's number of units: the columns of its span."""
+        return {key: width for key, (_, width) in self.spans.items()}
 
     def remove(self, key: Hashable) -> None:
         """Forget ``key`` (no-op if absent); its rows become a hole."""
@@ -85,8 +94,8 @@ class TokenArena:
         self.fields, self.spans, self.size, self.live = None, {}, 0, 0
 
     def compact(self) -> None:
-        """Close the holes left by removed texts if they outnumber the live rows (one device gather,
-        its index sent from the host)."""
+        """Close the holes (rows of removed texts, and rows outside the spans) if they outnumber the live
+        rows (one device gather, its index sent from the host)."""
         if self.fields is None or self.size - self.live <= self.live:
             return
         order, spans = [], {}
@@ -97,8 +106,11 @@ class TokenArena:
         self.fields = [None if f is None else f.index_select(0, rows) for f in self.fields]
         self.spans, self.size = spans, len(order)
 
-    def _reserve(self, rows: int) -> None:
-        """Grow every field to at least ``rows`` rows (capacity doubles)."""
+    def _reserve(self, rows: int, like) -> None:
+        """Grow every field to at least ``rows`` rows (capacity doubles), the first time with the
+        dtypes and devices of the padded units ``like``."""
+        if self.fields is None:
+            self.fields = [None if t is None else t.new_empty((0, *t.shape[2:])) for t in like]
         capacity = self.fields[0].shape[0]
         if rows <= capacity:
             return

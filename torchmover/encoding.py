@@ -62,6 +62,8 @@ class TokenEmbeddings(NamedTuple):
         special: ``[N, L]`` True for the special tokens ([CLS], [SEP], <s>, ...; not padding), whatever
             the policy.
         num_words: the most words in one text (``max(word_ids) + 1``, known on the host: no device read).
+        spans: per text, the columns ``(first, stop)`` from its first to past its last token in
+            ``mask`` (``(0, 0)`` for a text without one), known on the host (:func:`kept_spans`).
     """
 
     embeddings: Tensor
@@ -70,6 +72,17 @@ class TokenEmbeddings(NamedTuple):
     word_ids: Tensor | None = None
     special: Tensor | None = None
     num_words: int | None = None
+    spans: list[tuple[int, int]] | None = None
+
+
+def kept_spans(mask: np.ndarray) -> list[tuple[int, int]]:
+    """Per row of a host ``[N, L]`` boolean ``mask``: ``(first, stop)``, the columns from its first True
+    to past its last (``(0, 0)`` for a row without one)."""
+    if mask.shape[1] == 0:
+        return [(0, 0)] * mask.shape[0]
+    first, stop = mask.argmax(1), mask.shape[1] - mask[:, ::-1].argmax(1)
+    some = mask.any(1)
+    return list(zip(np.where(some, first, 0).tolist(), np.where(some, stop, 0).tolist()))
 
 
 def resolve_model_path(name: str) -> str:
@@ -366,6 +379,7 @@ class Encoder(nn.Module):
             mask &= ~special | (torch.arange(mask.shape[1], device=mask.device) == 0)
         if token_policy is not None:
             mask = token_policy(mask, inputs[names.index("input_ids")], word_ids)
+        spans = kept_spans(mask.numpy())
         extra = [mask.long(), special.long()] + ([word_ids] if with_word_ids else [])
         host = torch.cat([host[:len(names)], torch.stack(extra)])  # [k, N, L]
         *inputs, mask, special, word_ids = send(host, self.device).unbind(0) + ((None,) if not with_word_ids else ())
@@ -373,7 +387,7 @@ class Encoder(nn.Module):
         outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
         num_words = max((max(row) + 1 for row in word_lists if row), default=0) if with_word_ids else None
         return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask != 0, inputs["input_ids"], word_ids,
-                               special != 0, num_words)
+                               special != 0, num_words, spans)
 
     def _layer_vectors(self, hidden_states) -> Tensor:
         """``hidden_states[layer]``, or the power means ``[mean, max, min]`` over the last

@@ -336,9 +336,9 @@ class MoverReward:
         """The device side: padded units of ``plan.texts`` (cached rows gathered with the sent ``index``,
         missing ones encoded and added to the cache)."""
         if plan.missing:
-            new = self._encode(plan.missing)
+            new, spans = self._encode(plan.missing)
             if self.cache_size:
-                self._arena.add(plan.missing, new)
+                self._arena.add(plan.missing, new, spans)
         units = self._arena.gather(index, len(plan.cached), plan.width) if plan.cached else None
         for t in plan.evicted:
             self._arena.remove(t)
@@ -389,10 +389,10 @@ class MoverReward:
             self._known_self_terms.clear()
             self._centering_fingerprint = fingerprint
 
-    def _encode(self, texts: list[str]) -> Units:
-        """:meth:`Scorer.embed` of ``texts`` (padded), no graph."""
+    def _encode(self, texts: list[str]) -> tuple[Units, list[tuple[int, int]]]:
+        """:meth:`Scorer.embed_with_spans` of ``texts`` (padded), no graph."""
         with eval_mode(self._scorer), torch.no_grad():
-            return self._scorer.embed(texts)
+            return self._scorer.embed_with_spans(texts)
 
     def _like(self) -> Tensor:
         """An empty tensor with the encoder's dtype, device and hidden size."""

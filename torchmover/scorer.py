@@ -539,21 +539,34 @@ class Scorer(nn.Module):
 
     def embed(self, texts: Sequence[str]) -> Units:
         """Encode ``texts`` and apply the token policy: ``Units`` before centering (differentiable)."""
+        return self.embed_with_spans(texts)[0]
+
+    def embed_with_spans(self, texts: Sequence[str]) -> tuple[Units, list[tuple[int, int]]]:
+        """:meth:`embed`, and per text the columns ``(first, stop)`` of the units that hold its
+        unmasked ones (known on the host, from the tokenizer's output). The units are trimmed to the
+        columns that hold any (views): a [CLS] column, say, or the padding of a text that stopwords
+        left short, is not moved; a :class:`~torchmover.arena.TokenArena` stores each text by its span."""
         c = self.config
         if c.idf and not self.idf:
             raise RuntimeError("this scorer uses idf=True: call fit_idf(references, hypotheses) first")
         if c.method in SENTENCE_METHODS:  # whole documents, per sentence when longer than the window
             documents = encode_documents(self.encoder, texts)
-            return Units(documents.embeddings, documents.mask, sentence_ids=documents.sentence_ids)
+            units = Units(documents.embeddings, documents.mask, sentence_ids=documents.sentence_ids)
+            return units, [(0, units.mask.shape[1])] * len(texts)
         policy = None if c.token_policy_is_identity else self._keep_mask
         tokens = self.encoder(texts, token_policy=policy, with_word_ids=c.subwords == "mean")
         x, mask = tokens.embeddings, tokens.mask
         weights = [self.idf[side](tokens.input_ids) for side in ("hyp", "ref")] if c.idf else []
         if c.special_tokens == "target":  # in the mask as matching targets, with mass 0
             weights = [w * ~tokens.special for w in weights] if weights else [(~tokens.special).to(x.dtype)] * 2
-        if c.subwords == "mean":
+        if c.subwords == "mean":  # one unit per word: every column may hold one
             x, mask, *weights = pool_subwords(x, mask, tokens.word_ids, *weights, num_words=tokens.num_words)
-        return Units(x, mask, *weights)
+            return Units(x, mask, *weights), [(0, mask.shape[1])] * len(texts)
+        spans = tokens.spans
+        first = min((a for a, b in spans if b > a), default=0)
+        stop = max(max((b for _, b in spans), default=0), min(first + 1, mask.shape[1]))  # at least one column
+        units = Units(*(t[:, first:stop] for t in (x, mask, *weights)))
+        return units, [(a - first, b - first) if b > a else (0, 0) for a, b in spans]
 
     def _keep_mask(self, mask: Tensor, input_ids: Tensor, word_ids: Tensor) -> Tensor:
         """The token policy (:func:`~torchmover.weights.keep_mask`), run by the encoder on the host."""
@@ -703,7 +716,8 @@ class Scorer(nn.Module):
         As the peers do it: every distinct text of the list (of each chunk of ``SCORE_CHUNK``
         hypotheses) is encoded once, in batches of ``batch_size`` texts of similar length (trimmed to
         their longest) kept on the device in a :class:`~torchmover.arena.TokenArena`; then the pairs
-        are scored in length-sorted batches of ``batch_size`` hypotheses, each gathered from it by
+        are scored in batches of ``batch_size`` hypotheses sorted by the length of their longest text
+        in units (its span in the arena: no padding, no dropped tokens), each gathered from it by
         indices built on the host and sent in one transfer per chunk. The scores stay on the device
         until the end: nothing in the loop waits for it.
 
@@ -737,7 +751,9 @@ class Scorer(nn.Module):
                     chunk = chunks[c]
                     arena = kept if kept is not None and c == len(chunks) - 1 else self._embed_distinct(
                         [hyps[i] for i in chunk], [groups[i] for i in chunk], batch_size, progress)
-                    kept = None
+                    kept = None  # pairs by their longest text in units (its span: known on the host), longest first
+                    width = arena.widths()
+                    chunk = sorted(chunk, key=lambda i: -max(width[hyps[i]], *map(width.__getitem__, groups[i])))
                     batches, lists = [], []  # every batch's indices, built on the host, sent in one transfer
                     for start in range(0, len(chunk), batch_size):
                         idx = chunk[start:start + batch_size]
@@ -795,7 +811,7 @@ class Scorer(nn.Module):
 
         texts = sorted(_distinct_texts(hyps, groups), key=len)
         batches = [texts[start:start + batch_size] for start in range(0, len(texts), batch_size)]
-        return TokenArena.of([(batch, self.embed(batch)) for batch in
+        return TokenArena.of([(batch, *self.embed_with_spans(batch)) for batch in
                               tqdm(batches, desc="encoding", unit="batch", disable=not progress, leave=False)])
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
