@@ -6,7 +6,7 @@ import torch
 from torchmover import Scorer
 from torchmover.arena import TokenArena
 from torchmover.encoding import kept_spans
-from torchmover.scorer import Units
+from torchmover.scorer import Units, length_batches
 
 
 def test_kept_spans_run_from_the_first_to_past_the_last_true_column():
@@ -83,3 +83,24 @@ def test_embed_trims_the_columns_no_text_uses_and_reports_each_texts_span(tiny_e
 def test_a_batch_of_empty_texts_scores_zero(tiny_scorer):
     scores = tiny_scorer.score(["", " ", "\t"], ["", "  ", ""], batch_size=2, progress=False)
     assert scores.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_length_batches_sort_longest_first_and_close_a_batch_at_half_the_area():
+    lengths = [3, 10, 7, 8, 10, 2, 5, 9]
+    batches = length_batches(lengths, batch_size=3)
+    assert [[lengths[i] for i in b] for b in batches] == [[10, 10, 9], [8, 7], [5], [3], [2]]
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:  # each item's square area, padded to its batch's longest, at most doubles
+        assert len(b) <= 3 and all(2 * lengths[i] ** 2 >= lengths[b[0]] ** 2 for i in b)
+    assert length_batches([], 4) == [] and length_batches([0, 0, 0], 2) == [[0, 1], [2]]
+
+
+def test_score_is_the_same_whatever_the_batches(tiny_scorer):
+    """Pairs of very different lengths end up in different batches; the scores are those of forward."""
+    hyps = ["the cat", "the quick brown fox jumps over the lazy dog and the cat sat on the mat",
+            "a dog barked at night", "sun", "the old man was in the house with a small child"]
+    refs = ["a cat", "a fox jumps over a dog", "the dog barked", "the sun is red", "a man in a house"]
+    with torch.no_grad():
+        expected = tiny_scorer(hyps, refs)
+    for batch_size in (1, 2, 64):
+        torch.testing.assert_close(tiny_scorer.score(hyps, refs, batch_size=batch_size, progress=False), expected)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Hashable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -61,7 +62,8 @@ class TokenArena:
             if not 0 <= first <= stop <= width:
                 raise ValueError(f"span {(first, stop)} of {key!r} is not within its {width} columns")
         for i, (key, (first, stop)) in enumerate(zip(keys, spans)):
-            self.remove(key)
+            if key in self.spans:
+                self.remove(key)
             self.spans[key] = (self.size + i * width + first, stop - first)
             self.live += stop - first
         self.size += len(keys) * width
@@ -124,16 +126,13 @@ class TokenArena:
             grown.append(field)
         self.fields = grown
 
-    def index(self, keys: Sequence[Hashable]) -> tuple[list[int], int]:
+    def index(self, keys: Sequence[Hashable]) -> tuple[np.ndarray, int]:
         """The host-side gather index of ``keys``: ``R·W`` row numbers (``-1`` = padding) and ``W``, the
         widest span. Send it with :func:`to_device`, then :meth:`gather`."""
-        spans = [self.spans[k] for k in keys]
-        width = max((w for _, w in spans), default=0)
-        index = []
-        for start, w in spans:
-            index.extend(range(start, start + w))
-            index.extend([-1] * (width - w))
-        return index, width
+        spans = np.array([self.spans[k] for k in keys], dtype=np.int64).reshape(-1, 2)
+        width = int(spans[:, 1].max(initial=0))
+        columns = np.arange(width)
+        return np.where(columns < spans[:, 1:], spans[:, :1] + columns, -1).ravel(), width
 
     def gather(self, index: Tensor, n: int, width: int):
         """Padded units ``[n, W, ...]`` of the ``n`` texts whose :meth:`index` (sent to the device) is

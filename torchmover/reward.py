@@ -56,6 +56,7 @@ import threading
 from collections import OrderedDict
 from typing import Callable, NamedTuple, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -120,7 +121,7 @@ class _ReferencePlan(NamedTuple):
 
     cached: list[str]
     missing: list[str]
-    index: list[int]
+    index: np.ndarray
     width: int
     evicted: list[str]
 

@@ -246,6 +246,20 @@ def _distinct_texts(hyps: list[str], groups: list[list[str]]) -> list[str]:
     return list(dict.fromkeys(hyps + [r for g in groups for r in g]))
 
 
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Batches of the positions of ``lengths``, longest first: consecutive, at most ``batch_size``
+    each, and a batch closes early at the first item shorter than ``1/√2`` of its first (longest) one.
+    Padded to its batch's longest, an item's square problem ``L × L`` is then at most twice its own
+    area; a fixed count alone pads the short end of a batch that spans the long tail of the lengths
+    (on 1,000 WMT pairs: 1.79× the real transported area in 16 batches of 64, 1.39× in 18)."""
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if not batches or len(batches[-1]) == batch_size or 2 * lengths[i] ** 2 < lengths[batches[-1][0]] ** 2:
+            batches.append([])
+        batches[-1].append(i)
+    return batches
+
+
 def pair_lists(hyps: list[str], groups: list[list[str]], hyp_row: dict[str, int],
                ref_row: dict[str, int]) -> PairIndex:
     """:func:`pair_index` as host lists (``None`` where the rows are simply ``0, 1, …``)."""
@@ -716,9 +730,10 @@ class Scorer(nn.Module):
         As the peers do it: every distinct text of the list (of each chunk of ``SCORE_CHUNK``
         hypotheses) is encoded once, in batches of ``batch_size`` texts of similar length (trimmed to
         their longest) kept on the device in a :class:`~torchmover.arena.TokenArena`; then the pairs
-        are scored in batches of ``batch_size`` hypotheses sorted by the length of their longest text
-        in units (its span in the arena: no padding, no dropped tokens), each gathered from it by
-        indices built on the host and sent in one transfer per chunk. The scores stay on the device
+        are scored in batches of at most ``batch_size`` hypotheses of similar length, by the length
+        of their longest text in units (its span in the arena: no padding, no dropped tokens; see
+        :func:`length_batches`), each gathered from it by indices built on the host and sent in one
+        transfer per chunk. The scores stay on the device
         until the end: nothing in the loop waits for it.
 
         Scores do not depend on ``batch_size`` nor on the other pairs of a batch: ``batch`` centering
@@ -751,12 +766,12 @@ class Scorer(nn.Module):
                     chunk = chunks[c]
                     arena = kept if kept is not None and c == len(chunks) - 1 else self._embed_distinct(
                         [hyps[i] for i in chunk], [groups[i] for i in chunk], batch_size, progress)
-                    kept = None  # pairs by their longest text in units (its span: known on the host), longest first
-                    width = arena.widths()
-                    chunk = sorted(chunk, key=lambda i: -max(width[hyps[i]], *map(width.__getitem__, groups[i])))
+                    kept = None
+                    units = arena.widths()  # each pair's longest text in units (known on the host)
+                    longest = [max(units[hyps[i]], *map(units.__getitem__, groups[i])) for i in chunk]
                     batches, lists = [], []  # every batch's indices, built on the host, sent in one transfer
-                    for start in range(0, len(chunk), batch_size):
-                        idx = chunk[start:start + batch_size]
+                    for positions in length_batches(longest, batch_size):
+                        idx = [chunk[k] for k in positions]
                         batch_hyps, batch_groups = [hyps[i] for i in idx], [groups[i] for i in idx]
                         texts = _distinct_texts(batch_hyps, batch_groups)
                         rows, width = arena.index(texts)

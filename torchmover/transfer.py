@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -22,10 +23,11 @@ def send(host: Tensor, device: torch.device | str | None) -> Tensor:
     return host.to(device, non_blocking=True)
 
 
-def to_device(lists: Sequence[Sequence[int] | None], device: torch.device | str | None) -> list[Tensor | None]:
-    """Long tensors of ``lists`` (``None`` stays ``None``) on ``device``, sent in one transfer (one host
-    tensor, :func:`send`, then split into views on the device)."""
-    present = [values for values in lists if values is not None]
-    sent = iter(send(torch.tensor([v for values in present for v in values], dtype=torch.long, device="cpu"), device)
-                .split([len(values) for values in present]))
+def to_device(lists: Sequence[Sequence[int] | np.ndarray | None],
+              device: torch.device | str | None) -> list[Tensor | None]:
+    """Long tensors of ``lists`` (of ints, or integer arrays; ``None`` stays ``None``) on ``device``,
+    sent in one transfer (one host tensor, :func:`send`, then split into views on the device)."""
+    present = [np.asarray(values, dtype=np.int64).reshape(-1) for values in lists if values is not None]
+    host = torch.from_numpy(np.concatenate(present)) if present else torch.zeros(0, dtype=torch.long)
+    sent = iter(send(host, device).split([len(values) for values in present]))
     return [None if values is None else next(sent) for values in lists]
