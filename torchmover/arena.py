@@ -11,8 +11,8 @@ with the call's other indices in one transfer (:func:`to_device`). So the number
 read does not grow with the number of texts, and nothing on the device is read back to the host:
 rows are bookkept on the host from the tensors' shapes and the given spans, never from their values.
 
-Removed texts, and the rows outside the spans, are holes; :meth:`TokenArena.compact` closes them (one gather with an index sent
-from the host) once they outnumber the live rows.
+Removed texts, and the rows outside the spans, are holes; :meth:`TokenArena.compact` closes them
+(one gather with an index sent from the host) once they outnumber the live rows.
 """
 from __future__ import annotations
 
