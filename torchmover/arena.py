@@ -62,8 +62,7 @@ class TokenArena:
             if not 0 <= first <= stop <= width:
                 raise ValueError(f"span {(first, stop)} of {key!r} is not within its {width} columns")
         for i, (key, (first, stop)) in enumerate(zip(keys, spans)):
-            if key in self.spans:
-                self.remove(key)
+            self.remove(key)
             self.spans[key] = (self.size + i * width + first, stop - first)
             self.live += stop - first
         self.size += len(keys) * width

@@ -733,8 +733,8 @@ class Scorer(nn.Module):
         are scored in batches of at most ``batch_size`` hypotheses of similar length, by the length
         of their longest text in units (its span in the arena: no padding, no dropped tokens; see
         :func:`length_batches`), each gathered from it by indices built on the host and sent in one
-        transfer per chunk. The scores stay on the device
-        until the end: nothing in the loop waits for it.
+        transfer per chunk. The scores stay on the device until the end: nothing in the loop waits
+        for it.
 
         Scores do not depend on ``batch_size`` nor on the other pairs of a batch: ``batch`` centering
         uses the mean of every real token of the call's distinct texts (``center_scope="separate"``:
@@ -767,8 +767,8 @@ class Scorer(nn.Module):
                     arena = kept if kept is not None and c == len(chunks) - 1 else self._embed_distinct(
                         [hyps[i] for i in chunk], [groups[i] for i in chunk], batch_size, progress)
                     kept = None
-                    units = arena.widths()  # each pair's longest text in units (known on the host)
-                    longest = [max(units[hyps[i]], *map(units.__getitem__, groups[i])) for i in chunk]
+                    n_units = arena.widths()  # each pair's longest text in units (known on the host)
+                    longest = [max(n_units[hyps[i]], *map(n_units.__getitem__, groups[i])) for i in chunk]
                     batches, lists = [], []  # every batch's indices, built on the host, sent in one transfer
                     for positions in length_batches(longest, batch_size):
                         idx = [chunk[k] for k in positions]
