@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from torchmover import Scorer
-from torchmover.arena import TokenArena
+from torchmover.arena import TokenArena, flat_rows
 from torchmover.encoding import kept_spans
 from torchmover.scorer import Units, length_batches
 
@@ -27,6 +27,31 @@ def _batch(widths, length, dim=3, offset=0):
     return Units(vectors, mask), spans
 
 
+def _naive_gather(batches, keys):
+    """Reference: each key's units sliced out of its batch over its span, padded to the widest."""
+    found = {key: (units.vectors[i], units.mask[i], span)
+             for batch_keys, units, spans in batches for i, (key, span) in enumerate(zip(batch_keys, spans))}
+    width = max(found[key][2][1] - found[key][2][0] for key in keys)
+    vectors = torch.zeros(len(keys), width, found[keys[0]][0].shape[-1])
+    mask = torch.zeros(len(keys), width, dtype=torch.bool)
+    for i, key in enumerate(keys):
+        x, m, (first, stop) = found[key]
+        vectors[i, :stop - first], mask[i, :stop - first] = x[first:stop], m[first:stop]
+    return vectors, mask
+
+
+def _gather(arena, keys):
+    where = arena.index(keys)
+    return arena.gather(torch.tensor(where.rows), where)
+
+
+def _assert_gathers(arena, batches, keys):
+    got = _gather(arena, keys)
+    vectors, mask = _naive_gather(batches, keys)
+    assert got.mask.tolist() == mask.tolist()
+    torch.testing.assert_close(torch.where(got.mask.unsqueeze(-1), got.vectors, 0.0), vectors)
+
+
 @pytest.mark.parametrize("build", ["of", "add"])
 def test_a_gather_reads_each_text_over_its_span(build):
     first, first_spans = _batch([2, 4, 0], length=6)
@@ -39,12 +64,45 @@ def test_a_gather_reads_each_text_over_its_span(build):
         for keys, units, spans in batches:
             arena.add(keys, units, spans)
     assert arena.widths() == {"a": 2, "b": 4, "c": 1, "d": 3, "e": 0}
-    index, width = arena.index(["c", "a", "e"])
-    assert width == 2  # the widest span, not the batches' 6 or 5 columns
-    got = arena.gather(torch.tensor(index), 3, width)
-    assert got.mask.tolist() == [[True, False], [True, True], [False, False]]
-    torch.testing.assert_close(got.vectors[0, 0], second.vectors[0, 1])
-    torch.testing.assert_close(got.vectors[1], first.vectors[0, 1:3])
+    for keys in (["c", "a", "e"], ["d", "c", "e", "b", "a"], ["e", "c"], ["a", "e", "b"]):
+        where = arena.index(keys)
+        assert where.width == max(arena.widths()[k] for k in keys)  # the widest span, not the batches' 6 or 5
+        assert where.n == len(keys) and len(where.runs) <= (len(keys) if build == "of" else 1)
+        _assert_gathers(arena, batches, keys)
+
+
+def test_of_keeps_each_batch_as_a_view_and_storage_order_makes_one_run_per_batch():
+    full, spans = _batch([2, 4, 3], length=7)
+    trimmed = Units(full.vectors[:, 1:6], full.mask[:, 1:6])  # columns cut off as Scorer.embed does
+    second, second_spans = _batch([1, 2], length=4, offset=1000)
+    batches = [(["a", "b", "c"], trimmed, [(a - 1, b - 1) for a, b in spans]), (["d", "e"], second, second_spans)]
+    arena = TokenArena.of(batches)
+    assert arena.blocks[0][0].data_ptr() == trimmed.vectors.data_ptr()  # no copy of the embeddings
+    assert arena.blocks[1][1].data_ptr() == second.mask.data_ptr()
+    keys = arena.in_storage_order(["e", "a", "d", "c", "b"])
+    assert keys == ["a", "b", "c", "d", "e"] and arena.index(keys).runs == ((0, 3), (1, 2))
+    _assert_gathers(arena, batches, keys)
+
+
+def test_flat_rows_is_a_view_when_the_columns_are_evenly_strided_and_a_copy_otherwise():
+    x = torch.arange(2 * 5 * 3, dtype=torch.float32).reshape(2, 5, 3)
+    flat, pitch = flat_rows(x[:, 1:4])
+    assert pitch == 5 and flat.data_ptr() == x[:, 1:4].data_ptr()
+    torch.testing.assert_close(flat[1 * pitch + 2], x[1, 3])
+    flat, pitch = flat_rows(x.transpose(0, 1))  # [5, 2, 3]: a column is not a row of its own
+    assert pitch == 2 and flat.is_contiguous()
+    torch.testing.assert_close(flat[3 * pitch + 1], x[1, 3])
+
+
+def test_empty_texts_join_a_neighbours_run_and_a_batch_of_them_holds_no_rows():
+    empty = Units(torch.zeros(2, 0, 3), torch.zeros(2, 0, dtype=torch.bool))
+    full, spans = _batch([2], length=3)
+    batches = [(["x", "y"], empty, [(0, 0), (0, 0)]), (["a"], full, spans)]
+    arena = TokenArena.of(batches)
+    assert arena.blocks[0][0].shape == (0, 3)
+    assert arena.index(["x", "a", "y"]).runs == ((1, 3),)
+    _assert_gathers(arena, batches, ["x", "a", "y"])
+    assert _gather(arena, ["y", "x"]).mask.shape == (2, 0)
 
 
 def test_spans_must_lie_within_the_batch():
@@ -59,11 +117,26 @@ def test_compaction_keeps_only_the_spans():
     units, spans = _batch([1, 1, 1], length=8)  # 24 rows written, 3 within spans: holes outnumber them
     arena = TokenArena(Units)
     arena.add(["a", "b", "c"], units, spans)
-    before = arena.gather(torch.tensor(arena.index(["c", "a"])[0]), 2, 1)
+    before = _gather(arena, ["c", "a"])
     arena.compact()
     assert arena.size == 3 and arena.live == 3
-    after = arena.gather(torch.tensor(arena.index(["c", "a"])[0]), 2, 1)
-    torch.testing.assert_close(after.vectors, before.vectors)
+    torch.testing.assert_close(_gather(arena, ["c", "a"]).vectors, before.vectors)
+
+
+def test_compaction_merges_the_blocks_and_later_adds_grow_the_merged_one():
+    first, first_spans = _batch([1, 1, 1], length=8)
+    second, second_spans = _batch([2, 1], length=6, offset=1000)
+    third, third_spans = _batch([3], length=4, offset=2000)
+    batches = [(["a", "b", "c"], first, first_spans), (["d", "e"], second, second_spans),
+               (["f"], third, third_spans)]
+    arena = TokenArena.of(batches[:2])
+    arena.remove("b")
+    arena.compact()  # 28 rows held (the second block ends at its last text's width), 5 within spans
+    assert len(arena.blocks) == 1 and arena.size == arena.live == 5
+    arena.add(*batches[2])
+    keys = ["e", "f", "a", "d", "c"]
+    assert arena.index(keys).runs == ((0, 5),)
+    _assert_gathers(arena, batches, keys)
 
 
 @pytest.mark.parametrize("options", [{}, {"stopwords": ("the", "a")}])

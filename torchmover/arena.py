@@ -1,22 +1,34 @@
 """Token units of many texts kept on the device, gathered into padded batches by host-built indices.
 
 :class:`TokenArena` keeps every field of :class:`~torchmover.scorer.Units` (vectors, mask, weights)
-of many texts as flat device tensors ``[capacity, ...]``: a text added from a padded batch ``[N, L, ...]``
-occupies ``L`` consecutive rows (its padded row, padding masked), appended without any index, and is
+of many texts in blocks of flat device tensors ``[rows, ...]``. A text of a padded batch
+``[N, L, ...]`` occupies ``L`` consecutive rows of a block (its padded row, padding masked) and is
 known by its span: the columns ``(first, stop)`` that hold its unmasked units (host-known, e.g. from
 :meth:`~torchmover.Scorer.embed_with_spans`), so that a short text of a long batch is read back short.
-A batch of texts is read back as padded ``Units`` ``[R, W, ...]`` (``W`` the widest span) by one gather
-whose row index ``[R, W]`` is built on the host from the spans (:meth:`TokenArena.index`) and sent
+
+- :meth:`TokenArena.of` keeps each batch as a block of its own, *without a copy*: the block is a flat
+  view of the batch's tensors (``Scorer.score``, which encodes every distinct text of a call and then
+  reads them back in pair batches: a copy would double the memory, and on the CPU page-fault in a
+  fresh buffer of the size of every embedding of the call).
+- :meth:`TokenArena.add` copies a batch into the arena's one growable block (the reward's cache of
+  references, which outlives the encoder's outputs).
+
+A list of texts is read back as padded ``Units`` ``[R, W, ...]`` (``W`` the widest span) by one
+``index_select`` per field and per run of consecutive texts that lie in the same block
+(:meth:`TokenArena.in_storage_order` sorts texts so that the runs are as few as the blocks they come
+from); the row index ``[R, W]`` is built on the host from the spans (:meth:`TokenArena.index`) and sent
 with the call's other indices in one transfer (:func:`to_device`). So the number of device ops of a
 read does not grow with the number of texts, and nothing on the device is read back to the host:
 rows are bookkept on the host from the tensors' shapes and the given spans, never from their values.
 
 Removed texts, and the rows outside the spans, are holes; :meth:`TokenArena.compact` closes them
-(one gather with an index sent from the host) once they outnumber the live rows.
+(one gather per block, with indices sent from the host) once they outnumber the live rows.
 """
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+import itertools
+import math
+from typing import Hashable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -25,18 +37,55 @@ from torch import Tensor
 from .transfer import to_device
 
 
+class Gather(NamedTuple):
+    """Where some texts lie in a :class:`TokenArena` (host side, from :meth:`TokenArena.index`):
+    ``rows`` ``[R·W]`` their row numbers within their blocks (``-1``: padding), ``width`` ``W`` the
+    widest span, and ``runs`` the ``(block, count)`` runs of consecutive texts that lie in one block."""
+
+    rows: np.ndarray
+    width: int
+    runs: tuple[tuple[int, int], ...]
+
+    @property
+    def n(self) -> int:
+        return sum(count for _, count in self.runs)
+
+
+def flat_rows(t: Tensor) -> tuple[Tensor, int]:
+    """A padded batch ``t`` ``[N, W, ...]`` as flat rows ``[rows, ...]`` in which column ``j`` of text
+    ``i`` is row ``i · pitch + j``, and ``pitch``. A view, without a copy, when the columns are evenly
+    strided rows (a contiguous batch, or a slice of its columns: ``pitch`` is then the uncut width);
+    otherwise a contiguous copy (``pitch = W``)."""
+    n, w, *inner = t.shape
+    row = math.prod(inner)
+    if n and w and t.stride(1) == row and t.stride(0) % max(row, 1) == 0 and t[0, 0].is_contiguous():
+        pitch = t.stride(0) // max(row, 1)
+        return t.as_strided(((n - 1) * pitch + w, *inner), (row, *t.stride()[2:])), pitch
+    return t.contiguous().view(n * w, *inner), w
+
+
+def _shape(keys: Sequence[Hashable], units) -> tuple[int, int]:
+    """``(N, L)`` of padded ``units`` whose rows are ``keys``."""
+    n, width = units.mask.shape[:2]
+    if len(keys) != n:
+        raise ValueError(f"{len(keys)} keys for {n} rows of units")
+    return n, width
+
+
 class TokenArena:
-    """Units of many texts (keys) in flat device tensors; see the module docs.
+    """Units of many texts (keys) in blocks of flat device tensors; see the module docs.
 
     ``units_type`` is the ``NamedTuple`` the fields belong to (``Units``: ``vectors`` first, a boolean
-    ``mask``); a field that is ``None`` in the first batch added stays ``None``.
+    ``mask``); a field that is ``None`` in the first batch stored stays ``None``.
     """
 
     def __init__(self, units_type):
         self.units_type = units_type
-        self.fields: list[Tensor | None] | None = None  # flat [capacity, ...] per field
-        self.spans: dict[Hashable, tuple[int, int]] = {}  # key -> (first row, width)
-        self.size = 0  # rows written (live or removed)
+        self.blocks: list[list[Tensor | None]] = []  # per block, its flat [rows, ...] per field
+        self.spans: dict[Hashable, tuple[int, int, int]] = {}  # key -> (block, first row, width)
+        self.growable: int | None = None  # the block that add() writes into
+        self.written = 0  # rows written into that block
+        self.size = 0  # rows held in all blocks (live or holes)
         self.live = 0  # rows within the spans of the texts present
 
     def __contains__(self, key) -> bool:
@@ -47,15 +96,23 @@ class TokenArena:
 
     @classmethod
     def of(cls, batches: Sequence[tuple[Sequence[Hashable], object, Sequence[tuple[int, int]]]]) -> "TokenArena":
-        """An arena of ``(keys, units, spans)`` batches (as :meth:`add`), allocated once."""
+        """An arena of ``(keys, units, spans)`` batches (as :meth:`add`), each kept as a block of its own
+        (flat views of its fields, :func:`flat_rows`: no copy)."""
         arena = cls(type(batches[0][1]))
-        arena._reserve(sum(units.mask.numel() for _, units, _ in batches), batches[0][1])
-        for batch in batches:
-            arena.add(*batch)
+        for keys, units, spans in batches:
+            n, width = _shape(keys, units)
+            flat = [None if t is None else flat_rows(t) for t in units]
+            if len({pitch for _, pitch in filter(None, flat)}) > 1:  # fields cut from batches of other widths
+                flat = [None if t is None else (t.reshape(n * width, *t.shape[2:]), width) for t in units]
+            arena._span(keys, len(arena.blocks), 0, flat[0][1], width, spans)
+            arena.blocks.append([None if f is None else f[0] for f in flat])
+            arena.size += flat[0][0].shape[0]
         return arena
 
-    def _span(self, keys: Sequence[Hashable], width: int, spans: Sequence[tuple[int, int]]) -> None:
-        """Record ``keys`` as the padded rows of ``width`` columns from row ``size`` on, each by its span."""
+    def _span(self, keys: Sequence[Hashable], block: int, start: int, pitch: int, width: int,
+              spans: Sequence[tuple[int, int]]) -> None:
+        """Record ``keys`` as the padded rows of ``width`` columns in ``block``, text ``i`` from row
+        ``start + i · pitch`` on, each by its span."""
         if len(keys) != len(spans):
             raise ValueError(f"{len(keys)} keys for {len(spans)} spans")
         for key, (first, stop) in zip(keys, spans):
@@ -63,80 +120,109 @@ class TokenArena:
                 raise ValueError(f"span {(first, stop)} of {key!r} is not within its {width} columns")
         for i, (key, (first, stop)) in enumerate(zip(keys, spans)):
             self.remove(key)
-            self.spans[key] = (self.size + i * width + first, stop - first)
+            self.spans[key] = (block, start + i * pitch + first, stop - first)
             self.live += stop - first
-        self.size += len(keys) * width
 
     def add(self, keys: Sequence[Hashable], units, spans: Sequence[tuple[int, int]]) -> None:
-        """Append the texts ``keys`` (row ``i`` of padded ``units`` ``[N, L, ...]`` is ``keys[i]``, its
-        unmasked units within the columns ``spans[i] = (first, stop)``), each as ``L`` rows. A key
-        already present is replaced (its old rows become a hole)."""
-        n, width = units.mask.shape[:2]
-        if len(keys) != n:
-            raise ValueError(f"{len(keys)} keys for {n} rows of units")
-        start = self.size
-        self._reserve(start + n * width, units)
-        self._span(keys, width, spans)
-        for field, values in zip(self.fields, units):
+        """Copy the texts ``keys`` (row ``i`` of padded ``units`` ``[N, L, ...]`` is ``keys[i]``, its
+        unmasked units within the columns ``spans[i] = (first, stop)``) into the growable block, each
+        as ``L`` rows. A key already present is replaced (its old rows become a hole)."""
+        n, width = _shape(keys, units)
+        start = self.written
+        block = self._reserve(start + n * width, units)
+        self._span(keys, self.growable, start, width, width, spans)
+        self.written += n * width
+        self.size += n * width
+        for field, values in zip(block, units):
             if field is not None:  # written through a view: the units may be a non-contiguous slice
-                field[start:self.size].view(n, width, *field.shape[1:]).copy_(values)
+                field[start:self.written].view(n, width, *field.shape[1:]).copy_(values)
 
     def widths(self) -> dict[Hashable, int]:
         """Each text's number of units: the columns of its span."""
-        return {key: width for key, (_, width) in self.spans.items()}
+        return {key: width for key, (_, _, width) in self.spans.items()}
+
+    def in_storage_order(self, keys: Sequence[Hashable]) -> list[Hashable]:
+        """``keys`` sorted by where they are stored: a gather of them makes one ``index_select`` per
+        field and per block they come from."""
+        return sorted(keys, key=self.spans.__getitem__)
 
     def remove(self, key: Hashable) -> None:
         """Forget ``key`` (no-op if absent); its rows become a hole."""
         span = self.spans.pop(key, None)
         if span is not None:
-            self.live -= span[1]
+            self.live -= span[2]
 
     def clear(self) -> None:
-        self.fields, self.spans, self.size, self.live = None, {}, 0, 0
+        self.blocks, self.spans, self.growable, self.written, self.size, self.live = [], {}, None, 0, 0, 0
 
     def compact(self) -> None:
         """Close the holes (rows of removed texts, and rows outside the spans) if they outnumber the live
-        rows (one device gather, its index sent from the host)."""
-        if self.fields is None or self.size - self.live <= self.live:
+        rows: the live rows of every block gathered into one growable block (one ``index_select``
+        per block and field, the indices sent from the host in one transfer)."""
+        if not self.blocks or self.size - self.live <= self.live:
             return
-        order, spans = [], {}
-        for key, (start, width) in self.spans.items():
-            spans[key] = (len(order), width)
-            order.extend(range(start, start + width))
-        (rows,) = to_device([order], self.fields[0].device)
-        self.fields = [None if f is None else f.index_select(0, rows) for f in self.fields]
-        self.spans, self.size = spans, len(order)
+        keys = self.in_storage_order(self.spans)
+        rows: dict[int, list[int]] = {}
+        spans, written = {}, 0
+        for key in keys:
+            block, first, width = self.spans[key]
+            rows.setdefault(block, []).extend(range(first, first + width))
+            spans[key], written = (0, written, width), written + width
+        sent = to_device(list(rows.values()), self.blocks[0][0].device)
+        fields = zip(*([None if f is None else f.index_select(0, index) for f in self.blocks[block]]
+                       for block, index in zip(rows, sent)))
+        self.blocks = [[None if parts[0] is None else parts[0] if len(parts) == 1 else torch.cat(parts)
+                        for parts in fields]] if rows else []
+        self.spans, self.growable, self.written, self.size = spans, (0 if rows else None), written, written
 
-    def _reserve(self, rows: int, like) -> None:
-        """Grow every field to at least ``rows`` rows (capacity doubles), the first time with the
-        dtypes and devices of the padded units ``like``."""
-        if self.fields is None:
-            self.fields = [None if t is None else t.new_empty((0, *t.shape[2:])) for t in like]
-        capacity = self.fields[0].shape[0]
-        if rows <= capacity:
-            return
-        capacity = max(rows, 2 * capacity)
-        grown = []
-        for field in self.fields:
-            if field is not None:  # rows past ``size`` are never read: left uninitialised
-                new = field.new_empty((capacity, *field.shape[1:]))
-                new[:self.size] = field[:self.size]
-                field = new
-            grown.append(field)
-        self.fields = grown
+    def _reserve(self, rows: int, like) -> list[Tensor | None]:
+        """The growable block with room for at least ``rows`` rows (its capacity doubles), created the
+        first time with the dtypes and devices of the padded units ``like``."""
+        if self.growable is None:
+            self.blocks.append([None if t is None else t.new_empty((0, *t.shape[2:])) for t in like])
+            self.growable, self.written = len(self.blocks) - 1, 0
+        block = self.blocks[self.growable]
+        capacity = block[0].shape[0]
+        if rows > capacity:
+            capacity = max(rows, 2 * capacity)
+            for k, field in enumerate(block):
+                if field is not None:  # rows past ``written`` are never read: left uninitialised
+                    new = field.new_empty((capacity, *field.shape[1:]))
+                    new[:self.written] = field[:self.written]
+                    block[k] = new
+        return block
 
-    def index(self, keys: Sequence[Hashable]) -> tuple[np.ndarray, int]:
-        """The host-side gather index of ``keys``: ``R·W`` row numbers (``-1`` = padding) and ``W``, the
-        widest span. Send it with :func:`to_device`, then :meth:`gather`."""
-        spans = np.array([self.spans[k] for k in keys], dtype=np.int64).reshape(-1, 2)
-        width = int(spans[:, 1].max(initial=0))
+    def index(self, keys: Sequence[Hashable]) -> Gather:
+        """The host side of a gather of ``keys`` (:class:`Gather`). Send its ``rows`` with
+        :func:`to_device`, then :meth:`gather`."""
+        spans = np.array([self.spans[k] for k in keys], dtype=np.int64).reshape(-1, 3)
+        width = int(spans[:, 2].max(initial=0))
         columns = np.arange(width)
-        return np.where(columns < spans[:, 1:], spans[:, :1] + columns, -1).ravel(), width
+        rows = np.where(columns < spans[:, 2:], spans[:, 1:2] + columns, -1).ravel()
+        blocks, widths = spans[:, 0].tolist(), spans[:, 2].tolist()
+        block = next((b for b, w in zip(blocks, widths) if w), 0)
+        for i, w in enumerate(widths):  # an empty text (all padding) joins the run of the text before it
+            if w:
+                block = blocks[i]
+            blocks[i] = block
+        return Gather(rows, width, tuple((block, len(list(run))) for block, run in itertools.groupby(blocks)))
 
-    def gather(self, index: Tensor, n: int, width: int):
-        """Padded units ``[n, W, ...]`` of the ``n`` texts whose :meth:`index` (sent to the device) is
-        ``index``: one ``index_select`` per field, padding masked."""
-        rows = index.clamp_min(0)
-        units = self.units_type(*(None if f is None else f.index_select(0, rows).reshape(n, width, *f.shape[1:])
-                                  for f in self.fields))
-        return units._replace(mask=units.mask & (index >= 0).reshape(n, width))
+    def gather(self, rows: Tensor, where: Gather):
+        """Padded units ``[R, W, ...]`` of the ``R ≥ 1`` texts whose :meth:`index` is ``where`` (``rows``:
+        its ``rows`` sent to the device): one ``index_select`` per field and run, padding masked."""
+        n, width, runs = where.n, where.width, where.runs
+        index = rows.clamp_min(0)
+        fields = []
+        for k, field in enumerate(self.blocks[runs[0][0]]):
+            if field is not None and len(runs) > 1:  # each run's rows straight into its slice of the result
+                out, start = field.new_empty((n * width, *field.shape[1:])), 0
+                for block, count in runs:
+                    stop = start + count * width
+                    torch.index_select(self.blocks[block][k], 0, index[start:stop], out=out[start:stop])
+                    start = stop
+                field = out
+            elif field is not None:
+                field = field.index_select(0, index)
+            fields.append(None if field is None else field.view(n, width, *field.shape[1:]))
+        units = self.units_type(*fields)
+        return units._replace(mask=units.mask & (rows >= 0).view(n, width))

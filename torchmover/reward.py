@@ -56,11 +56,10 @@ import threading
 from collections import OrderedDict
 from typing import Callable, NamedTuple, Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from .arena import TokenArena
+from .arena import Gather, TokenArena
 from .moduletree import eval_mode, weights_fingerprint
 from .transfer import to_device
 from .centering import Centering
@@ -116,13 +115,12 @@ def _cat_units(a: Units, b: Units) -> Units:
 
 
 class _ReferencePlan(NamedTuple):
-    """A call's references on the host: ``cached`` (gathered with ``index``, ``width``) then ``missing``
-    (encoded now); ``evicted``: cached texts that leave the LRU cache after the call."""
+    """A call's references on the host: ``cached`` (gathered from the cache as ``where`` says) then
+    ``missing`` (encoded now); ``evicted``: cached texts that leave the LRU cache after the call."""
 
     cached: list[str]
     missing: list[str]
-    index: np.ndarray
-    width: int
+    where: Gather
     evicted: list[str]
 
     @property
@@ -292,7 +290,7 @@ class MoverReward:
         plan = self._plan_references(list(dict.fromkeys(texts)))
         row = {t: i for i, t in enumerate(plan.texts)}
         order = [row[t] for t in texts]
-        index, order = to_device([plan.index, None if order == list(range(len(plan.texts))) else order],
+        index, order = to_device([plan.where.rows, None if order == list(range(len(plan.texts))) else order],
                                  self._like().device)
         try:
             units = self._references(plan, index)
@@ -310,7 +308,7 @@ class MoverReward:
         missing = [t for t in texts if t not in self._lru]
         self._misses += len(missing)
         self._hits += len(texts) - len(missing)
-        index, width = self._arena.index(cached)
+        where = self._arena.index(cached)
         evicted = []
         if self.cache_size:
             for t in cached:
@@ -323,7 +321,7 @@ class MoverReward:
                     self._known_self_terms.discard(old)
                     free.append(slot)
                 self._lru[t] = free.pop()
-        return _ReferencePlan(cached, missing, index, width, evicted)
+        return _ReferencePlan(cached, missing, where, evicted)
 
     def _abandon(self, plan: _ReferencePlan) -> None:
         """Undo the LRU bookkeeping of ``plan`` for a call that failed before storing its references."""
@@ -340,7 +338,7 @@ class MoverReward:
             new, spans = self._encode(plan.missing)
             if self.cache_size:
                 self._arena.add(plan.missing, new, spans)
-        units = self._arena.gather(index, len(plan.cached), plan.width) if plan.cached else None
+        units = self._arena.gather(index, plan.where) if plan.cached else None
         for t in plan.evicted:
             self._arena.remove(t)
         if units is None:
@@ -423,7 +421,7 @@ class MoverReward:
         self._check_centering(centering)
         self_term_lists = self._self_term_lists(ref_texts) if self.cache_size else []
         # every index of the call, built on the host and sent in one transfer before the encoder runs
-        index, *sent = to_device([plan.index, *pair_lists(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
+        index, *sent = to_device([plan.where.rows, *pair_lists(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
                                                            {t: i for i, t in enumerate(ref_texts)}),
                                   *self_term_lists], like.device)
         with eval_mode(self._scorer), torch.no_grad():

@@ -290,12 +290,11 @@ class CallPlan(NamedTuple):
 
 
 def plan_lists(hyps: list[str], groups: list[list[str]], texts: list[str]) -> list[list[int] | None]:
-    """The host lists of a :class:`CallPlan` (``ref_rows`` and the :class:`PairIndex`) of ``texts``
-    (:func:`_distinct_texts`)."""
+    """The host lists of a :class:`CallPlan` (``ref_rows`` and the :class:`PairIndex`) of ``texts``:
+    every distinct text of the call, the distinct hypotheses first (in any order; :func:`_distinct_texts`)."""
     row = {t: i for i, t in enumerate(texts)}
-    hyp_texts = list(dict.fromkeys(hyps))
     ref_texts = list(dict.fromkeys(r for g in groups for r in g))
-    return [[row[t] for t in ref_texts], *pair_lists(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
+    return [[row[t] for t in ref_texts], *pair_lists(hyps, groups, {t: row[t] for t in dict.fromkeys(hyps)},
                                                      {t: i for i, t in enumerate(ref_texts)})]
 
 
@@ -774,13 +773,15 @@ class Scorer(nn.Module):
                         idx = [chunk[k] for k in positions]
                         batch_hyps, batch_groups = [hyps[i] for i in idx], [groups[i] for i in idx]
                         texts = _distinct_texts(batch_hyps, batch_groups)
-                        rows, width = arena.index(texts)
-                        batches.append((batch_hyps, len(texts), width))
-                        lists += [idx, rows, *plan_lists(batch_hyps, batch_groups, texts)]
+                        n_hyp_texts = len(dict.fromkeys(batch_hyps))  # first; each side in storage order
+                        texts = arena.in_storage_order(texts[:n_hyp_texts]) + arena.in_storage_order(texts[n_hyp_texts:])
+                        where = arena.index(texts)
+                        batches.append((batch_hyps, where))
+                        lists += [idx, where.rows, *plan_lists(batch_hyps, batch_groups, texts)]
                     sent = to_device(lists, device)
-                    for k, (batch_hyps, n_texts, width) in enumerate(batches):
+                    for k, (batch_hyps, where) in enumerate(batches):
                         idx, rows, *plan = sent[6 * k:6 * k + 6]
-                        scores = self._score_embedded(call_plan(batch_hyps, plan), arena.gather(rows, n_texts, width),
+                        scores = self._score_embedded(call_plan(batch_hyps, plan), arena.gather(rows, where),
                                                       return_all=return_all, means=means)
                         out.index_copy_(1, idx, torch.stack(list(scores) if return_all else [scores]).float())
                         bar.update(len(batch_hyps))
@@ -809,8 +810,8 @@ class Scorer(nn.Module):
                 new = [t for t in dict.fromkeys(side_texts[side]) if t not in seen[side]]
                 seen[side].update(new)
                 if new:
-                    rows, width = arena.index(new)
-                    units = arena.gather(to_device([rows], device)[0], len(new), width)
+                    where = arena.index(arena.in_storage_order(new))
+                    units = arena.gather(to_device([where.rows], device)[0], where)
                     stats[k, :-1] += token_sum(units.vectors, units.mask, torch.float64)
                     stats[k, -1] += units.mask.sum()
         if group is not None:
