@@ -8,8 +8,8 @@ known by its span: the columns ``(first, stop)`` that hold its unmasked units (h
 
 - :meth:`TokenArena.of` keeps each batch as a block of its own, *without a copy*: the block is a flat
   view of the batch's tensors (``Scorer.score``, which encodes every distinct text of a call and then
-  reads them back in pair batches: a copy would double the memory, and on the CPU page-fault in a
-  fresh buffer of the size of every embedding of the call).
+  reads them back in pair batches: a copy would be a second buffer the size of every embedding of
+  the call, which on the CPU each call page-faults in afresh).
 - :meth:`TokenArena.add` copies a batch into the arena's one growable block (the reward's cache of
   references, which outlives the encoder's outputs).
 
