@@ -380,7 +380,8 @@ class Encoder(nn.Module):
         elif self.special_tokens == "cls":
             mask &= ~special | (np.arange(length) == 0)
         if token_policy is not None:
-            mask = token_policy(*(torch.from_numpy(a) for a in (mask, host[names.index("input_ids")], host[-1]))).numpy()
+            ids, word_ids = host[names.index("input_ids")], host[-1]
+            mask = token_policy(*(torch.from_numpy(a) for a in (mask, ids, word_ids))).numpy()
         spans = kept_spans(mask)
         host = np.concatenate([host[:len(names)], mask[None], special[None], host[len(names) + 1:]])  # [k, N, L]
         sent = send(torch.from_numpy(host), self.device).unbind(0)

@@ -779,7 +779,8 @@ class Scorer(nn.Module):
                         batch_hyps, batch_groups = [hyps[i] for i in idx], [groups[i] for i in idx]
                         texts = _distinct_texts(batch_hyps, batch_groups)
                         n_hyp_texts = len(dict.fromkeys(batch_hyps))  # first; each side in storage order
-                        texts = arena.in_storage_order(texts[:n_hyp_texts]) + arena.in_storage_order(texts[n_hyp_texts:])
+                        texts = [*arena.in_storage_order(texts[:n_hyp_texts]),
+                                 *arena.in_storage_order(texts[n_hyp_texts:])]
                         where = arena.index(texts)
                         batches.append((batch_hyps, where))
                         lists += [idx, where.rows, *plan_lists(batch_hyps, batch_groups, texts)]
