@@ -17,8 +17,9 @@ WORDS = (
 ).split()
 
 
-def tiny_tokenizer():
-    """A fast BERT WordPiece tokenizer over a small vocabulary (plus characters for anything else)."""
+def tiny_tokenizer(single: str = "[CLS] $A [SEP]", pad_token: str | None = "[PAD]"):
+    """A fast BERT WordPiece tokenizer over a small vocabulary (plus characters for anything else);
+    ``single`` is the template of one text (e.g. ``"[CLS]:0 $A:1 [SEP]:1"`` for token type ids 1)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -30,11 +31,11 @@ def tiny_tokenizer():
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     backend.decoder = decoders.WordPiece()
     backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+        single=single, pair="[CLS] $A [SEP] $B [SEP]",
         special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
     )
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+        tokenizer_object=backend, unk_token="[UNK]", pad_token=pad_token, cls_token="[CLS]",
         sep_token="[SEP]", mask_token="[MASK]", model_max_length=64,
     )
 

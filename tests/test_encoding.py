@@ -1,11 +1,12 @@
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
 from conftest import tiny_model, tiny_tokenizer
 from torchmover import DEFAULT_MODEL, Encoder
-from torchmover.encoding import DEFAULT_LAYERS, default_layer, resolve_model_path
+from torchmover.encoding import DEFAULT_LAYERS, default_layer, pad_lists, resolve_model_path
 
 
 def test_special_tokens_and_padding_are_masked(tiny_encoder):
@@ -96,3 +97,70 @@ def test_power_means_over_the_last_layers():
         Encoder(tiny_model(), tiny_tokenizer(), layer=1, name="tiny", power_mean_layers=3)
     with pytest.raises(ValueError, match="special_tokens"):
         Encoder(tiny_model(), tiny_tokenizer(), layer=1, name="tiny", special_tokens="some")
+
+
+PADDED = ["the quick brown fox jumps over the dog", "", "a cat", "the xyz dog sat on the mat"]
+
+
+def _reference(encoder: Encoder, tokenizer, texts: list[str], **overrides):
+    """The chosen layer on the tokenizer's own right padding (``overrides`` replace model inputs)."""
+    batch = tokenizer(texts, padding=True, return_tensors="pt", return_special_tokens_mask=True)
+    inputs = {k: v for k, v in batch.items() if k != "special_tokens_mask"} | overrides
+    return batch, encoder.model(**inputs, output_hidden_states=True).hidden_states[encoder.layer]
+
+
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+@pytest.mark.parametrize("type_ids", [False, True])
+def test_texts_are_padded_on_the_right_as_the_tokenizer_pads_them(padding_side, type_ids):
+    tokenizer = tiny_tokenizer()
+    if type_ids:  # as BERT's: the model takes token type ids, all 0 here, so they are not read (zeros are sent)
+        tokenizer.model_input_names = ["input_ids", "token_type_ids", "attention_mask"]
+    encoder = Encoder(tiny_model(), tokenizer, layer=2, name="tiny")
+    assert not encoder.reads_type_ids
+    batch, expected = _reference(encoder, tokenizer, PADDED)
+    assert ("token_type_ids" in batch) == type_ids
+    tokenizer.padding_side = padding_side  # ignored: encoders count positions from the first token
+    with torch.no_grad():
+        got = encoder(PADDED)
+    assert torch.equal(got.embeddings, expected)  # the same model inputs, padding included
+    assert torch.equal(got.input_ids, batch["input_ids"])
+    real = batch["attention_mask"].bool()
+    special = batch["special_tokens_mask"].bool() & real
+    assert torch.equal(got.special, special) and torch.equal(got.mask, real & ~special)
+
+
+def test_token_type_ids_other_than_zero_are_read_and_padded():
+    tokenizer = tiny_tokenizer(single="[CLS]:0 $A:1 [SEP]:1")
+    tokenizer.model_input_names = ["input_ids", "token_type_ids", "attention_mask"]  # as BERT's
+    encoder = Encoder(tiny_model(), tokenizer, layer=2, name="tiny")
+    assert encoder.reads_type_ids
+    batch, expected = _reference(encoder, tokenizer, PADDED)
+    assert batch["token_type_ids"].sum() > 0
+    _, zeros = _reference(encoder, tokenizer, PADDED, token_type_ids=torch.zeros_like(batch["token_type_ids"]))
+    with torch.no_grad():
+        got = encoder(PADDED).embeddings
+    assert torch.equal(got, expected) and not torch.allclose(got, zeros)
+
+
+def test_a_tokenizer_without_a_pad_token_pads_with_id_zero():
+    encoder = Encoder(tiny_model(), tiny_tokenizer(pad_token=None), layer=2, name="tiny")
+    with torch.no_grad():
+        batched = encoder(PADDED)
+        for i, text in enumerate(PADDED):
+            alone = encoder([text])
+            n = alone.input_ids.shape[1]
+            assert torch.equal(batched.input_ids[i, :n], alone.input_ids[0]) and (batched.input_ids[i, n:] == 0).all()
+            torch.testing.assert_close(batched.embeddings[i, :n], alone.embeddings[0])
+
+
+def test_pad_lists_matches_a_naive_loop():
+    rng = np.random.default_rng(0)
+    lengths = [3, 0, 7, 1, 7]
+    ragged = [[rng.integers(-5, 1000, n).tolist() for n in lengths] for _ in range(3)]
+    padded, valid = pad_lists(ragged, [0, -1, 9])
+    assert padded.shape == (3, 5, 7) and valid.tolist() == [[j < n for j in range(7)] for n in lengths]
+    for k, pad in enumerate([0, -1, 9]):
+        for i, n in enumerate(lengths):
+            assert padded[k, i].tolist() == ragged[k][i] + [pad] * (7 - n)
+    padded, valid = pad_lists([[[], []]], [0])
+    assert padded.shape == (1, 2, 0) and valid.shape == (2, 0)

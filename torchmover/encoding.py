@@ -86,6 +86,24 @@ def kept_spans(mask: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(np.where(some, first, 0).tolist(), np.where(some, stop, 0).tolist()))
 
 
+def pad_lists(ragged: Sequence[Sequence[Sequence[int]]], pads: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Each of ``ragged`` (``k`` lists of ``N`` lists of ints, the ``i``-th list of each as long as the
+    others' ``i``-th) padded on the right with its value of ``pads``: ``[k, N, L]`` int64, ``L`` the
+    longest, and ``[N, L]`` True where a value was read (not padding).
+
+    One ``np.fromiter`` over every value as one stream (NumPy reads lists of ints several times
+    faster than ``torch.tensor``, and a stream faster than ``np.array`` over nested lists), placed
+    by a boolean mask in row-major order."""
+    lengths = np.fromiter(map(len, ragged[0]), np.int64, len(ragged[0]))
+    valid = np.arange(lengths.max(initial=0)) < lengths[:, None]  # [N, L]
+    stream = itertools.chain.from_iterable(itertools.chain.from_iterable(ragged))
+    values = np.fromiter(stream, np.int64, len(ragged) * int(lengths.sum())).reshape(len(ragged), -1)
+    padded = np.empty((len(ragged), *valid.shape), np.int64)
+    padded[:] = np.asarray(pads, np.int64)[:, None, None]
+    padded[:, valid] = values
+    return padded, valid
+
+
 def resolve_model_path(name: str) -> str:
     """Local directory of ``name`` if a package that ships it is installed, else ``name`` itself.
 
@@ -266,6 +284,10 @@ class Encoder(nn.Module):
             raise ValueError(f"max_length must be in [{shortest}, {window or '∞'}] for {name!r} (its special tokens "
                              f"and one token of text, up to its window), got {max_length!r}")
         self.max_length = max_length or window or 512
+        # a template gives every token of a single text the same type id, its special tokens theirs:
+        # one short text shows whether any is not 0 (a model's default), otherwise they are not read
+        self.reads_type_ids = "token_type_ids" in tokenizer.model_input_names and any(
+            tokenizer("a", return_token_type_ids=True)["token_type_ids"])
 
     def __getstate__(self) -> dict:
         """Picklable after a forward pass: the output-capturing hooks transformers installed are
@@ -328,15 +350,17 @@ class Encoder(nn.Module):
         return next(self.model.parameters()).device
 
     def tokenize(self, texts: Sequence[str]):
-        """Strip, pad and truncate ``texts`` (a ``BatchEncoding`` of Python lists, with the fast
-        tokenizer's ``encodings``); warns, naming them, about texts longer than ``max_length``.
+        """Strip and truncate ``texts``, unpadded (a ``BatchEncoding`` of Python lists, one per text,
+        with the fast tokenizer's ``encodings``); warns, naming them, about texts longer than
+        ``max_length``. The token type ids come back only where they are not all 0
+        (:attr:`reads_type_ids`).
 
         Leading and trailing whitespace is stripped first, as bert_score does: a WordPiece tokenizer
         ignores it anyway, a byte-level BPE one (RoBERTa, GPT-2) would make it tokens ("Ġ") of no word.
         """
         batch = self.tokenizer(
-            [t.strip() for t in texts], padding=True, truncation=True, max_length=self.max_length,
-            return_special_tokens_mask=True,
+            [t.strip() for t in texts], truncation=True, max_length=self.max_length,
+            return_special_tokens_mask=True, return_attention_mask=False, return_token_type_ids=self.reads_type_ids,
         )
         cut = [i for i, e in enumerate(batch.encodings) if e.overflowing]
         if cut:
@@ -358,38 +382,46 @@ class Encoder(nn.Module):
         the word ids and the special tokens; they are sent to the model's device in one asynchronous
         transfer (:func:`~torchmover.transfer.send`) before the model runs.
 
+        The texts are padded here, on the right whatever the tokenizer's ``padding_side`` (as
+        bert_score pads: an encoder's positions count from the first token), with the pad token
+        (id 0 for a tokenizer without one), attention 0 and token type 0 (the tokenizer's
+        ``pad_token_type_id`` where the type ids are read). Reading the tokenizer's unpadded lists
+        reads only the real tokens, and not the attention mask (all ones before padding).
+
         ``with_word_ids=False`` leaves ``word_ids`` and ``num_words`` ``None`` (unless ``token_policy``
         needs them): reading them from the tokenizer is a Python loop over every token, about a
         sixth of a reward call's host work, which a scorer without a word-level policy skips.
         """
         batch = self.tokenize(texts)
-        names = [k for k in batch if k != "special_tokens_mask"]  # the model's inputs
         with_word_ids = with_word_ids or token_policy is not None
-        word_lists = [[-1 if w is None else w for w in e.word_ids] for e in batch.encodings] if with_word_ids else []
-        n, length = len(batch["input_ids"]), len(batch["input_ids"][0]) if batch["input_ids"] else 0
-        # NumPy reads lists of ints several times faster than torch.tensor does (np.fromiter over the
-        # padded lists as one stream a fifth faster than np.array over the nested lists), and its ops
-        # on these small host arrays cost a fraction of torch's dispatch
-        rows = [batch[k] for k in names] + [batch["special_tokens_mask"]] + ([word_lists] if with_word_ids else [])
-        flat = itertools.chain.from_iterable(itertools.chain.from_iterable(rows))
-        host = np.fromiter(flat, np.int64, len(rows) * n * length).reshape(len(rows), n, length)
-        mask = host[names.index("attention_mask")] != 0  # [N, L]
-        special = (host[len(names)] != 0) & mask  # [N, L], padding excluded
+        tokenizer = self.tokenizer
+        ragged = {"input_ids": (batch["input_ids"], tokenizer.pad_token_id or 0),
+                  "special": (batch["special_tokens_mask"], 0)}
+        if self.reads_type_ids:
+            ragged["token_type_ids"] = (batch["token_type_ids"], tokenizer.pad_token_type_id)
+        if with_word_ids:
+            ragged["word_ids"] = ([[-1 if w is None else w for w in e.word_ids] for e in batch.encodings], -1)
+        padded, valid = pad_lists(*zip(*ragged.values()))  # [k, N, L] and [N, L] (not padding)
+        host = dict(zip(ragged, padded))
+        mask = valid.copy()
+        special = (host["special"] != 0) & valid  # [N, L], padding excluded
         if self.special_tokens == "drop":
             mask &= ~special
         elif self.special_tokens == "cls":
-            mask &= ~special | (np.arange(length) == 0)
+            mask &= ~special | (np.arange(valid.shape[1]) == 0)
         if token_policy is not None:
-            ids, word_ids = host[names.index("input_ids")], host[-1]
-            mask = token_policy(*(torch.from_numpy(a) for a in (mask, ids, word_ids))).numpy()
-        spans = kept_spans(mask)
-        host = np.concatenate([host[:len(names)], mask[None], special[None], host[len(names) + 1:]])  # [k, N, L]
-        sent = send(torch.from_numpy(host), self.device).unbind(0)
-        inputs = dict(zip(names, sent))
+            mask = token_policy(*(torch.from_numpy(a) for a in (mask, host["input_ids"], host["word_ids"]))).numpy()
+        model_inputs = {"input_ids": host["input_ids"], "attention_mask": valid}
+        if "token_type_ids" in tokenizer.model_input_names:
+            model_inputs["token_type_ids"] = host.get("token_type_ids", np.zeros_like(host["input_ids"]))
+        rows = [*model_inputs.values(), mask, special] + ([host["word_ids"]] if with_word_ids else [])
+        sent = send(torch.from_numpy(np.stack(rows).astype(np.int64, copy=False)), self.device).unbind(0)
+        inputs = dict(zip(model_inputs, sent))
         outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
-        num_words = max((max(row) + 1 for row in word_lists if row), default=0) if with_word_ids else None
-        return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), sent[len(names)] != 0, inputs["input_ids"],
-                               sent[-1] if with_word_ids else None, sent[len(names) + 1] != 0, num_words, spans)
+        num_words = int(host["word_ids"].max(initial=-1)) + 1 if with_word_ids else None
+        mask_sent, special_sent = sent[len(inputs)], sent[len(inputs) + 1]
+        return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask_sent != 0, inputs["input_ids"],
+                               sent[-1] if with_word_ids else None, special_sent != 0, num_words, kept_spans(mask))
 
     def _layer_vectors(self, hidden_states) -> Tensor:
         """``hidden_states[layer]``, or the power means ``[mean, max, min]`` over the last
