@@ -93,3 +93,22 @@ def test_bertscore_f1_term_is_the_harmonic_mean_of_its_recall_and_precision():
     args = (ref.vectors, hyp.vectors, ref.mask, hyp.mask, ref.mass, hyp.mass)
     r, p = terms["recall"](*args), terms["precision"](*args)
     torch.testing.assert_close(terms["f1"](*args), 2 * r * p / (r + p), atol=1e-15, rtol=0)
+
+
+@pytest.mark.parametrize("method,direction", CASES)
+def test_clouds_known_nonempty_score_as_the_placeholder_clouds(method, direction):
+    """``nonempty=True`` (every text has a token, known on the host): no placeholder, ``empty`` None,
+    the same scores, to the bit; with one side flagged only, the other side's empty text still scores 0."""
+    hyp_args, ref_args = texts(3, 4, 5), texts(4, 3, 6)
+    hyp_index, ref_index = torch.tensor([0, 1, 2, 3, 1]), torch.tensor([2, 0, 1, 1, 0])
+    term = term_of(method)
+
+    def score(hyp, ref):
+        return pair_similarity(term, hyp, ref, hyp_index, ref_index, normalize=method not in UNNORMALIZED,
+                               direction=direction)
+    known = token_cloud(*hyp_args, nonempty=True), token_cloud(*ref_args, nonempty=True)
+    assert known[0].empty is None and known[0].select(torch.tensor([1, 0])).empty is None
+    assert torch.equal(score(*known), score(token_cloud(*hyp_args), token_cloud(*ref_args)))
+    with_empty = texts(4, 3, 6, empty=1)
+    got = score(known[0], token_cloud(*with_empty))
+    assert torch.isfinite(got).all() and (got[ref_index == 1] == 0).all() and (got[ref_index != 1] != 0).all()

@@ -316,3 +316,30 @@ def test_model_defaults_apply_to_their_model_only(tiny_encoder):
     assert scorer.config.centering == tuned["centering"]
     assert scorer.config.temperature == tuned["temperatures"]["trwmd"]
     assert Scorer(renamed, centering="batch", temperature=0.3).config.centering == "batch"
+
+
+@pytest.mark.parametrize("method", ["twmd", "moverscore"])
+@pytest.mark.parametrize("options", [{"stopwords": ("the", "a")}, {"punctuation": "drop"},
+                                     {"subwords": "mean", "stopwords": ("the", "a")}, {"ngram": 2}, {"idf": True}])
+def test_texts_the_token_policy_leaves_empty_score_zero_on_every_path(tiny_encoder, method, options):
+    """A text with tokens but no unit after the policy scores 0 (never NaN) in ``forward``, ``score`` and
+    the reward, mixed with texts that have units (whose scores agree across the three paths). Checks
+    that the host's ``nonempty`` flag (spans) is never wrong: moverscore would score an empty text 1."""
+    from torchmover.reward import MoverReward
+
+    hyps = ["the a", "the cat sat", "...", "a dog", "the red sun", ""]
+    refs = ["the cat", "the", "a dog ran", "the moon is blue", "...", "the cat"]
+    scorer = Scorer(tiny_encoder, method=method, centering="none", **options)
+    if options.get("idf"):
+        scorer.fit_idf(hyps + refs)
+    with torch.no_grad():
+        forward = scorer(hyps, refs)
+        listed = scorer.score(hyps, refs, batch_size=2, progress=False)
+        rewarded = MoverReward(scorer)(hyps, refs)
+    empty = [0, 1, 5] if "stopwords" in options else [2, 4, 5] if "punctuation" in options else [5]
+    for scores in (forward, listed, rewarded):
+        assert torch.isfinite(scores).all() and (scores[empty] == 0).all()
+        assert (scores[[i for i in range(len(hyps)) if i not in empty]] != 0).all()
+    tolerance = {"atol": 1e-3, "rtol": 0} if method == "moverscore" else {}  # converged to its tolerance
+    torch.testing.assert_close(listed, forward, **tolerance)
+    torch.testing.assert_close(rewarded, forward, **tolerance)

@@ -4,6 +4,7 @@ import statistics
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import tiny_model, tiny_tokenizer
 from torchmover import Encoder, Scorer
@@ -272,3 +273,17 @@ def test_variants_that_keep_the_encoder_encode_each_batch_once(ratings, tiny_enc
     # each batch of 8 distinct texts is encoded once, for all the variants together
     assert len(calls) == len(set(calls)) == -(-len(distinct) // 8)
     assert sorted(t for batch in calls for t in batch) == sorted(distinct)
+
+
+def test_the_memo_encoder_gives_what_its_encoder_gives_under_every_token_policy(tiny_encoder):
+    """Masks and host spans: a text that a policy leaves without a token has the span (0, 0) there too."""
+    from torchmover.sensitivity import _MemoEncoder
+
+    texts = ["the a", "the cat sat", "...", ""]
+    memo = _MemoEncoder(tiny_encoder).eval()
+    for options in ({}, {"stopwords": ("the", "a")}, {"punctuation": "drop"}):
+        policy = Scorer(tiny_encoder, **options)._keep_mask if options else None
+        with torch.no_grad():
+            expected, got = tiny_encoder(texts, token_policy=policy), memo(texts, token_policy=policy)
+        assert torch.equal(got.mask, expected.mask) and got.spans == expected.spans
+    assert got.spans[2] == (0, 0)

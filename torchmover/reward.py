@@ -294,7 +294,7 @@ class MoverReward:
         index, order = to_device([plan.where.rows, None if order == list(range(len(plan.texts))) else order],
                                  self._like().device)
         try:
-            units = self._references(plan, index)
+            units, _ = self._references(plan, index)
         except BaseException:
             self._abandon(plan)
             raise
@@ -332,19 +332,22 @@ class MoverReward:
         for t in plan.evicted:
             self._arena.remove(t)
 
-    def _references(self, plan: _ReferencePlan, index: Tensor) -> Units:
+    def _references(self, plan: _ReferencePlan, index: Tensor) -> tuple[Units, bool]:
         """The device side: padded units of ``plan.texts`` (cached rows gathered with the sent ``index``,
-        missing ones encoded and added to the cache)."""
+        missing ones encoded and added to the cache), and whether each has a unit (known on the host,
+        from the spans)."""
+        spans = []
         if plan.missing:
             new, spans = self._encode(plan.missing)
             if self.cache_size:
                 self._arena.add(plan.missing, new, spans)
+        nonempty = all(self._arena.spans[t][2] > 0 for t in plan.cached) and all(b > a for a, b in spans)
         units = self._arena.gather(index, plan.where) if plan.cached else None
         for t in plan.evicted:
             self._arena.remove(t)
         if units is None:
-            return new
-        return _cat_units(units, new) if plan.missing else units
+            return new, nonempty
+        return (_cat_units(units, new) if plan.missing else units), nonempty
 
     def _self_term_lists(self, texts: list[str]) -> list[list[int] | None]:
         """Host lists of the references' self-terms (rows = ``texts``): the slots of the known ones,
@@ -427,14 +430,16 @@ class MoverReward:
                                   *self_term_lists], like.device)
         with eval_mode(self._scorer), torch.no_grad():
             try:
-                hyp_units = self._scorer.embed(hyp_texts)
-                ref_units = self._references(plan, index)
+                hyp_units, hyp_spans = self._scorer.embed_with_spans(hyp_texts)
+                ref_units, refs_nonempty = self._references(plan, index)
             except BaseException:  # e.g. out of memory in the encoder: the cache stays consistent
                 self._abandon(plan)
                 raise
             hyp_units, ref_units = center_units(centering, hyp_units), center_units(centering, ref_units)
             ref_self = self._reference_self_terms(ref_texts, ref_units, centering, sent[3:]) if self.cache_size else None
-            scores = self._scorer.score_pairs(hyp_units, ref_units, PairIndex(*sent[:3]), len(hyps), ref_self)  # [B]
+            nonempty = refs_nonempty and all(b > a for a, b in hyp_spans)
+            scores = self._scorer.score_pairs(hyp_units, ref_units, PairIndex(*sent[:3]), len(hyps), ref_self,
+                                              nonempty=nonempty)  # [B]
             if self.shaping is not None:
                 shaped = torch.as_tensor(self.shaping(list(hyps), scores), device=scores.device)
                 if shaped.shape != scores.shape:

@@ -565,9 +565,11 @@ class Scorer(nn.Module):
 
     def embed_with_spans(self, texts: Sequence[str]) -> tuple[Units, list[tuple[int, int]]]:
         """:meth:`embed`, and per text the columns ``(first, stop)`` of the units that hold its
-        unmasked ones (known on the host, from the tokenizer's output). The units are trimmed to the
-        columns that hold any (views): a [CLS] column, say, or the padding of a text that stopwords
-        left short, is not moved; a :class:`~torchmover.arena.TokenArena` stores each text by its span."""
+        unmasked ones (known on the host, from the tokenizer's output; ``(0, 0)`` for a text without
+        one). The units are trimmed to the columns that hold any (views): a [CLS] column, say, or the
+        padding of a text that stopwords left short, is not moved; a :class:`~torchmover.arena.TokenArena`
+        stores each text by its span. Pooled subwords (``subwords="mean"``) and the sentence movers
+        give every text the whole row: their units are made on the device."""
         c = self.config
         if c.idf and not self.idf:
             raise RuntimeError("this scorer uses idf=True: call fit_idf(references, hypotheses) first")
@@ -601,16 +603,18 @@ class Scorer(nn.Module):
         return center_units(self.centering, units, mean)
 
     def score_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int,
-                    ref_self: Tensor | None = None) -> Tensor:
+                    ref_self: Tensor | None = None, *, nonempty: bool = False) -> Tensor:
         """Scores ``[n_hyps]`` of centered units: rows ``index.hyp`` of ``hyp`` against rows
         ``index.ref`` of ``ref`` (n-grams, then the family member), several references combined by
         ``multi_ref``, rescaled if ``rescale``. Each text's self-term ``C(X, X)`` is computed once,
         however many pairs it is in; ``ref_self`` may supply the references' (:meth:`self_similarities`,
-        e.g. cached)."""
-        scores = self._pair_scores(hyp, ref, index, self.config.direction, ref_self)
+        e.g. cached). ``nonempty``: every text of both has a unit, as known on the host (see
+        :meth:`token_clouds`)."""
+        scores = self._pair_scores(hyp, ref, index, self.config.direction, ref_self, nonempty=nonempty)
         return self._rescale(self._combine_references(scores, index.owner, n_hyps), self.config.direction)
 
-    def score_all_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int) -> PRF:
+    def score_all_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int, *,
+                        nonempty: bool = False) -> PRF:
         """:meth:`score_pairs` in the three directions at once (one encoding, three transports):
         ``PRF`` of ``[n_hyps]`` tensors. Members without directions (wmd, moverscore, sbert, cka, the
         sentence movers) give their one score thrice. With several references and ``multi_ref="max"``
@@ -618,9 +622,9 @@ class Scorer(nn.Module):
         averaged."""
         c = self.config
         if c.method in DIRECTED_METHODS:
-            pairs = PRF(*(self._pair_scores(hyp, ref, index, d) for d in PRF._fields))
+            pairs = PRF(*(self._pair_scores(hyp, ref, index, d, nonempty=nonempty) for d in PRF._fields))
         else:
-            pairs = PRF(*[self._pair_scores(hyp, ref, index, c.direction)] * 3)
+            pairs = PRF(*[self._pair_scores(hyp, ref, index, c.direction, nonempty=nonempty)] * 3)
         if c.multi_ref == "max":  # the pair of best F1 of each hypothesis
             best = self._combine_references(pairs.f1, index.owner, n_hyps)
             position = torch.arange(len(pairs.f1), device=best.device)
@@ -633,7 +637,7 @@ class Scorer(nn.Module):
         return PRF(*(self._rescale(s, d) for s, d in zip(combined, PRF._fields)))
 
     def _pair_scores(self, hyp: Units, ref: Units, index: PairIndex, direction: str,
-                     ref_self: Tensor | None = None) -> Tensor:
+                     ref_self: Tensor | None = None, *, nonempty: bool = False) -> Tensor:
         """``[P]`` scores of the pairs of ``index`` in ``direction`` (before combining references)."""
         c = self.config
         if c.method in SENTENCE_METHODS:
@@ -641,7 +645,8 @@ class Scorer(nn.Module):
             r = ref if index.ref is None else ref.select(index.ref)
             return F.sentence_movers(h.vectors, r.vectors, h.mask, r.mask, h.sentence_ids, r.sentence_ids,
                                      variant=c.method, temperature=c.temperature, n_iter=c.n_iter or 1)
-        return pair_similarity(self._member_term(), self.token_clouds(hyp, "hyp"), self.token_clouds(ref, "ref"),
+        return pair_similarity(self._member_term(), self.token_clouds(hyp, "hyp", nonempty),
+                               self.token_clouds(ref, "ref", nonempty),
                                index.hyp, index.ref, normalize=c.method not in UNNORMALIZED,
                                direction=direction, ref_self=ref_self)
 
@@ -654,14 +659,19 @@ class Scorer(nn.Module):
         b = getattr(self.baseline, direction)
         return (scores - b) / (1 - b)
 
-    def token_clouds(self, units: Units, side: str) -> TokenCloud:
+    def token_clouds(self, units: Units, side: str, nonempty: bool = False) -> TokenCloud:
         """Centered units of one ``side`` (``"hyp"`` / ``"ref"``: whose IDF weights) as the family's
-        :class:`~torchmover.family.TokenCloud` (n-grams formed first)."""
+        :class:`~torchmover.family.TokenCloud` (n-grams formed first). ``nonempty``: every text's span
+        is non-empty (:meth:`embed_with_spans`, known on the host). With uniform weights (no IDF, no
+        n-grams, no zero-mass targets) and unpooled tokens, each text then has a token of positive
+        mass, and its cloud is built without the empty-text placeholder; otherwise the flag is
+        ignored."""
         x, mask, weights = units.vectors, units.mask, units.hyp_weights if side == "hyp" else units.ref_weights
         if self.config.ngram > 1:
             x, mask, weights = ngrams(x, mask, mask.to(x.dtype) if weights is None else weights, self.config.ngram)
         return token_cloud(x, mask, weights, name=f"{side}_weights", validate=False,  # IDF: never negative
-                           zero_mass_targets=self.config.special_tokens == "target")
+                           zero_mass_targets=self.config.special_tokens == "target",
+                           nonempty=nonempty and weights is None and self.config.subwords != "mean")
 
     def self_similarities(self, units: Units, side: str = "ref") -> Tensor | None:
         """``C(X, X)`` ``[N]`` of each text of centered ``units`` (the normaliser of its scores), or
@@ -705,13 +715,15 @@ class Scorer(nn.Module):
             return PRF(empty, empty, empty) if return_all else empty
         texts = _distinct_texts(hyps, groups)
         plan = call_plan(hyps, to_device(plan_lists(hyps, groups, texts), self.encoder.device))  # before the encoder
-        return self._score_embedded(plan, self.embed(texts), return_all=return_all)
+        units, spans = self.embed_with_spans(texts)
+        return self._score_embedded(plan, units, return_all=return_all, nonempty=all(b > a for a, b in spans))
 
     def _score_embedded(self, plan: CallPlan, units: Units, *, return_all: bool = False,
-                        means: tuple[Tensor, ...] | None = None) -> Tensor | PRF:
+                        means: tuple[Tensor, ...] | None = None, nonempty: bool = False) -> Tensor | PRF:
         """Center ``units`` (one row per distinct text of the call, hypotheses first) and score every
         pair of ``plan`` (``[B]``, or ``PRF``). ``means``: explicit batch-centering means (one, joint;
-        or the hypotheses' and the references', separate) instead of those of ``units`` (see :meth:`score`)."""
+        or the hypotheses' and the references', separate) instead of those of ``units`` (see :meth:`score`).
+        ``nonempty``: every text has a unit (:meth:`token_clouds`)."""
         hyp_rows = slice(0, plan.n_hyp_texts)
         hyp_mean, ref_mean = (None, None) if means is None else (means[0], means[-1])
         if self.config.center_scope == "joint":
@@ -721,8 +733,8 @@ class Scorer(nn.Module):
             hyp_units = self.center(units.select(hyp_rows), hyp_mean)
             ref_units = self.center(units.select(plan.ref_rows), ref_mean)
         if return_all:
-            return self.score_all_pairs(hyp_units, ref_units, plan.index, plan.n_hyps)
-        return self.score_pairs(hyp_units, ref_units, plan.index, plan.n_hyps)
+            return self.score_all_pairs(hyp_units, ref_units, plan.index, plan.n_hyps, nonempty=nonempty)
+        return self.score_pairs(hyp_units, ref_units, plan.index, plan.n_hyps, nonempty=nonempty)
 
     @torch.no_grad()
     def score(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]],
@@ -782,13 +794,13 @@ class Scorer(nn.Module):
                         texts = [*arena.in_storage_order(texts[:n_hyp_texts]),
                                  *arena.in_storage_order(texts[n_hyp_texts:])]
                         where = arena.index(texts)
-                        batches.append((batch_hyps, where))
+                        batches.append((batch_hyps, where, all(n_units[t] > 0 for t in texts)))
                         lists += [idx, where.rows, *plan_lists(batch_hyps, batch_groups, texts)]
                     sent = to_device(lists, device)
-                    for k, (batch_hyps, where) in enumerate(batches):
+                    for k, (batch_hyps, where, nonempty) in enumerate(batches):
                         idx, rows, *plan = sent[6 * k:6 * k + 6]
                         scores = self._score_embedded(call_plan(batch_hyps, plan), arena.gather(rows, where),
-                                                      return_all=return_all, means=means)
+                                                      return_all=return_all, means=means, nonempty=nonempty)
                         out.index_copy_(1, idx, torch.stack(list(scores) if return_all else [scores]).float())
                         bar.update(len(batch_hyps))
         finally:

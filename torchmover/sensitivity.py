@@ -65,7 +65,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .encoding import Encoder, TokenEmbeddings
+from .encoding import Encoder, TokenEmbeddings, kept_spans
 from .weights import PUNCTUATION_POLICIES, SUBWORD_POLICIES
 
 if TYPE_CHECKING:
@@ -469,7 +469,8 @@ class _MemoEncoder(Encoder):
         tokens = self._memo[key]  # the token policy on the memoised tokens: one encoding for every policy
         if token_policy is None:
             return tokens
-        return tokens._replace(mask=token_policy(tokens.mask, tokens.input_ids, tokens.word_ids))
+        mask = token_policy(tokens.mask, tokens.input_ids, tokens.word_ids)
+        return tokens._replace(mask=mask, spans=kept_spans(mask.cpu().numpy()))  # the policy's spans
 
 
 def _original_layers(encoder: Encoder) -> int:
