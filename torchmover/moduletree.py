@@ -3,6 +3,7 @@ and eval mode for the length of a call."""
 from __future__ import annotations
 
 import contextlib
+from typing import Iterable, Sequence
 
 from torch import nn
 
@@ -21,25 +22,26 @@ def submodules(module: nn.Module) -> list[nn.Module]:
     return found
 
 
-def weights_fingerprint(module: nn.Module) -> tuple:
-    """Changes whenever a parameter or buffer of ``module`` is replaced, moved, cast or updated in place
+def weights_fingerprint(modules: Iterable[nn.Module]) -> tuple:
+    """Changes whenever a parameter or buffer of ``modules`` is replaced, moved, cast or updated in place
     (its identity, storage, version counter, dtype or device).
 
-    The tree is walked on every call (:func:`submodules`), reading each submodule's ``_parameters``
-    and ``_buffers`` directly (``parameters()`` and ``buffers()`` walk the tree twice through
-    de-duplicating generators, twice as slow). A walk cached until torch's global registration hooks
-    fire would be stale after ``module.to("meta")``, or with
-    ``torch.__future__.set_overwrite_module_params_on_conversion``: ``Module._apply`` then puts new
-    parameters straight into ``_parameters``, and no hook fires.
+    ``modules`` is the tree to watch, walked by the caller on every call (:func:`submodules`, once
+    for both this and :func:`eval_mode`), each submodule's ``_parameters`` and ``_buffers`` read
+    directly (``parameters()`` and ``buffers()`` walk the tree twice through de-duplicating generators,
+    twice as slow). A walk cached until torch's global registration hooks fire would be stale after
+    ``module.to("meta")``, or with ``torch.__future__.set_overwrite_module_params_on_conversion``:
+    ``Module._apply`` then puts new parameters straight into ``_parameters``, and no hook fires.
     """
-    return tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device) for m in submodules(module)
+    return tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device) for m in modules
                  for tensors in (m._parameters, m._buffers) for t in tensors.values() if t is not None)
 
 
 @contextlib.contextmanager
-def eval_mode(module: nn.Module):
-    """Every submodule in eval mode for the body, then the ones that were training restored."""
-    training = [m for m in submodules(module) if m.training]
+def eval_mode(module: nn.Module, modules: Sequence[nn.Module] | None = None):
+    """Every submodule in eval mode for the body, then the ones that were training restored.
+    ``modules``: :func:`submodules` of ``module``, if the caller has walked it already."""
+    training = [m for m in (submodules(module) if modules is None else modules) if m.training]
     if training:  # nothing to switch when the module is already in eval mode
         module.eval()
     try:

@@ -57,10 +57,10 @@ from collections import OrderedDict
 from typing import Callable, NamedTuple, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .arena import Gather, TokenArena
-from .moduletree import eval_mode, weights_fingerprint
+from .moduletree import eval_mode, submodules, weights_fingerprint
 from .transfer import to_device
 from .centering import Centering
 from .distributed import shard
@@ -270,9 +270,14 @@ class MoverReward:
         self._self_terms = None
         self._known_self_terms.clear()
 
-    def _check_fingerprint(self) -> None:
+    def _check_fingerprint(self, walk: list[nn.Module]) -> None:
+        """Forget every cached reference if the encoder's weights, the config or the IDF tables changed.
+        ``walk``: :func:`~torchmover.moduletree.submodules` of the scorer, whose tensors other than its
+        centering's are the encoder's (the cache holds units before centering)."""
         scorer = self._scorer
-        fingerprint = (weights_fingerprint(scorer.encoder), scorer.config, tuple(map(id, scorer.idf.values())))
+        centering = scorer.centering  # bound once: a submodule attribute is a slow nn.Module lookup
+        encoder = weights_fingerprint(m for m in walk if m is not centering)
+        fingerprint = (encoder, scorer.config, tuple(map(id, scorer.idf.values())))
         if fingerprint != self._fingerprint:
             if self._lru:
                 self._invalidations += 1
@@ -300,10 +305,11 @@ class MoverReward:
             raise
         return units if order is None else units.select(order)
 
-    def _plan_references(self, texts: list[str]) -> _ReferencePlan:
+    def _plan_references(self, texts: list[str], walk: list[nn.Module] | None = None) -> _ReferencePlan:
         """The host side of fetching the distinct ``texts``: which are cached (their gather index), which
-        to encode, and the LRU bookkeeping (recency, eviction, self-term slots) done now."""
-        self._check_fingerprint()
+        to encode, and the LRU bookkeeping (recency, eviction, self-term slots) done now. ``walk``: the
+        scorer's :func:`~torchmover.moduletree.submodules`, if the caller has them."""
+        self._check_fingerprint(submodules(self._scorer) if walk is None else walk)
         self._arena.compact()
         cached = [t for t in texts if t in self._lru]
         missing = [t for t in texts if t not in self._lru]
@@ -387,7 +393,7 @@ class MoverReward:
 
     def _check_centering(self, centering: Centering) -> None:
         """Forget the cached self-terms if the centering's mean changed."""
-        fingerprint = weights_fingerprint(centering)
+        fingerprint = weights_fingerprint(submodules(centering))
         if fingerprint != self._centering_fingerprint:
             self._known_self_terms.clear()
             self._centering_fingerprint = fingerprint
@@ -420,7 +426,8 @@ class MoverReward:
         if not hyps:
             return like.new_zeros(0, dtype=torch.promote_types(like.dtype, torch.float32))
         hyp_texts = list(dict.fromkeys(hyps))  # distinct, in order
-        plan = self._plan_references(list(dict.fromkeys(r for g in groups for r in g)))
+        walk = submodules(self._scorer)  # once, for the cache's fingerprint and eval mode
+        plan = self._plan_references(list(dict.fromkeys(r for g in groups for r in g)), walk)
         ref_texts = plan.texts
         self._check_centering(centering)
         self_term_lists = self._self_term_lists(ref_texts) if self.cache_size else []
@@ -428,7 +435,7 @@ class MoverReward:
         index, *sent = to_device([plan.where.rows, *pair_lists(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
                                                            {t: i for i, t in enumerate(ref_texts)}),
                                   *self_term_lists], like.device)
-        with eval_mode(self._scorer), torch.no_grad():
+        with eval_mode(self._scorer, walk), torch.no_grad():
             try:
                 hyp_units, hyp_spans = self._scorer.embed_with_spans(hyp_texts)
                 ref_units, refs_nonempty = self._references(plan, index)
