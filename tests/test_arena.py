@@ -103,6 +103,7 @@ def test_empty_texts_join_a_neighbours_run_and_a_batch_of_them_holds_no_rows():
     assert arena.index(["x", "a", "y"]).runs == ((1, 3),)
     _assert_gathers(arena, batches, ["x", "a", "y"])
     assert _gather(arena, ["y", "x"]).mask.shape == (2, 0)
+    assert arena.all_have_units(["a"]) and not arena.all_have_units(["a", "y"]) and arena.all_have_units([])
 
 
 def test_spans_must_lie_within_the_batch():

@@ -141,6 +141,10 @@ class TokenArena:
         """Each text's number of units: the columns of its span."""
         return {key: width for key, (_, _, width) in self.spans.items()}
 
+    def all_have_units(self, keys: Sequence[Hashable]) -> bool:
+        """Whether every text of ``keys`` has a unit (a non-empty span), known on the host."""
+        return all(self.spans[key][2] > 0 for key in keys)
+
     def in_storage_order(self, keys: Sequence[Hashable]) -> list[Hashable]:
         """``keys`` sorted by where they are stored: a gather of them makes one ``index_select`` per
         field and per block they come from."""

@@ -347,7 +347,7 @@ class MoverReward:
             new, spans = self._encode(plan.missing)
             if self.cache_size:
                 self._arena.add(plan.missing, new, spans)
-        nonempty = all(self._arena.spans[t][2] > 0 for t in plan.cached) and all(b > a for a, b in spans)
+        nonempty = self._arena.all_have_units(plan.cached) and all(b > a for a, b in spans)
         units = self._arena.gather(index, plan.where) if plan.cached else None
         for t in plan.evicted:
             self._arena.remove(t)

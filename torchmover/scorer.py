@@ -794,7 +794,7 @@ class Scorer(nn.Module):
                         texts = [*arena.in_storage_order(texts[:n_hyp_texts]),
                                  *arena.in_storage_order(texts[n_hyp_texts:])]
                         where = arena.index(texts)
-                        batches.append((batch_hyps, where, all(n_units[t] > 0 for t in texts)))
+                        batches.append((batch_hyps, where, arena.all_have_units(texts)))
                         lists += [idx, where.rows, *plan_lists(batch_hyps, batch_groups, texts)]
                     sent = to_device(lists, device)
                     for k, (batch_hyps, where, nonempty) in enumerate(batches):
