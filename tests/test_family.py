@@ -112,3 +112,20 @@ def test_clouds_known_nonempty_score_as_the_placeholder_clouds(method, direction
     with_empty = texts(4, 3, 6, empty=1)
     got = score(known[0], token_cloud(*with_empty))
     assert torch.isfinite(got).all() and (got[ref_index == 1] == 0).all() and (got[ref_index != 1] != 0).all()
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_clouds_of_finite_padding_are_the_clouds_of_any_padding(weighted):
+    """``finite_padding=True`` (padding finite, as an encoder's output): no select over the vectors,
+    the same cloud, to the bit (zeros at padding, of either sign), whatever finite values padding holds,
+    huge ones included."""
+    x, mask, weights = texts(6, 4, 7)
+    garbage = torch.randn(x.shape, generator=torch.Generator().manual_seed(0), dtype=x.dtype)
+    garbage[::2] *= 1e300  # every other text: norms overflowing to inf
+    finite = torch.where(mask[..., None], x, garbage)
+    w = weights if weighted else None
+    default, fast = token_cloud(x, mask, w), token_cloud(finite, mask, w, finite_padding=True)
+    for a, b in zip(default[:3], fast[:3]):
+        assert torch.equal(a, b)
+    assert torch.equal(default.empty, fast.empty)
+    assert (fast.vectors[~mask] == 0).all() and torch.isfinite(fast.vectors).all()

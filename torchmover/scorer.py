@@ -665,13 +665,15 @@ class Scorer(nn.Module):
         is non-empty (:meth:`embed_with_spans`, known on the host). With uniform weights (no IDF, no
         n-grams, no zero-mass targets) and unpooled tokens, each text then has a token of positive
         mass, and its cloud is built without the empty-text placeholder; otherwise the flag is
-        ignored."""
+        ignored. The units' padding must be finite, as the encoder's, the centering's and a
+        :class:`~torchmover.arena.TokenArena`'s are (``token_cloud(finite_padding=True)``)."""
         x, mask, weights = units.vectors, units.mask, units.hyp_weights if side == "hyp" else units.ref_weights
         if self.config.ngram > 1:
             x, mask, weights = ngrams(x, mask, mask.to(x.dtype) if weights is None else weights, self.config.ngram)
         return token_cloud(x, mask, weights, name=f"{side}_weights", validate=False,  # IDF: never negative
                            zero_mass_targets=self.config.special_tokens == "target",
-                           nonempty=nonempty and weights is None and self.config.subwords != "mean")
+                           nonempty=nonempty and weights is None and self.config.subwords != "mean",
+                           finite_padding=True)
 
     def self_similarities(self, units: Units, side: str = "ref") -> Tensor | None:
         """``C(X, X)`` ``[N]`` of each text of centered ``units`` (the normaliser of its scores), or
