@@ -3,6 +3,7 @@ import torch
 
 import torchmover.functional as F
 from torchmover import Encoder, Scorer, center
+from torchmover.scorer import pair_lists
 
 HYPS = ["the cat sat on the mat", "a dog barked", "the sun is red", "they ran to the city"]
 REFS = ["a cat was on the mat", "the dog barked", "the moon is blue", "we ran to the old house"]
@@ -50,6 +51,23 @@ def test_several_references_combine_by_max_or_mean(tiny_encoder, multi_ref, redu
         both = scorer(HYPS, [[a, b] for a, b in zip(REFS, refs2)])
         single = torch.stack([scorer(HYPS, REFS), scorer(HYPS, refs2)], -1)
     torch.testing.assert_close(both, reduce(single, -1))
+
+
+@pytest.mark.parametrize("multi_ref", ["max", "mean"])
+def test_one_reference_each_is_not_combined_and_scores_as_combined(tiny_encoder, multi_ref):
+    """With one reference per hypothesis the pairs have no owner index (nothing to combine); their
+    scores are those of each reference given twice (combined by max or mean), to the bit."""
+    rows = {HYPS[0]: 0, HYPS[1]: 1}, {REFS[0]: 0, REFS[1]: 1}
+    assert pair_lists(HYPS[:2], [[REFS[0]], [REFS[1]]], *rows).owner is None
+    assert pair_lists(HYPS[:2], [[REFS[0]], [REFS[1], REFS[0]]], *rows).owner == [0, 1, 1]
+    scorer = Scorer(tiny_encoder, method="bertscore", centering="fixed", multi_ref=multi_ref)
+    scorer.fit_centering(HYPS + REFS, progress=False)
+    with torch.no_grad():
+        for return_all in (False, True):
+            once = scorer(HYPS, REFS, return_all=return_all)
+            twice = scorer(HYPS, [[r, r] for r in REFS], return_all=return_all)
+            for a, b in zip(*(x if return_all else [x] for x in (once, twice))):
+                assert torch.equal(a, b)
 
 
 def test_uneven_reference_counts(tiny_encoder):

@@ -233,12 +233,13 @@ class PRF(NamedTuple):
 
 class PairIndex(NamedTuple):
     """One row per (hypothesis, reference) pair: ``hyp`` / ``ref`` rows into the hypothesis / reference
-    units (None where pair ``p`` is simply row ``p`` of all the rows: nothing to gather), and
-    ``owner``, the hypothesis each pair belongs to."""
+    units, and ``owner``, the hypothesis each pair belongs to (each None where pair ``p`` is simply
+    row ``p`` of all the rows: nothing to gather; an ``owner`` of None means one reference per
+    hypothesis, nothing to combine)."""
 
     hyp: Tensor | None
     ref: Tensor | None
-    owner: Tensor
+    owner: Tensor | None
 
 
 def _distinct_texts(hyps: list[str], groups: list[list[str]]) -> list[str]:
@@ -267,7 +268,7 @@ def pair_lists(hyps: list[str], groups: list[list[str]], hyp_row: dict[str, int]
         return None if values == list(range(n_rows)) else values
     return PairIndex(rows([hyp_row[hyps[i]] for i, g in enumerate(groups) for _ in g], len(hyp_row)),
                      rows([ref_row[t] for g in groups for t in g], len(ref_row)),
-                     [i for i, g in enumerate(groups) for _ in g])
+                     rows([i for i, g in enumerate(groups) for _ in g], len(groups)))
 
 
 def pair_index(hyps: list[str], groups: list[list[str]], hyp_row: dict[str, int], ref_row: dict[str, int],
@@ -625,7 +626,9 @@ class Scorer(nn.Module):
             pairs = PRF(*(self._pair_scores(hyp, ref, index, d, nonempty=nonempty) for d in PRF._fields))
         else:
             pairs = PRF(*[self._pair_scores(hyp, ref, index, c.direction, nonempty=nonempty)] * 3)
-        if c.multi_ref == "max":  # the pair of best F1 of each hypothesis
+        if index.owner is None:  # one reference per hypothesis
+            combined = pairs
+        elif c.multi_ref == "max":  # the pair of best F1 of each hypothesis
             best = self._combine_references(pairs.f1, index.owner, n_hyps)
             position = torch.arange(len(pairs.f1), device=best.device)
             candidates = torch.where(pairs.f1 == best[index.owner], position, len(pairs.f1))
@@ -690,7 +693,11 @@ class Scorer(nn.Module):
             return compiled_member_term(c.method, temperature, c.n_iter)
         return member_term(c.method, temperature, c.n_iter)
 
-    def _combine_references(self, scores: Tensor, owner: Tensor, n: int) -> Tensor:
+    def _combine_references(self, scores: Tensor, owner: Tensor | None, n: int) -> Tensor:
+        """Each hypothesis's score ``[n]`` from its pairs' ``scores`` by ``multi_ref`` (``owner``:
+        the hypothesis of each pair; None: one pair each, in order)."""
+        if owner is None:
+            return scores
         if self.config.multi_ref == "max":
             out = torch.full((n,), float("-inf"), dtype=scores.dtype, device=scores.device)
             return out.scatter_reduce(0, owner, scores, reduce="amax", include_self=False)
