@@ -2,7 +2,7 @@
 import torch
 from torch import nn
 
-from torchmover.moduletree import eval_mode, submodules, weights_fingerprint
+from torchmover.moduletree import eval_mode, first_parameter, submodules, weights_fingerprint
 
 
 def make():
@@ -58,3 +58,17 @@ def test_submodules_are_the_modules_set_each_once():
     model.register_module("absent", None)
     found = submodules(model)
     assert [id(m) for m in found] == [id(m) for m in model.modules()]
+
+
+def test_first_parameter_is_the_first_of_parameters():
+    model = make()
+    assert first_parameter(model) is next(model.parameters())
+    nested = nn.Sequential(nn.ReLU(), nn.Sequential(nn.Identity(), nn.Sequential(nn.ReLU(), nn.Linear(2, 2))),
+                           nn.Linear(3, 3))
+    assert first_parameter(nested) is next(nested.parameters()) is nested[1][1][1].weight
+    own = nn.Linear(2, 2)
+    own.register_parameter("bias", None)  # a None entry is skipped
+    own.register_parameter("early", None)
+    own.child = nn.Linear(1, 1)  # a child's parameters come after the module's own
+    assert first_parameter(own) is own.weight
+    assert first_parameter(nn.Sequential(nn.ReLU(), nn.Sequential())) is None

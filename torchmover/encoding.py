@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .moduletree import first_parameter
 from .transfer import send
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -347,7 +348,13 @@ class Encoder(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """The device of the model's (first) parameter."""
+        return first_parameter(self.model).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the model's (first) parameter: the token vectors'."""
+        return first_parameter(self.model).dtype
 
     def tokenize(self, texts: Sequence[str]):
         """Strip and truncate ``texts``, unpadded (a ``BatchEncoding`` of Python lists, one per text,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterable, Sequence
 
-from torch import nn
+from torch import Tensor, nn
 
 
 def submodules(module: nn.Module) -> list[nn.Module]:
@@ -20,6 +20,20 @@ def submodules(module: nn.Module) -> list[nn.Module]:
             found.append(m)
             stack.extend(reversed([child for child in m._modules.values() if child is not None]))
     return found
+
+
+def first_parameter(module: nn.Module) -> Tensor | None:
+    """``next(module.parameters(), None)``: the first parameter of the tree of ``module`` in the same
+    depth-first order, found without the four nested generators of ``parameters()`` (a few µs against
+    ~15 µs, read for the device on every call)."""
+    stack = [module]
+    while stack:
+        m = stack.pop()
+        for p in m._parameters.values():
+            if p is not None:
+                return p
+        stack.extend(reversed([child for child in m._modules.values() if child is not None]))
+    return None
 
 
 def weights_fingerprint(modules: Iterable[nn.Module]) -> tuple:

@@ -247,11 +247,11 @@ class MoverReward:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if not texts:
             raise ValueError("texts is empty: fit needs at least one text with a real token")
-        like = self._like()
+        encoder = self._scorer.encoder
         if distributed:
-            texts = shard(texts, like.device)
+            texts = shard(texts, encoder.device)
         chunks = (self._reference_units(texts[i:i + batch_size]) for i in range(0, len(texts), batch_size))
-        centering = Centering("fixed", dim=like.shape[-1]).to(like.device)
+        centering = Centering("fixed", dim=encoder.hidden_size).to(encoder.device)
         centering.fit((units[:2] for units in chunks), distributed=distributed)
         self._centering = centering.eval()
         return self
@@ -297,7 +297,7 @@ class MoverReward:
         row = {t: i for i, t in enumerate(plan.texts)}
         order = [row[t] for t in texts]
         index, order = to_device([plan.where.rows, None if order == list(range(len(plan.texts))) else order],
-                                 self._like().device)
+                                 self._scorer.encoder.device)
         try:
             units, _ = self._references(plan, index)
         except BaseException:
@@ -403,12 +403,6 @@ class MoverReward:
         with eval_mode(self._scorer), torch.no_grad():
             return self._scorer.embed_with_spans(texts)
 
-    def _like(self) -> Tensor:
-        """An empty tensor with the encoder's dtype, device and hidden size."""
-        encoder = self._scorer.encoder
-        p = next(encoder.parameters())
-        return p.new_zeros(0, encoder.hidden_size)
-
     # --- scoring -----------------------------------------------------------------------------------
 
     def __call__(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> Tensor:
@@ -422,9 +416,10 @@ class MoverReward:
         hyps = _check_texts("hyps", hyps)
         groups = _check_references(hyps, refs)
         centering = self.centering
-        like = self._like()
+        encoder = self._scorer.encoder
+        device = encoder.device
         if not hyps:
-            return like.new_zeros(0, dtype=torch.promote_types(like.dtype, torch.float32))
+            return torch.zeros(0, dtype=torch.promote_types(encoder.dtype, torch.float32), device=device)
         hyp_texts = list(dict.fromkeys(hyps))  # distinct, in order
         walk = submodules(self._scorer)  # once, for the cache's fingerprint and eval mode
         plan = self._plan_references(list(dict.fromkeys(r for g in groups for r in g)), walk)
@@ -434,7 +429,7 @@ class MoverReward:
         # every index of the call, built on the host and sent in one transfer before the encoder runs
         index, *sent = to_device([plan.where.rows, *pair_lists(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
                                                            {t: i for i, t in enumerate(ref_texts)}),
-                                  *self_term_lists], like.device)
+                                  *self_term_lists], device)
         with eval_mode(self._scorer, walk), torch.no_grad():
             try:
                 hyp_units, hyp_spans = self._scorer.embed_with_spans(hyp_texts)

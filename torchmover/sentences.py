@@ -188,7 +188,7 @@ def encode_documents(encoder, texts: Sequence[str], splitter: Splitter = split_s
                 window_sentence.append(k)
     documents.append(len(windows))
 
-    dtype = next(encoder.parameters()).dtype
+    dtype = encoder.dtype
     if not windows:
         empty = torch.zeros(len(texts), 0, dtype=torch.long, device=encoder.device)
         return DocumentEmbeddings(torch.zeros(len(texts), 0, encoder.hidden_size, dtype=dtype, device=encoder.device),

@@ -88,7 +88,7 @@ def save_scorer(scorer, path: str | os.PathLike) -> Path:
             "format": FORMAT_VERSION,
             "torchmover": __version__,
             "config": dataclasses.asdict(scorer.config),
-            "encoder_dtype": str(next(encoder.model.parameters()).dtype).removeprefix("torch."),
+            "encoder_dtype": str(encoder.dtype).removeprefix("torch."),
             "baseline": None if scorer.baseline is None else list(scorer.baseline),  # rescaling, fit_baseline
             "signature": scorer.signature,  # informative only: the signature of the saved scorer
         }
