@@ -149,7 +149,7 @@ def replayed_call(reward, hyps: list[str], targets: list[str], repeats: int) -> 
 
     encoder = reward.scorer.encoder
     order = [itertools.count()]  # the transport terms of a call, by their position in it
-    replays = (Recorded(encoder.tokenize, key=lambda texts: tuple(texts)),
+    replays = (Recorded(encoder.tokenize, key=lambda texts, *a, **k: tuple(texts)),
                Recorded(encoder.model.forward, key=lambda **inputs: None),
                Recorded(family._cross, key=lambda *args: next(order[0])))
     encoder.tokenize, encoder.model.forward, family._cross = replays

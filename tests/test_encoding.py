@@ -164,3 +164,77 @@ def test_pad_lists_matches_a_naive_loop():
             assert padded[k, i].tolist() == ragged[k][i] + [pad] * (7 - n)
     padded, valid = pad_lists([[[], []]], [0])
     assert padded.shape == (1, 2, 0) and valid.shape == (2, 0)
+
+
+def _byte_level_bpe_tokenizer():
+    """A RoBERTa-like fast tokenizer (byte-level BPE, ``<s> $A </s>``), trained in-process."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from conftest import WORDS
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    backend.train_from_iterator([" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))], trainer)
+    backend.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>", model_max_length=64)
+
+
+TOKENIZED = ["the quick brown fox", "", "   padded with spaces  ", "Naïve café [SEP] déjà vu [MASK]",
+             "xyzzy plugh 1234 !!", " ".join(["the dog sat on the mat"] * 20)]
+
+
+def _tokenizers():
+    yield "wordpiece", tiny_tokenizer()
+    typed = tiny_tokenizer(single="[CLS]:0 $A:1 [SEP]:1")
+    typed.model_input_names = ["input_ids", "token_type_ids", "attention_mask"]
+    yield "type ids of 1", typed
+    left = tiny_tokenizer()
+    left.truncation_side = "left"
+    yield "truncated on the left", left
+    yield "byte-level BPE", _byte_level_bpe_tokenizer()
+    path = resolve_model_path(DEFAULT_MODEL)
+    if path != DEFAULT_MODEL:  # the offline package is installed: its tokenizer.json pads to 128
+        from transformers import AutoTokenizer
+        yield "default model", AutoTokenizer.from_pretrained(path)
+
+
+@pytest.mark.parametrize("max_length", [None, 7])
+@pytest.mark.parametrize("split_special_tokens", [False, True])
+def test_tokenizing_without_word_ids_gives_the_tokenizers_own_output(max_length, split_special_tokens):
+    """``tokenize(word_ids=False)`` (the Rust tokenizer's ``encode_batch_fast``) against the tokenizer's
+    own call (``word_ids=True``): the same ids, special-tokens mask, type ids and truncation (and
+    warning), also after the tokenizer was called with padding and another truncation in between."""
+    for name, tokenizer in _tokenizers():
+        if split_special_tokens:
+            tokenizer.split_special_tokens = True
+        encoder = Encoder(_model_for(tokenizer), tokenizer, layer=1, name=name, max_length=max_length)
+        for interference in (False, True):
+            if interference:  # a caller's own call leaves the backend padding, truncating, splitting otherwise
+                tokenizer(["a b c"], padding="max_length", max_length=20, truncation=True,
+                          split_special_tokens=not split_special_tokens)
+            with warnings.catch_warnings(record=True) as fast_warnings:  # first: on the backend as it was left
+                warnings.simplefilter("always")
+                fast = encoder.tokenize(TOKENIZED, word_ids=False)
+            with warnings.catch_warnings(record=True) as slow_warnings:
+                warnings.simplefilter("always")
+                slow = encoder.tokenize(TOKENIZED, word_ids=True)
+            assert sorted(fast.keys()) == sorted(slow.keys()), name
+            for key in slow.keys():
+                assert fast[key] == slow[key], (name, key)
+            assert [bool(e.overflowing) for e in fast.encodings] == [bool(e.overflowing) for e in slow.encodings]
+            assert [str(w.message) for w in fast_warnings] == [str(w.message) for w in slow_warnings], name
+            assert (len(slow_warnings) == 1) == (max_length is not None or name != "default model"), name
+        assert fast["input_ids"][3] != slow["input_ids"][0]  # the texts are told apart
+
+
+def _model_for(tokenizer):
+    """A 1-layer, 8-wide random BERT over ``tokenizer``'s vocabulary (its window: the tokenizer's)."""
+    from transformers import BertConfig, BertModel
+
+    return BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=16, max_position_embeddings=512)).eval()

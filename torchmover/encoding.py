@@ -356,20 +356,39 @@ class Encoder(nn.Module):
         """The dtype of the model's (first) parameter: the token vectors'."""
         return first_parameter(self.model).dtype
 
-    def tokenize(self, texts: Sequence[str]):
-        """Strip and truncate ``texts``, unpadded (a ``BatchEncoding`` of Python lists, one per text,
-        with the fast tokenizer's ``encodings``); warns, naming them, about texts longer than
-        ``max_length``. The token type ids come back only where they are not all 0
-        (:attr:`reads_type_ids`).
+    def tokenize(self, texts: Sequence[str], *, word_ids: bool = True):
+        """Strip and truncate ``texts``, unpadded: a ``BatchEncoding`` of Python lists, one per text
+        (``input_ids``, ``special_tokens_mask``, and ``token_type_ids`` only where they are not all 0:
+        :attr:`reads_type_ids`), with the fast tokenizer's ``encodings``; warns, naming them, about
+        texts longer than ``max_length``.
 
         Leading and trailing whitespace is stripped first, as bert_score does: a WordPiece tokenizer
         ignores it anyway, a byte-level BPE one (RoBERTa, GPT-2) would make it tokens ("Ġ") of no word.
+
+        ``word_ids=False``: the ``encodings`` need not carry word ids (nor offsets), so the texts go
+        straight to the Rust tokenizer's ``encode_batch_fast`` (tokenizers >= 0.21), which skips
+        tracking offsets: about 35% less time, the largest host cost of a reward call. The same ids,
+        special-tokens mask, type ids and truncation as the tokenizer's own call (configured as it
+        configures its backend on every call; see :meth:`_configure_backend`); tested against it.
         """
-        batch = self.tokenizer(
-            [t.strip() for t in texts], truncation=True, max_length=self.max_length,
-            return_special_tokens_mask=True, return_attention_mask=False, return_token_type_ids=self.reads_type_ids,
-        )
-        cut = [i for i, e in enumerate(batch.encodings) if e.overflowing]
+        stripped = [t.strip() for t in texts]
+        backend = self.tokenizer.backend_tokenizer
+        if word_ids or not hasattr(backend, "encode_batch_fast"):
+            batch = self.tokenizer(stripped, truncation=True, max_length=self.max_length,
+                                   return_special_tokens_mask=True, return_attention_mask=False,
+                                   return_token_type_ids=self.reads_type_ids)
+            encodings = batch.encodings
+        else:
+            from transformers import BatchEncoding
+
+            self._configure_backend(backend)
+            encodings = backend.encode_batch_fast(stripped, add_special_tokens=True)
+            columns = {"input_ids": [e.ids for e in encodings],
+                       "special_tokens_mask": [e.special_tokens_mask for e in encodings]}
+            if self.reads_type_ids:
+                columns["token_type_ids"] = [e.type_ids for e in encodings]
+            batch = BatchEncoding(columns, encoding=encodings)
+        cut = [i for i, e in enumerate(encodings) if e.overflowing]
         if cut:
             shown = "; ".join(repr(texts[i][:60] + ("..." if len(texts[i]) > 60 else "")) for i in cut[:3])
             warnings.warn(
@@ -377,6 +396,22 @@ class Encoder(nn.Module):
                 stacklevel=3,
             )
         return batch
+
+    def _configure_backend(self, backend) -> None:
+        """Set the Rust tokenizer ``backend`` up as the ``transformers`` tokenizer does on each call
+        with ``truncation=True, max_length=self.max_length`` and no padding (it leaves its backend so
+        too): longest-first truncation on its ``truncation_side``, no padding, special tokens in a
+        text split or not as its ``split_special_tokens`` says. Each is set only where it differs."""
+        target = {"max_length": self.max_length, "stride": 0, "strategy": "longest_first",
+                  "direction": self.tokenizer.truncation_side}
+        current = backend.truncation
+        if current is None or any(current.get(k) != v for k, v in target.items()):
+            backend.enable_truncation(**target)
+        if backend.padding is not None:
+            backend.no_padding()
+        split = bool(getattr(self.tokenizer, "split_special_tokens", False))
+        if backend.encode_special_tokens != split:
+            backend.encode_special_tokens = split
 
     def forward(self, texts: Sequence[str], token_policy: TokenPolicy | None = None, *,
                 with_word_ids: bool = True) -> TokenEmbeddings:
@@ -399,8 +434,8 @@ class Encoder(nn.Module):
         needs them): reading them from the tokenizer is a Python loop over every token, about a
         sixth of a reward call's host work, which a scorer without a word-level policy skips.
         """
-        batch = self.tokenize(texts)
         with_word_ids = with_word_ids or token_policy is not None
+        batch = self.tokenize(texts, word_ids=with_word_ids)
         tokenizer = self.tokenizer
         ragged = {"input_ids": (batch["input_ids"], tokenizer.pad_token_id or 0),
                   "special": (batch["special_tokens_mask"], 0)}
