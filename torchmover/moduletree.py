@@ -24,8 +24,8 @@ def submodules(module: nn.Module) -> list[nn.Module]:
 
 def first_parameter(module: nn.Module) -> Tensor | None:
     """``next(module.parameters(), None)``: the first parameter of the tree of ``module`` in the same
-    depth-first order, found without the four nested generators of ``parameters()`` (a few µs against
-    ~15 µs, read for the device on every call)."""
+    depth-first order, found without the four nested generators of ``parameters()`` (2.8 µs against
+    8.0 µs on this CPU for a BERT; read for the device on every call)."""
     stack = [module]
     while stack:
         m = stack.pop()
