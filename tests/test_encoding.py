@@ -46,6 +46,12 @@ def test_truncation_warns_and_names_the_text(tiny_encoder):
     assert tokens.mask.shape[1] == tiny_encoder.max_length == 64
 
 
+@pytest.mark.parametrize("with_word_ids", [False, True])
+def test_an_empty_batch_is_refused_by_name(tiny_encoder, with_word_ids):
+    with pytest.raises(ValueError, match="texts is empty"):
+        tiny_encoder([], with_word_ids=with_word_ids)
+
+
 def test_no_warning_for_texts_that_fit(tiny_encoder):
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -434,6 +434,8 @@ class Encoder(nn.Module):
         needs them): reading them from the tokenizer is a Python loop over every token, about a
         sixth of a reward call's host work, which a scorer without a word-level policy skips.
         """
+        if not texts:  # the tokenizer's own call fails on an empty batch, and a model on an empty input
+            raise ValueError("texts is empty: the encoder needs at least one text")
         with_word_ids = with_word_ids or token_policy is not None
         batch = self.tokenize(texts, word_ids=with_word_ids)
         tokenizer = self.tokenizer
