@@ -221,7 +221,8 @@ def tiny_tokenizer(texts: list[str]):
     backend.normalizer, backend.pre_tokenizer = normalizer, pre
     backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>",
-                                   unk_token="<unk>", model_max_length=512)
+                                   unk_token="<unk>", model_max_length=512,
+                                   model_input_names=["input_ids", "attention_mask"])  # T5's: no type ids
 
 
 def tiny_model(tokenizer, seed: int):
