@@ -10,15 +10,17 @@ from torch import Tensor, nn
 
 def submodules(module: nn.Module) -> list[nn.Module]:
     """Every module of the tree of ``module``, each once, in ``module.modules()``'s order (depth first,
-    children in order), without building their names: 40 µs against 107 µs for the default scorer's
-    87 modules on this CPU."""
+    children in order), without building their names (``modules()`` takes 2.7x as long for the
+    default scorer's 87 modules on this CPU) and without touching the stack for a leaf, as most
+    modules are (0.63x the time of a stack update for every module, measured paired)."""
     seen, stack, found = set(), [module], []
     while stack:
         m = stack.pop()
         if id(m) not in seen:
             seen.add(id(m))
             found.append(m)
-            stack.extend(reversed([child for child in m._modules.values() if child is not None]))
+            if m._modules:
+                stack.extend(reversed([child for child in m._modules.values() if child is not None]))
     return found
 
 
@@ -42,13 +44,13 @@ def weights_fingerprint(modules: Iterable[nn.Module]) -> tuple:
 
     ``modules`` is the tree to watch, walked by the caller on every call (:func:`submodules`, once
     for both this and :func:`eval_mode`), each submodule's ``_parameters`` and ``_buffers`` read
-    directly (``parameters()`` and ``buffers()`` walk the tree twice through de-duplicating generators,
-    twice as slow). A walk cached until torch's global registration hooks fire would be stale after
+    directly and skipped when empty (``parameters()`` and ``buffers()`` walk the tree twice through
+    de-duplicating generators, twice as slow). A walk cached until torch's global registration hooks fire would be stale after
     ``module.to("meta")``, or with ``torch.__future__.set_overwrite_module_params_on_conversion``:
     ``Module._apply`` then puts new parameters straight into ``_parameters``, and no hook fires.
     """
     return tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device) for m in modules
-                 for tensors in (m._parameters, m._buffers) for t in tensors.values() if t is not None)
+                 for tensors in (m._parameters, m._buffers) if tensors for t in tensors.values() if t is not None)
 
 
 @contextlib.contextmanager
