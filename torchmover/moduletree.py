@@ -45,9 +45,10 @@ def weights_fingerprint(modules: Iterable[nn.Module]) -> tuple:
     ``modules`` is the tree to watch, walked by the caller on every call (:func:`submodules`, once
     for both this and :func:`eval_mode`), each submodule's ``_parameters`` and ``_buffers`` read
     directly and skipped when empty (``parameters()`` and ``buffers()`` walk the tree twice through
-    de-duplicating generators, twice as slow). A walk cached until torch's global registration hooks fire would be stale after
-    ``module.to("meta")``, or with ``torch.__future__.set_overwrite_module_params_on_conversion``:
-    ``Module._apply`` then puts new parameters straight into ``_parameters``, and no hook fires.
+    de-duplicating generators, twice as slow). A walk cached until torch's global registration hooks
+    fire would be stale after ``module.to("meta")``, or with
+    ``torch.__future__.set_overwrite_module_params_on_conversion``: ``Module._apply`` then puts new
+    parameters straight into ``_parameters``, and no hook fires.
     """
     return tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device) for m in modules
                  for tensors in (m._parameters, m._buffers) if tensors for t in tensors.values() if t is not None)
