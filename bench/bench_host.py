@@ -18,7 +18,8 @@ machine these figures were taken on, the load average was ~15), its CPU time doe
 (b) ``MoverReward`` calls of 64 completions (8 prompts x 8) and 512 completions (64 prompts x 8),
     references cached, with a tiny randomly initialised BERT (1 layer, hidden size 32, built from a
     config) behind the default model's tokenizer, so that the forward costs almost nothing. The call
-    is split by timing, inside it, the model's forward, the tokenizer and the transport terms
+    is split by timing, inside it, the model's forward, the tokenizer (``Encoder.tokenize``, which
+    also frees the tokenizer's Rust encodings before it returns) and the transport terms
     (``torchmover.family._cross``: every C(X, Y)); host work = call - forward - transport, quoted
     with and without the tokenizer. "All replayed": the whole call again with the tokenizer's output,
     the model's outputs and the transport terms' results replayed from a recorded call, which leaves
