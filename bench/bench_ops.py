@@ -13,7 +13,8 @@ iteration, on WMT15-16 pairs:
 - ``forward``: ``Scorer(...)(hyps, refs)`` on 16 pairs, for the default token policy and for IDF,
   English stopwords, ``punctuation="drop"``, ``subwords="first"`` and ``subwords="mean"``;
 - ``reward``: ``MoverReward(Scorer()).fit(refs)`` then a call of 64 completions against 4, 16 or 64
-  distinct references, all cached (a first call fills the cache; the second one is counted).
+  distinct references, all cached (a first call keeps the references' clouds, a second one may compact
+  the cache, where the clouds were stored with their batch's padding; the third one is counted).
 
 Command (from the repository root)::
 
@@ -69,6 +70,7 @@ def main() -> None:
     for n_refs in (4, 16, 64):
         reward = MoverReward(scorer).fit(distinct[:n_refs])
         completions, targets = hyps[:64], [distinct[i % n_refs] for i in range(64)]
+        reward(completions, targets)
         reward(completions, targets)
         report(f"reward, 64 completions, {n_refs} cached refs", trace(lambda: reward(completions, targets), scorer))
 

@@ -140,6 +140,34 @@ def test_compaction_merges_the_blocks_and_later_adds_grow_the_merged_one():
     _assert_gathers(arena, batches, keys)
 
 
+def test_zero_padding_reads_zeros_after_adds_compaction_and_clear():
+    """A token cloud's padding must be exactly 0 (the transport relies on it): with ``zero_padding`` the
+    growable block keeps row 0 zero, where a gather's padding reads from, through compaction and
+    clearing. Every stored vector entry here is non-zero."""
+    first, first_spans = _batch([2, 4], length=6, offset=1)
+    second, second_spans = _batch([1, 3], length=5, offset=1000)
+    batches = [(["a", "b"], first, first_spans), (["c", "d"], second, second_spans)]
+    plain = TokenArena(Units)
+    plain.add(*batches[0])
+    padding = ~_gather(plain, ["a", "b"]).mask
+    assert _gather(plain, ["a", "b"]).vectors[padding].abs().min() > 0  # without it: row 0's units
+    arena = TokenArena(Units, zero_padding=True)
+    for step, keys in (("add", ["d", "a", "c", "b"]), ("compact", ["c", "a", "d"]), ("clear", ["d", "c"])):
+        if step == "add":
+            for batch in batches:
+                arena.add(*batch)
+        elif step == "compact":
+            arena.remove("b")
+            arena.compact()
+            assert arena.size == arena.live + 1 == 7  # compacted: the live rows after the zero row
+        else:
+            arena.clear()
+            arena.add(*batches[1])
+        got = _gather(arena, keys)
+        assert (~got.mask).any() and torch.equal(got.vectors[~got.mask], torch.zeros_like(got.vectors[~got.mask]))
+        _assert_gathers(arena, batches, keys)
+
+
 @pytest.mark.parametrize("options", [{}, {"stopwords": ("the", "a")}])
 def test_embed_trims_the_columns_no_text_uses_and_reports_each_texts_span(tiny_encoder, options):
     scorer = Scorer(tiny_encoder, centering="none", **options)

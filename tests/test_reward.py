@@ -290,6 +290,62 @@ def test_cached_references_give_the_uncached_rewards(tiny_encoder, options):
     torch.testing.assert_close(mixed, uncached(HYPS[::-1], REFS[::-1]), atol=ATOL, rtol=0)
 
 
+def record_reference_clouds(scorer) -> list[int]:
+    """How many texts each call of ``scorer.token_clouds`` for the references gets from now on."""
+    sizes, method = [], scorer.token_clouds
+
+    def spy(units, side, *args, **kwargs):
+        if side == "ref":
+            sizes.append(units.mask.shape[0])
+        return method(units, side, *args, **kwargs)
+
+    scorer.token_clouds = spy
+    return sizes
+
+
+@pytest.mark.parametrize("options", [{}, dict(direction="f1"), dict(method="trwmd"), dict(method="bertscore"),
+                                     dict(method="cka"), dict(multi_ref="mean")], ids=str)
+def test_cached_reference_clouds_give_the_uncached_rewards(tiny_encoder, options):
+    """After a call, its references' clouds are cached: a call with only those references makes no
+    reference cloud (no centering, no normalising), gathers each pair's cloud and self-term, and gives
+    the uncached rewards to the bit."""
+    scorer = Scorer(tiny_encoder, centering="fixed", **options).fit_centering(REFS, progress=False)
+    groups = [[REFS[0]], [REFS[1]], [REFS[2], REFS[0]], [REFS[3]], [REFS[4]]]  # several for one hypothesis
+    partial_refs = [REFS[0], "a new reference"]
+    uncached = MoverReward(scorer, cache_size=0)
+    expected, expected_partly = uncached(HYPS, groups), uncached(HYPS[:2], partial_refs)
+    cached = MoverReward(scorer)
+    first = cached(HYPS, groups)
+    assert cached._known_clouds == set(REFS)
+    clouds = record_reference_clouds(scorer)
+    again, reversed_ = cached(HYPS, groups), cached(HYPS[::-1], groups[::-1])
+    assert clouds == []  # the clouds were gathered
+    assert torch.equal(again, first) and torch.equal(first, expected)
+    torch.testing.assert_close(reversed_, first.flip(0), atol=ATOL, rtol=0)
+    partly = cached(HYPS[:2], partial_refs)  # one cloud to make: the units path
+    assert clouds == [2] and torch.equal(partly, expected_partly)
+
+
+def test_reference_clouds_are_not_kept_where_they_need_the_empty_text_placeholder(tiny_encoder, fixed_scorer):
+    """IDF weights (a text of zero weights is empty, which only the device knows), an empty reference in
+    the call, or a sentence mover (it moves units): the references' units are used every time."""
+    idf = Scorer(tiny_encoder, centering="fixed", idf=True).fit_idf(REFS, HYPS).fit_centering(REFS, progress=False)
+    with_empty = REFS[:4] + [" "]
+    sentences = Scorer(tiny_encoder, method="sms", centering="none")
+    for scorer, refs in ((idf, REFS), (fixed_scorer, with_empty), (sentences, REFS)):
+        reward = MoverReward(scorer)
+        first = reward(HYPS, refs)
+        assert not reward._known_clouds and torch.equal(reward(HYPS, refs), first)
+        assert torch.equal(first, MoverReward(scorer, cache_size=0)(HYPS, refs))
+
+
+def test_evicted_references_lose_their_clouds(fixed_scorer):
+    reward, uncached = MoverReward(fixed_scorer, cache_size=2), MoverReward(fixed_scorer, cache_size=0)
+    for ref in (REFS[0], REFS[1], REFS[0], REFS[2], REFS[1], REFS[2], REFS[0]):
+        assert torch.equal(reward(HYPS[:2], [ref, ref]), uncached(HYPS[:2], [ref, ref]))
+        assert reward._known_clouds == set(reward._lru) and len(reward._clouds) == len(reward._lru)
+
+
 def record_self_terms(scorer) -> list[int]:
     """How many texts each call of ``scorer.self_similarities`` gets from now on."""
     sizes, method = [], scorer.self_similarities

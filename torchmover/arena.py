@@ -23,6 +23,11 @@ rows are bookkept on the host from the tensors' shapes and the given spans, neve
 
 Removed texts, and the rows outside the spans, are holes; :meth:`TokenArena.compact` closes them
 (one gather per block, with indices sent from the host) once they outnumber the live rows.
+
+A gather reads padding from row 0 of a block (and masks it): units whose padding must hold zeros (a
+:class:`~torchmover.family.TokenCloud`: unit vectors and masses exactly 0 off the mask, which the
+transport relies on) go into an arena made with ``zero_padding=True``, whose growable block keeps
+row 0 zero (:meth:`add` only: the blocks of :meth:`TokenArena.of` are the batches' own tensors).
 """
 from __future__ import annotations
 
@@ -76,11 +81,12 @@ class TokenArena:
     """Units of many texts (keys) in blocks of flat device tensors; see the module docs.
 
     ``units_type`` is the ``NamedTuple`` the fields belong to (``Units``: ``vectors`` first, a boolean
-    ``mask``); a field that is ``None`` in the first batch stored stays ``None``.
+    ``mask``); a field that is ``None`` in the first batch stored stays ``None``. ``zero_padding``: a
+    gather's padding reads zeros (see the module docs).
     """
 
-    def __init__(self, units_type):
-        self.units_type = units_type
+    def __init__(self, units_type, zero_padding: bool = False):
+        self.units_type, self.zero_padding = units_type, zero_padding
         self.blocks: list[list[Tensor | None]] = []  # per block, its flat [rows, ...] per field
         self.spans: dict[Hashable, tuple[int, int, int]] = {}  # key -> (block, first row, width)
         self.growable: int | None = None  # the block that add() writes into
@@ -128,8 +134,8 @@ class TokenArena:
         unmasked units within the columns ``spans[i] = (first, stop)``) into the growable block, each
         as ``L`` rows. A key already present is replaced (its old rows become a hole)."""
         n, width = _shape(keys, units)
+        block = self._reserve(n * width, units)
         start = self.written
-        block = self._reserve(start + n * width, units)
         self._span(keys, self.growable, start, width, width, spans)
         self.written += n * width
         self.size += n * width
@@ -140,6 +146,10 @@ class TokenArena:
     def widths(self) -> dict[Hashable, int]:
         """Each text's number of units: the columns of its span."""
         return {key: width for key, (_, _, width) in self.spans.items()}
+
+    def gathered_spans(self, keys: Sequence[Hashable]) -> list[tuple[int, int]]:
+        """The span of each text of ``keys`` in their :meth:`gather`: ``(0, width)``."""
+        return [(0, self.spans[key][2]) for key in keys]
 
     def all_have_units(self, keys: Sequence[Hashable]) -> bool:
         """Whether every text of ``keys`` has a unit (a non-empty span), known on the host."""
@@ -159,15 +169,23 @@ class TokenArena:
     def clear(self) -> None:
         self.blocks, self.spans, self.growable, self.written, self.size, self.live = [], {}, None, 0, 0, 0
 
+    @property
+    def _first_row(self) -> int:
+        """The first row of the growable block that holds units (row 0 is zero with ``zero_padding``)."""
+        return int(self.zero_padding)
+
     def compact(self) -> None:
         """Close the holes (rows of removed texts, and rows outside the spans) if they outnumber the live
         rows: the live rows of every block gathered into one growable block (one ``index_select``
         per block and field, the indices sent from the host in one transfer)."""
         if not self.blocks or self.size - self.live <= self.live:
             return
+        if not self.spans:  # nothing live: nothing to keep
+            self.clear()
+            return
         keys = self.in_storage_order(self.spans)
         rows: dict[int, list[int]] = {}
-        spans, written = {}, 0
+        spans, written = {}, self._first_row
         for key in keys:
             block, first, width = self.spans[key]
             rows.setdefault(block, []).extend(range(first, first + width))
@@ -175,18 +193,22 @@ class TokenArena:
         sent = to_device(list(rows.values()), self.blocks[0][0].device)
         fields = zip(*([None if f is None else f.index_select(0, index) for f in self.blocks[block]]
                        for block, index in zip(rows, sent)))
+        if self.zero_padding:  # row 0 of the new block: zeros
+            fields = ([None if parts[0] is None else parts[0].new_zeros((1, *parts[0].shape[1:])), *parts]
+                      for parts in fields)
         self.blocks = [[None if parts[0] is None else parts[0] if len(parts) == 1 else torch.cat(parts)
-                        for parts in fields]] if rows else []
-        self.spans, self.growable, self.written, self.size = spans, (0 if rows else None), written, written
+                        for parts in fields]]
+        self.spans, self.growable, self.written, self.size = spans, 0, written, written
 
     def _reserve(self, rows: int, like) -> list[Tensor | None]:
-        """The growable block with room for at least ``rows`` rows (its capacity doubles), created the
-        first time with the dtypes and devices of the padded units ``like``."""
-        if self.growable is None:
-            self.blocks.append([None if t is None else t.new_empty((0, *t.shape[2:])) for t in like])
-            self.growable, self.written = len(self.blocks) - 1, 0
+        """The growable block with room for ``rows`` more rows (its capacity doubles), created the first
+        time with the dtypes and devices of the padded units ``like``."""
+        if self.growable is None:  # with zero_padding, its row 0: zeros
+            self.blocks.append([None if t is None else t.new_zeros((self._first_row, *t.shape[2:])) for t in like])
+            self.growable, self.written = len(self.blocks) - 1, self._first_row
+            self.size += self._first_row
         block = self.blocks[self.growable]
-        capacity = block[0].shape[0]
+        capacity, rows = block[0].shape[0], self.written + rows
         if rows > capacity:
             capacity = max(rows, 2 * capacity)
             for k, field in enumerate(block):

@@ -23,13 +23,19 @@ Reference cache. References repeat across epochs and across the ``G`` completion
 their token vectors (encoder output, before centering) are kept on the device in a
 :class:`~torchmover.arena.TokenArena` (flat tensors, LRU over texts), with each reference's self-term
 ``C(ref, ref)`` (the normaliser of ``Sim``: one of the three transport problems of a pair, so a call
-solves two per pair instead of three). A call gathers its cached references with one index built on
-the host, so its device work does not grow with the number of references. The cache is bound
+solves two per pair instead of three) and its token cloud (centered unit vectors and masses, as the
+transport takes them) under the current centering. A call whose references all have their cloud
+gathers each pair's reference cloud and self-term by one index built on the host, so it neither
+centers nor normalises a reference, and its device work does not grow with the number of references;
+otherwise the cached references' units are gathered, centered and normalised, and their clouds kept
+for the next call (not for the sentence movers, which move units, nor where a reference cloud needs
+the empty-text placeholder of :func:`~torchmover.family.token_cloud`: IDF weights, n-grams, pooled
+subwords, ``special_tokens="target"`` or a reference without tokens). The cache is bound
 to what produced it: every call compares a fingerprint of the encoder's parameters and buffers
 (identity, storage, dtype, device and autograd version counter, which every in-place update such as
 ``optimizer.step()`` or ``load_state_dict`` bumps), the scorer's configuration and IDF dictionaries,
-and empties the cache when it changed; the self-terms are also dropped when the centering's mean
-changes. Writes that bypass the version counter (``p.data.copy_(...)``) are not seen: call
+and empties the cache when it changed; the self-terms and clouds are also dropped when the centering's
+mean changes. Writes that bypass the version counter (``p.data.copy_(...)``) are not seen: call
 :meth:`MoverReward.clear_cache` after them.
 
 No host-device synchronisation. A reward call reads nothing back from the device: every index (pairs,
@@ -60,12 +66,13 @@ import torch
 from torch import Tensor, nn
 
 from .arena import Gather, TokenArena
+from .family import TokenCloud
 from .moduletree import eval_mode, submodules, weights_fingerprint
 from .transfer import to_device
 from .centering import Centering
 from .distributed import shard
-from .scorer import (PairIndex, Scorer, Units, _as_list, _check_references, _check_texts, center_units,
-                     pair_lists)
+from .scorer import (SENTENCE_METHODS, PairIndex, Scorer, Units, _as_list, _check_references, _check_texts,
+                     center_units, pair_lists)
 
 __all__ = ["CacheInfo", "GroupReward", "GroupRewardResult", "MoverReward", "SelfCriticalResult",
            "SelfCriticalReward", "group_advantages"]
@@ -116,12 +123,11 @@ def _cat_units(a: Units, b: Units) -> Units:
 
 
 class _ReferencePlan(NamedTuple):
-    """A call's references on the host: ``cached`` (gathered from the cache as ``where`` says) then
-    ``missing`` (encoded now); ``evicted``: cached texts that leave the LRU cache after the call."""
+    """A call's references on the host: ``cached`` (gathered from the cache) then ``missing`` (encoded
+    now); ``evicted``: cached texts that leave the LRU cache after the call."""
 
     cached: list[str]
     missing: list[str]
-    where: Gather
     evicted: list[str]
 
     @property
@@ -171,6 +177,8 @@ class MoverReward:
         self._lru: OrderedDict[str, int] = OrderedDict()  # cached texts, least recently used first -> self-term slot
         self._self_terms: Tensor | None = None  # [cache_size] C(ref, ref) by slot, under _centering_fingerprint
         self._known_self_terms: set[str] = set()
+        self._clouds = TokenArena(TokenCloud, zero_padding=True)  # their token clouds, under _centering_fingerprint
+        self._known_clouds: set[str] = set()
         self._fingerprint: tuple | None = None
         self._centering_fingerprint: tuple | None = None
         self._hits = self._misses = self._invalidations = 0
@@ -182,7 +190,8 @@ class MoverReward:
         state = self.__dict__.copy()
         del state["_lock"]
         state.update(_arena=TokenArena(Units), _lru=OrderedDict(), _self_terms=None, _known_self_terms=set(),
-                     _fingerprint=None, _centering_fingerprint=None)
+                     _clouds=TokenArena(TokenCloud, zero_padding=True), _known_clouds=set(), _fingerprint=None,
+                     _centering_fingerprint=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -269,6 +278,11 @@ class MoverReward:
         self._lru.clear()
         self._self_terms = None
         self._known_self_terms.clear()
+        self._forget_clouds()
+
+    def _forget_clouds(self) -> None:
+        self._clouds.clear()
+        self._known_clouds.clear()
 
     def _check_fingerprint(self, walk: list[nn.Module]) -> None:
         """Forget every cached reference if the encoder's weights, the config or the IDF tables changed.
@@ -294,28 +308,29 @@ class MoverReward:
     def _reference_units(self, texts: list[str]) -> Units:
         """Padded units of ``texts`` (one row each, in order), through the cache."""
         plan = self._plan_references(list(dict.fromkeys(texts)))
+        where = self._arena.index(plan.cached)
         row = {t: i for i, t in enumerate(plan.texts)}
         order = [row[t] for t in texts]
-        index, order = to_device([plan.where.rows, None if order == list(range(len(plan.texts))) else order],
+        index, order = to_device([where.rows, None if order == list(range(len(plan.texts))) else order],
                                  self._scorer.encoder.device)
         try:
-            units, _ = self._references(plan, index)
+            units, _ = self._references(plan, where, index)
         except BaseException:
             self._abandon(plan)
             raise
         return units if order is None else units.select(order)
 
     def _plan_references(self, texts: list[str], walk: list[nn.Module] | None = None) -> _ReferencePlan:
-        """The host side of fetching the distinct ``texts``: which are cached (their gather index), which
-        to encode, and the LRU bookkeeping (recency, eviction, self-term slots) done now. ``walk``: the
-        scorer's :func:`~torchmover.moduletree.submodules`, if the caller has them."""
+        """The host side of fetching the distinct ``texts``: which are cached, which to encode, and the
+        LRU bookkeeping (recency, eviction, self-term slots) done now. ``walk``: the scorer's
+        :func:`~torchmover.moduletree.submodules`, if the caller has them."""
         self._check_fingerprint(submodules(self._scorer) if walk is None else walk)
         self._arena.compact()
+        self._clouds.compact()
         cached = [t for t in texts if t in self._lru]
         missing = [t for t in texts if t not in self._lru]
         self._misses += len(missing)
         self._hits += len(texts) - len(missing)
-        where = self._arena.index(cached)
         evicted = []
         if self.cache_size:
             for t in cached:
@@ -326,9 +341,11 @@ class MoverReward:
                     old, slot = self._lru.popitem(last=False)
                     evicted.append(old)
                     self._known_self_terms.discard(old)
+                    self._known_clouds.discard(old)
+                    self._clouds.remove(old)
                     free.append(slot)
                 self._lru[t] = free.pop()
-        return _ReferencePlan(cached, missing, where, evicted)
+        return _ReferencePlan(cached, missing, evicted)
 
     def _abandon(self, plan: _ReferencePlan) -> None:
         """Undo the LRU bookkeeping of ``plan`` for a call that failed before storing its references."""
@@ -338,22 +355,22 @@ class MoverReward:
         for t in plan.evicted:
             self._arena.remove(t)
 
-    def _references(self, plan: _ReferencePlan, index: Tensor) -> tuple[Units, bool]:
-        """The device side: padded units of ``plan.texts`` (cached rows gathered with the sent ``index``,
-        missing ones encoded and added to the cache), and whether each has a unit (known on the host,
-        from the spans)."""
+    def _references(self, plan: _ReferencePlan, where: Gather, index: Tensor) -> tuple[Units, list[tuple[int, int]]]:
+        """The device side: padded units of ``plan.texts`` (cached rows gathered as ``where`` says with
+        the sent ``index``, missing ones encoded and added to the cache), and the span of each row's
+        units (known on the host)."""
         spans = []
         if plan.missing:
             new, spans = self._encode(plan.missing)
             if self.cache_size:
                 self._arena.add(plan.missing, new, spans)
-        nonempty = self._arena.all_have_units(plan.cached) and all(b > a for a, b in spans)
-        units = self._arena.gather(index, plan.where) if plan.cached else None
+        spans = self._arena.gathered_spans(plan.cached) + list(spans)
+        units = self._arena.gather(index, where) if plan.cached else None
         for t in plan.evicted:
             self._arena.remove(t)
         if units is None:
-            return new, nonempty
-        return (_cat_units(units, new) if plan.missing else units), nonempty
+            return new, spans
+        return (_cat_units(units, new) if plan.missing else units), spans
 
     def _self_term_lists(self, texts: list[str]) -> list[list[int] | None]:
         """Host lists of the references' self-terms (rows = ``texts``): the slots of the known ones,
@@ -369,11 +386,11 @@ class MoverReward:
                 None if order == list(range(len(texts))) else order,
                 [slot for slot, _ in store], [k for _, k in store]]
 
-    def _reference_self_terms(self, texts: list[str], units: Units, centering: Centering,
+    def _reference_self_terms(self, texts: list[str], units: Units | TokenCloud,
                               sent: list[Tensor | None]) -> Tensor | None:
-        """``C(ref, ref)`` ``[N]`` of the centered reference ``units`` (rows = ``texts``), from the cache
-        where known (``sent``: :meth:`_self_term_lists` on the device); None if the member has no
-        self-term."""
+        """``C(ref, ref)`` ``[N]`` of the centered reference ``units`` or their clouds (rows = ``texts``),
+        from the cache where known (``sent``: :meth:`_self_term_lists` on the device); None if the
+        member has no self-term."""
         known_slots, need, order, store_slots, store_rows = sent
         computed = None
         if need is None or need.shape[0]:
@@ -392,10 +409,11 @@ class MoverReward:
         return computed if order is None else computed.index_select(0, order)
 
     def _check_centering(self, centering: Centering) -> None:
-        """Forget the cached self-terms if the centering's mean changed."""
+        """Forget the cached self-terms and clouds if the centering's mean changed."""
         fingerprint = weights_fingerprint(submodules(centering))
         if fingerprint != self._centering_fingerprint:
             self._known_self_terms.clear()
+            self._forget_clouds()
             self._centering_fingerprint = fingerprint
 
     def _encode(self, texts: list[str]) -> tuple[Units, list[tuple[int, int]]]:
@@ -423,31 +441,63 @@ class MoverReward:
         hyp_texts = list(dict.fromkeys(hyps))  # distinct, in order
         walk = submodules(self._scorer)  # once, for the cache's fingerprint and eval mode
         plan = self._plan_references(list(dict.fromkeys(r for g in groups for r in g)), walk)
-        ref_texts = plan.texts
         self._check_centering(centering)
+        pairs = pair_lists(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
+                           {t: i for i, t in enumerate(plan.texts)})
+        if self._known_clouds.issuperset(plan.texts):
+            scores = self._score_with_cached_clouds(hyp_texts, groups, pairs, centering, walk, device)
+        else:
+            scores = self._score_with_units(hyp_texts, len(hyps), plan, pairs, centering, walk, device)
+        if self.shaping is not None:
+            shaped = torch.as_tensor(self.shaping(list(hyps), scores), device=scores.device)
+            if shaped.shape != scores.shape:
+                raise ValueError(f"shaping must return {tuple(scores.shape)} rewards, got {tuple(shaped.shape)}")
+            scores = shaped.to(scores.dtype)
+        return scores
+
+    def _score_with_cached_clouds(self, hyp_texts: list[str], groups: list[list[str]], pairs: PairIndex,
+                                  centering: Centering, walk: list[nn.Module], device: torch.device) -> Tensor:
+        """Scores when every reference's cloud (and self-term) is cached: each pair's reference cloud
+        and self-term gathered by indices sent with the pairs' in one transfer before the encoder runs."""
+        pair_refs = [r for g in groups for r in g]
+        where = self._clouds.index(pair_refs)
+        slots = None if self._self_terms is None else [self._lru[t] for t in pair_refs]
+        rows, hyp_index, owner, slots = to_device([where.rows, pairs.hyp, pairs.owner, slots], device)
+        with eval_mode(self._scorer, walk), torch.no_grad():
+            hyp_units, hyp_spans = self._scorer.embed_with_spans(hyp_texts)
+            ref_self = None if slots is None else self._self_terms.index_select(0, slots)
+            return self._scorer.score_pairs(center_units(centering, hyp_units), self._clouds.gather(rows, where),
+                                            PairIndex(hyp_index, None, owner), len(groups), ref_self,
+                                            nonempty=all(b > a for a, b in hyp_spans))  # [B]
+
+    def _score_with_units(self, hyp_texts: list[str], n_hyps: int, plan: _ReferencePlan, pairs: PairIndex,
+                          centering: Centering, walk: list[nn.Module], device: torch.device) -> Tensor:
+        """Scores from the references' units (cached ones gathered, missing ones encoded), centered and
+        made into clouds now; the clouds of the cached references are kept where they can be (see the
+        module docs)."""
+        ref_texts = plan.texts
+        where = self._arena.index(plan.cached)
         self_term_lists = self._self_term_lists(ref_texts) if self.cache_size else []
+        keep = [i for i, t in enumerate(ref_texts) if t in self._lru and t not in self._known_clouds]
         # every index of the call, built on the host and sent in one transfer before the encoder runs
-        index, *sent = to_device([plan.where.rows, *pair_lists(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
-                                                           {t: i for i, t in enumerate(ref_texts)}),
-                                  *self_term_lists], device)
+        index, hyp_index, ref_index, owner, keep_rows, *sent = to_device(
+            [where.rows, *pairs, keep, *self_term_lists], device)
         with eval_mode(self._scorer, walk), torch.no_grad():
             try:
                 hyp_units, hyp_spans = self._scorer.embed_with_spans(hyp_texts)
-                ref_units, refs_nonempty = self._references(plan, index)
+                ref_units, ref_spans = self._references(plan, where, index)
             except BaseException:  # e.g. out of memory in the encoder: the cache stays consistent
                 self._abandon(plan)
                 raise
             hyp_units, ref_units = center_units(centering, hyp_units), center_units(centering, ref_units)
-            ref_self = self._reference_self_terms(ref_texts, ref_units, centering, sent[3:]) if self.cache_size else None
-            nonempty = refs_nonempty and all(b > a for a, b in hyp_spans)
-            scores = self._scorer.score_pairs(hyp_units, ref_units, PairIndex(*sent[:3]), len(hyps), ref_self,
-                                              nonempty=nonempty)  # [B]
-            if self.shaping is not None:
-                shaped = torch.as_tensor(self.shaping(list(hyps), scores), device=scores.device)
-                if shaped.shape != scores.shape:
-                    raise ValueError(f"shaping must return {tuple(scores.shape)} rewards, got {tuple(shaped.shape)}")
-                scores = shaped.to(scores.dtype)
-        return scores
+            refs = ref_units if self._scorer.config.method in SENTENCE_METHODS else \
+                self._scorer.token_clouds(ref_units, "ref", all(b > a for a, b in ref_spans))  # sentence movers: units
+            ref_self = self._reference_self_terms(ref_texts, refs, sent) if self.cache_size else None
+            if keep and isinstance(refs, TokenCloud) and refs.empty is None:
+                self._clouds.add([ref_texts[i] for i in keep], refs.select(keep_rows), [ref_spans[i] for i in keep])
+                self._known_clouds.update(ref_texts[i] for i in keep)
+            return self._scorer.score_pairs(hyp_units, refs, PairIndex(hyp_index, ref_index, owner), n_hyps,
+                                            ref_self, nonempty=all(b > a for a, b in hyp_spans))  # [B]
 
 
 class SelfCriticalReward(MoverReward):

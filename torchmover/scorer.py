@@ -609,8 +609,9 @@ class Scorer(nn.Module):
         ``index.ref`` of ``ref`` (n-grams, then the family member), several references combined by
         ``multi_ref``, rescaled if ``rescale``. Each text's self-term ``C(X, X)`` is computed once,
         however many pairs it is in; ``ref_self`` may supply the references' (:meth:`self_similarities`,
-        e.g. cached). ``nonempty``: every text of both has a unit, as known on the host (see
-        :meth:`token_clouds`)."""
+        e.g. cached). ``ref`` may also be the references' :class:`~torchmover.family.TokenCloud`
+        (:meth:`token_clouds`, e.g. cached; not for the sentence movers). ``nonempty``: every text of
+        both has a unit, as known on the host (see :meth:`token_clouds`)."""
         scores = self._pair_scores(hyp, ref, index, self.config.direction, ref_self, nonempty=nonempty)
         return self._rescale(self._combine_references(scores, index.owner, n_hyps), self.config.direction)
 
@@ -639,7 +640,7 @@ class Scorer(nn.Module):
             combined = PRF(*(self._combine_references(s, index.owner, n_hyps) for s in pairs))
         return PRF(*(self._rescale(s, d) for s, d in zip(combined, PRF._fields)))
 
-    def _pair_scores(self, hyp: Units, ref: Units, index: PairIndex, direction: str,
+    def _pair_scores(self, hyp: Units, ref: Units | TokenCloud, index: PairIndex, direction: str,
                      ref_self: Tensor | None = None, *, nonempty: bool = False) -> Tensor:
         """``[P]`` scores of the pairs of ``index`` in ``direction`` (before combining references)."""
         c = self.config
@@ -649,7 +650,7 @@ class Scorer(nn.Module):
             return F.sentence_movers(h.vectors, r.vectors, h.mask, r.mask, h.sentence_ids, r.sentence_ids,
                                      variant=c.method, temperature=c.temperature, n_iter=c.n_iter or 1)
         return pair_similarity(self._member_term(), self.token_clouds(hyp, "hyp", nonempty),
-                               self.token_clouds(ref, "ref", nonempty),
+                               ref if isinstance(ref, TokenCloud) else self.token_clouds(ref, "ref", nonempty),
                                index.hyp, index.ref, normalize=c.method not in UNNORMALIZED,
                                direction=direction, ref_self=ref_self)
 
@@ -678,13 +679,15 @@ class Scorer(nn.Module):
                            nonempty=nonempty and weights is None and self.config.subwords != "mean",
                            finite_padding=True)
 
-    def self_similarities(self, units: Units, side: str = "ref") -> Tensor | None:
-        """``C(X, X)`` ``[N]`` of each text of centered ``units`` (the normaliser of its scores), or
-        None for the members that have none (``moverscore`` and the sentence movers)."""
+    def self_similarities(self, units: Units | TokenCloud, side: str = "ref") -> Tensor | None:
+        """``C(X, X)`` ``[N]`` of each text of centered ``units`` (or of their :meth:`token_clouds`), the
+        normaliser of its scores, or None for the members that have none (``moverscore``,
+        ``bertscore`` and the sentence movers)."""
         c = self.config
         if c.method in SENTENCE_METHODS or c.method in UNNORMALIZED:
             return None
-        return self_similarity(self._member_term(), self.token_clouds(units, side), c.direction)
+        cloud = units if isinstance(units, TokenCloud) else self.token_clouds(units, side)
+        return self_similarity(self._member_term(), cloud, c.direction)
 
     def _member_term(self):
         c = self.config  # the temperature is a parameter of twmd / trwmd only (wmd, moverscore: WMD_TEMPERATURE)
