@@ -307,8 +307,8 @@ def record_reference_clouds(scorer) -> list[int]:
                                      dict(method="cka"), dict(multi_ref="mean")], ids=str)
 def test_cached_reference_clouds_give_the_uncached_rewards(tiny_encoder, options):
     """After a call, its references' clouds are cached: a call with only those references makes no
-    reference cloud (no centering, no normalising), gathers each pair's cloud and self-term, and gives
-    the uncached rewards to the bit."""
+    reference cloud (no centering, no normalising), gathers the references' clouds and self-terms, and
+    gives the uncached rewards to the bit."""
     scorer = Scorer(tiny_encoder, centering="fixed", **options).fit_centering(REFS, progress=False)
     groups = [[REFS[0]], [REFS[1]], [REFS[2], REFS[0]], [REFS[3]], [REFS[4]]]  # several for one hypothesis
     partial_refs = [REFS[0], "a new reference"]

@@ -173,12 +173,7 @@ class MoverReward:
             raise TypeError(f"shaping must be callable(hyps, scores) -> rewards, got {type(shaping).__name__}")
         self._scorer, self.cache_size, self.shaping = scorer, cache_size, shaping
         self._centering: Centering | None = None  # set by fit(); replaces the scorer's centering
-        self._arena = TokenArena(Units)  # token units of the cached references, on the device
-        self._lru: OrderedDict[str, int] = OrderedDict()  # cached texts, least recently used first -> self-term slot
-        self._self_terms: Tensor | None = None  # [cache_size] C(ref, ref) by slot, under _centering_fingerprint
-        self._known_self_terms: set[str] = set()
-        self._clouds = TokenArena(TokenCloud, zero_padding=True)  # their token clouds, under _centering_fingerprint
-        self._known_clouds: set[str] = set()
+        self.__dict__.update(self._empty_cache())
         self._fingerprint: tuple | None = None
         self._centering_fingerprint: tuple | None = None
         self._hits = self._misses = self._invalidations = 0
@@ -189,9 +184,7 @@ class MoverReward:
         counters are kept)."""
         state = self.__dict__.copy()
         del state["_lock"]
-        state.update(_arena=TokenArena(Units), _lru=OrderedDict(), _self_terms=None, _known_self_terms=set(),
-                     _clouds=TokenArena(TokenCloud, zero_padding=True), _known_clouds=set(), _fingerprint=None,
-                     _centering_fingerprint=None)
+        state.update(self._empty_cache(), _fingerprint=None, _centering_fingerprint=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -274,15 +267,18 @@ class MoverReward:
     @_synchronized
     def clear_cache(self) -> None:
         """Forget every cached reference (counters are kept)."""
-        self._arena.clear()
-        self._lru.clear()
-        self._self_terms = None
-        self._known_self_terms.clear()
-        self._forget_clouds()
+        self.__dict__.update(self._empty_cache())
 
-    def _forget_clouds(self) -> None:
-        self._clouds.clear()
-        self._known_clouds.clear()
+    @staticmethod
+    def _empty_cache() -> dict:
+        """The reference cache's attributes holding no reference (for ``__init__``, :meth:`clear_cache`
+        and pickling)."""
+        return {"_arena": TokenArena(Units),  # token units of the cached references, on the device
+                "_lru": OrderedDict(),  # cached texts, least recently used first -> self-term slot
+                "_self_terms": None,  # [cache_size] C(ref, ref) by slot, under _centering_fingerprint
+                "_known_self_terms": set(),
+                "_clouds": TokenArena(TokenCloud, zero_padding=True),  # their clouds, under _centering_fingerprint
+                "_known_clouds": set()}
 
     def _check_fingerprint(self, walk: list[nn.Module]) -> None:
         """Forget every cached reference if the encoder's weights, the config or the IDF tables changed.
@@ -413,7 +409,8 @@ class MoverReward:
         fingerprint = weights_fingerprint(submodules(centering))
         if fingerprint != self._centering_fingerprint:
             self._known_self_terms.clear()
-            self._forget_clouds()
+            self._clouds.clear()
+            self._known_clouds.clear()
             self._centering_fingerprint = fingerprint
 
     def _encode(self, texts: list[str]) -> tuple[Units, list[tuple[int, int]]]:
