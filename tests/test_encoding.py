@@ -6,7 +6,7 @@ import torch
 
 from conftest import tiny_model, tiny_tokenizer
 from torchmover import DEFAULT_MODEL, Encoder
-from torchmover.encoding import DEFAULT_LAYERS, default_layer, pad_lists, resolve_model_path
+from torchmover.encoding import DEFAULT_LAYERS, default_layer, pad_lists, resolve_model_path, template_special_ends
 
 
 def test_special_tokens_and_padding_are_masked(tiny_encoder):
@@ -238,6 +238,54 @@ def test_tokenizing_without_word_ids_gives_the_tokenizers_own_output(max_length,
             assert [str(w.message) for w in fast_warnings] == [str(w.message) for w in slow_warnings], name
             assert (len(slow_warnings) == 1) == (max_length is not None or name != "default model"), name
         assert fast["input_ids"][3] != slow["input_ids"][0]  # the texts are told apart
+
+
+def _special_tokenizers():
+    yield from _tokenizers()
+    yield "two before", tiny_tokenizer(single="[CLS] [SEP] $A [SEP]")
+    yield "none before", tiny_tokenizer(single="$A [SEP]")
+    yield "none", tiny_tokenizer(single="$A")
+
+
+@pytest.mark.parametrize("max_length", [None, 7])
+@pytest.mark.parametrize("with_word_ids", [False, True])
+def test_special_tokens_are_where_the_template_puts_them(max_length, with_word_ids):
+    """The special tokens found from the template's places (no per-text mask read) are the ones the
+    tokenizer's own special-tokens mask marks: not a special token written in the text ("[SEP]"),
+    also for truncated and empty texts; and the same when each text's mask is read instead."""
+    expected_ends = {"two before": (2, 1), "none before": (0, 1), "none": (0, 0)}
+    for name, tokenizer in _special_tokenizers():
+        encoder = Encoder(_model_for(tokenizer), tokenizer, layer=1, name=name, max_length=max_length)
+        assert encoder.special_ends == expected_ends.get(name, (1, 1)), name
+        stripped = [t.strip() for t in TOKENIZED]
+        batch = tokenizer(stripped, truncation=True, max_length=encoder.max_length, padding=True,
+                          return_special_tokens_mask=True, return_tensors="pt")
+        expected = batch["special_tokens_mask"].bool() & batch["attention_mask"].bool()
+        if name == "wordpiece" and max_length is None:  # text 3 writes "[SEP]": the [SEP] token, not special
+            assert (batch["input_ids"][3] == tokenizer.sep_token_id).sum() == 2 and expected[3].sum() == 2
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the long text is truncated
+            got = encoder(TOKENIZED, with_word_ids=with_word_ids)
+            encoder.special_ends = None  # each text's mask read, as for a template of another pattern
+            read = encoder(TOKENIZED, with_word_ids=with_word_ids)
+        assert torch.equal(got.special, expected), name
+        for field in ("special", "mask", "input_ids", "spans"):
+            assert _same(getattr(got, field), getattr(read, field)), (name, field)
+
+
+def _same(a, b) -> bool:
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+def test_template_special_ends_needs_special_tokens_only_before_and_after_the_text():
+    """Masks of the probe texts in another pattern (special tokens inside the text, or none of the
+    text's own, or other counts for another length) give None: then each text's mask is read."""
+    def stub(masks):
+        return lambda text, **kwargs: {"special_tokens_mask": masks[len(text.split())]}
+    assert template_special_ends(stub({1: [1, 0, 1], 4: [1, 0, 0, 0, 0, 1]})) == (1, 1)
+    assert template_special_ends(stub({1: [1, 0, 1, 0], 4: [1, 0, 0, 0, 0, 1]})) is None
+    assert template_special_ends(stub({1: [1, 1], 4: [1, 1]})) is None
+    assert template_special_ends(stub({1: [1, 0, 1], 4: [1, 1, 0, 0, 0, 0, 1]})) is None
 
 
 def _model_for(tokenizer):

@@ -2,7 +2,8 @@
 
 The vectors are ``hidden_states[layer]`` (index 0 = the embedding layer); layers above the chosen one
 are removed from the model so they are never computed. Special tokens ([CLS], [SEP], <s>, ...) are
-dropped through the tokenizer's special-tokens mask (or kept, see ``SPECIAL_TOKEN_POLICIES``). Outer
+dropped (or kept, see ``SPECIAL_TOKEN_POLICIES``): those the tokenizer's template adds, as its
+special-tokens mask marks them (:func:`template_special_ends`). Outer
 whitespace is stripped before tokenizing. Texts longer than the model's window are
 truncated with a warning that names them.
 
@@ -75,6 +76,26 @@ class TokenEmbeddings(NamedTuple):
     special: Tensor | None = None
     num_words: int | None = None
     spans: list[tuple[int, int]] | None = None
+
+
+def template_special_ends(tokenizer) -> tuple[int, int] | None:
+    """``(before, after)``: how many special tokens the tokenizer's template puts before and after the
+    tokens of a single text (BERT's ``[CLS] … [SEP]``: ``(1, 1)``), read off the special-tokens masks
+    of two probe texts; None where a mask shows another pattern.
+
+    A template adds the same special tokens at the same places whatever the text (after truncation),
+    and they are all the mask marks: a special token written in the text itself (``"[SEP]"``) is 0
+    in it. So the mask of any text follows from its length, and need not be made and read per text."""
+    ends = set()
+    for probe in ("a", "a b c d"):
+        mask = list(tokenizer(probe, return_special_tokens_mask=True)["special_tokens_mask"])
+        before = next((i for i, m in enumerate(mask) if not m), len(mask))
+        after = next((i for i, m in enumerate(reversed(mask)) if not m), len(mask))
+        text = len(mask) - before - after
+        if text <= 0 or mask != [1] * before + [0] * text + [1] * after:
+            return None
+        ends.add((before, after))
+    return ends.pop() if len(ends) == 1 else None
 
 
 def kept_spans(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -292,6 +313,7 @@ class Encoder(nn.Module):
         # one short text shows whether any is not 0 (a model's default), otherwise they are not read
         self.reads_type_ids = "token_type_ids" in tokenizer.model_input_names and any(
             tokenizer("a", return_token_type_ids=True)["token_type_ids"])
+        self.special_ends = template_special_ends(tokenizer)  # None: each text's mask is read
 
     def __getstate__(self) -> dict:
         """Picklable after a forward pass: the output-capturing hooks transformers installed are
@@ -361,8 +383,9 @@ class Encoder(nn.Module):
 
     def tokenize(self, texts: Sequence[str], *, word_ids: bool = True):
         """Strip and truncate ``texts``, unpadded: a ``BatchEncoding`` of Python lists, one per text
-        (``input_ids``, ``special_tokens_mask``, and ``token_type_ids`` only where they are not all 0:
-        :attr:`reads_type_ids`), with the fast tokenizer's ``encodings`` if ``word_ids``; warns,
+        (``input_ids``; ``token_type_ids`` only where they are not all 0: :attr:`reads_type_ids`;
+        ``special_tokens_mask`` only where the template does not tell where the special tokens are:
+        :attr:`special_ends`), with the fast tokenizer's ``encodings`` if ``word_ids``; warns,
         naming them, about texts longer than ``max_length``.
 
         Leading and trailing whitespace is stripped first, as bert_score does: a WordPiece tokenizer
@@ -382,7 +405,7 @@ class Encoder(nn.Module):
         backend = self.tokenizer.backend_tokenizer
         if word_ids or not hasattr(backend, "encode_batch_fast"):
             batch = self.tokenizer(stripped, truncation=True, max_length=self.max_length,
-                                   return_special_tokens_mask=True, return_attention_mask=False,
+                                   return_special_tokens_mask=self.special_ends is None, return_attention_mask=False,
                                    return_token_type_ids=self.reads_type_ids)
             encodings = batch.encodings
         else:
@@ -390,8 +413,9 @@ class Encoder(nn.Module):
 
             self._configure_backend(backend)
             encodings = backend.encode_batch_fast(stripped, add_special_tokens=True)
-            columns = {"input_ids": [e.ids for e in encodings],
-                       "special_tokens_mask": [e.special_tokens_mask for e in encodings]}
+            columns = {"input_ids": [e.ids for e in encodings]}
+            if self.special_ends is None:
+                columns["special_tokens_mask"] = [e.special_tokens_mask for e in encodings]
             if self.reads_type_ids:
                 columns["token_type_ids"] = [e.type_ids for e in encodings]
             batch = BatchEncoding(columns)
@@ -446,8 +470,9 @@ class Encoder(nn.Module):
         with_word_ids = with_word_ids or token_policy is not None
         batch = self.tokenize(texts, word_ids=with_word_ids)
         tokenizer = self.tokenizer
-        ragged = {"input_ids": (batch["input_ids"], tokenizer.pad_token_id or 0),
-                  "special": (batch["special_tokens_mask"], 0)}
+        ragged = {"input_ids": (batch["input_ids"], tokenizer.pad_token_id or 0)}
+        if self.special_ends is None:
+            ragged["special"] = (batch["special_tokens_mask"], 0)
         if self.reads_type_ids:
             ragged["token_type_ids"] = (batch["token_type_ids"], tokenizer.pad_token_type_id)
         if with_word_ids:
@@ -455,7 +480,7 @@ class Encoder(nn.Module):
         padded, valid = pad_lists(*zip(*ragged.values()))  # [k, N, L] and [N, L] (not padding)
         host = dict(zip(ragged, padded))
         mask = valid.copy()
-        special = (host["special"] != 0) & valid  # [N, L], padding excluded
+        special = self._special_tokens(host, valid)
         if self.special_tokens == "drop":
             mask &= ~special
         elif self.special_tokens == "cls":
@@ -473,6 +498,15 @@ class Encoder(nn.Module):
         mask_sent, special_sent = sent[len(inputs)], sent[len(inputs) + 1]
         return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask_sent != 0, inputs["input_ids"],
                                sent[-1] if with_word_ids else None, special_sent != 0, num_words, kept_spans(mask))
+
+    def _special_tokens(self, host: dict[str, np.ndarray], valid: np.ndarray) -> np.ndarray:
+        """``[N, L]`` True at the special tokens (padding excluded): the first ``before`` and last
+        ``after`` tokens of each text (:attr:`special_ends`), else where the read mask says."""
+        if self.special_ends is None:
+            return (host["special"] != 0) & valid
+        before, after = self.special_ends
+        columns = np.arange(valid.shape[1])
+        return valid & ((columns < before) | (columns >= valid.sum(1, keepdims=True) - after))
 
     def _layer_vectors(self, hidden_states) -> Tensor:
         """``hidden_states[layer]``, or the power means ``[mean, max, min]`` over the last
