@@ -6,6 +6,7 @@ import torch
 from torchmover import Scorer
 from torchmover.arena import TokenArena, flat_rows
 from torchmover.encoding import kept_spans
+from torchmover.optrace import OpTrace
 from torchmover.scorer import Units, length_batches
 
 
@@ -142,8 +143,9 @@ def test_compaction_merges_the_blocks_and_later_adds_grow_the_merged_one():
 
 def test_zero_padding_reads_zeros_after_adds_compaction_and_clear():
     """A token cloud's padding must be exactly 0 (the transport relies on it): with ``zero_padding`` the
-    growable block keeps row 0 zero, where a gather's padding reads from, through compaction and
-    clearing. Every stored vector entry here is non-zero."""
+    growable block keeps row 0 zero (mask False), where a gather's padding reads from, through
+    compaction and clearing, so a gather is one ``index_select`` per field, nothing to mask. Every
+    stored vector entry here is non-zero."""
     first, first_spans = _batch([2, 4], length=6, offset=1)
     second, second_spans = _batch([1, 3], length=5, offset=1000)
     batches = [(["a", "b"], first, first_spans), (["c", "d"], second, second_spans)]
@@ -163,7 +165,11 @@ def test_zero_padding_reads_zeros_after_adds_compaction_and_clear():
         else:
             arena.clear()
             arena.add(*batches[1])
-        got = _gather(arena, keys)
+        where = arena.index(keys)
+        rows = torch.tensor(where.rows)
+        with OpTrace() as trace:
+            got = arena.gather(rows, where)
+        assert [op.name for op in trace.kernel_ops] == ["aten::index_select", "aten::view"] * 2  # padding: row 0
         assert (~got.mask).any() and torch.equal(got.vectors[~got.mask], torch.zeros_like(got.vectors[~got.mask]))
         _assert_gathers(arena, batches, keys)
 

@@ -24,10 +24,11 @@ rows are bookkept on the host from the tensors' shapes and the given spans, neve
 Removed texts, and the rows outside the spans, are holes; :meth:`TokenArena.compact` closes them
 (one gather per block, with indices sent from the host) once they outnumber the live rows.
 
-A gather reads padding from row 0 of a block (and masks it): units whose padding must hold zeros (a
+A gather reads padding from row 0 of a block and masks it. Units whose padding must hold zeros (a
 :class:`~torchmover.family.TokenCloud`: unit vectors and masses exactly 0 off the mask, which the
 transport relies on) go into an arena made with ``zero_padding=True``, whose growable block keeps
-row 0 zero (:meth:`add` only: the blocks of :meth:`TokenArena.of` are the batches' own tensors).
+row 0 zero, its mask False (:meth:`add` only: the blocks of :meth:`TokenArena.of` are the batches' own
+tensors): there the padding read is already masked, and a gather is one ``index_select`` per field.
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ from .transfer import to_device
 
 class Gather(NamedTuple):
     """Where some texts lie in a :class:`TokenArena` (host side, from :meth:`TokenArena.index`):
-    ``rows`` ``[R·W]`` their row numbers within their blocks (``-1``: padding), ``width`` ``W`` the
+    ``rows`` ``[R·W]`` their row numbers within their blocks (padding: ``-1``, or the zero row 0 of a
+    ``zero_padding`` arena), ``width`` ``W`` the
     widest span, and ``runs`` the ``(block, count)`` runs of consecutive texts that lie in one block."""
 
     rows: np.ndarray
@@ -224,7 +226,7 @@ class TokenArena:
         spans = np.array([self.spans[k] for k in keys], dtype=np.int64).reshape(-1, 3)
         width = int(spans[:, 2].max(initial=0))
         columns = np.arange(width)
-        rows = np.where(columns < spans[:, 2:], spans[:, 1:2] + columns, -1).ravel()
+        rows = np.where(columns < spans[:, 2:], spans[:, 1:2] + columns, 0 if self.zero_padding else -1).ravel()
         blocks, widths = spans[:, 0].tolist(), spans[:, 2].tolist()
         block = next((b for b, w in zip(blocks, widths) if w), 0)
         for i, w in enumerate(widths):  # an empty text (all padding) joins the run of the text before it
@@ -235,9 +237,10 @@ class TokenArena:
 
     def gather(self, rows: Tensor, where: Gather):
         """Padded units ``[R, W, ...]`` of the ``R ≥ 1`` texts whose :meth:`index` is ``where`` (``rows``:
-        its ``rows`` sent to the device): one ``index_select`` per field and run, padding masked."""
+        its ``rows`` sent to the device): one ``index_select`` per field and run, padding masked (by
+        reading the zero row, with ``zero_padding``)."""
         n, width, runs = where.n, where.width, where.runs
-        index = rows.clamp_min(0)
+        index = rows if self.zero_padding else rows.clamp_min(0)
         fields = []
         for k, field in enumerate(self.blocks[runs[0][0]]):
             if field is not None and len(runs) > 1:  # each run's rows straight into its slice of the result
@@ -251,4 +254,4 @@ class TokenArena:
                 field = field.index_select(0, index)
             fields.append(None if field is None else field.view(n, width, *field.shape[1:]))
         units = self.units_type(*fields)
-        return units._replace(mask=units.mask & (rows >= 0).view(n, width))
+        return units if self.zero_padding else units._replace(mask=units.mask & (rows >= 0).view(n, width))
