@@ -72,6 +72,26 @@ def test_a_gather_reads_each_text_over_its_span(build):
         _assert_gathers(arena, batches, keys)
 
 
+@pytest.mark.parametrize("zero_padding", [False, True])
+def test_a_selecting_gather_reads_the_selected_texts(zero_padding):
+    """``gather(rows, where, select)`` equals the gather's rows ``select`` (each text as often as it is
+    selected, in that order), without gathering the unselected result; texts of several runs raise."""
+    first, first_spans = _batch([2, 4, 0], length=6)
+    second, second_spans = _batch([1, 3], length=5, offset=1000)
+    arena = TokenArena(Units, zero_padding=zero_padding)
+    arena.add(["a", "b", "e"], first, first_spans)
+    arena.add(["c", "d"], second, second_spans)
+    where = arena.index(["c", "a", "e", "d"])
+    rows, select = torch.tensor(where.rows), torch.tensor([3, 0, 0, 2, 1, 3])
+    got, expected = arena.gather(rows, where, select), arena.gather(rows, where).select(select)
+    assert torch.equal(got.mask, expected.mask) and torch.equal(got.vectors, expected.vectors)
+    assert got.mask.shape == (6, 3)
+    split = TokenArena.of([(["a", "b", "e"], first, first_spans), (["c", "d"], second, second_spans)])
+    where = split.index(["c", "a"])
+    with pytest.raises(ValueError, match="one block"):
+        split.gather(torch.tensor(where.rows), where, torch.tensor([0]))
+
+
 def test_of_keeps_each_batch_as_a_view_and_storage_order_makes_one_run_per_batch():
     full, spans = _batch([2, 4, 3], length=7)
     trimmed = Units(full.vectors[:, 1:6], full.mask[:, 1:6])  # columns cut off as Scorer.embed does

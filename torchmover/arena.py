@@ -235,11 +235,20 @@ class TokenArena:
             blocks[i] = block
         return Gather(rows, width, tuple((block, len(list(run))) for block, run in itertools.groupby(blocks)))
 
-    def gather(self, rows: Tensor, where: Gather):
+    def gather(self, rows: Tensor, where: Gather, select: Tensor | None = None):
         """Padded units ``[R, W, ...]`` of the ``R ≥ 1`` texts whose :meth:`index` is ``where`` (``rows``:
         its ``rows`` sent to the device): one ``index_select`` per field and run, padding masked (by
-        reading the zero row, with ``zero_padding``)."""
+        reading the zero row, with ``zero_padding``).
+
+        ``select`` ``[P]`` (texts in one block only): the rows ``select`` of that result, ``[P, W, ...]``
+        (e.g. a text per pair), read straight from the arena: the index of the rows is selected
+        (one ``index_select`` of ``R·W`` integers), not every field of the result."""
         n, width, runs = where.n, where.width, where.runs
+        if select is not None:
+            if len(runs) > 1:
+                raise ValueError(f"select needs texts of one block, these lie in {len(runs)} runs")
+            n = select.shape[0]
+            rows, runs = rows.view(-1, width).index_select(0, select).view(-1), ((runs[0][0], n),)
         index = rows if self.zero_padding else rows.clamp_min(0)
         fields = []
         for k, field in enumerate(self.blocks[runs[0][0]]):

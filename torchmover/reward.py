@@ -25,8 +25,9 @@ their token vectors (encoder output, before centering) are kept on the device in
 ``C(ref, ref)`` (the normaliser of ``Sim``: one of the three transport problems of a pair, so a call
 solves two per pair instead of three) and its token cloud (centered unit vectors and masses, as the
 transport takes them) under the current centering. A call whose references all have their cloud
-gathers their clouds and self-terms by one index built on the host, so it neither centers nor
-normalises a reference, and its device work does not grow with the number of references;
+reads each pair's reference cloud and self-term straight from the cache (by an index built on the
+host), so it neither centers nor normalises a reference, and its device work does not grow with
+the number of references;
 otherwise the cached references' units are gathered, centered and normalised, and their clouds kept
 for the next call (not for the sentence movers, which move units, nor where a reference cloud needs
 the empty-text placeholder of :func:`~torchmover.family.token_cloud`: IDF weights, n-grams, pooled
@@ -455,16 +456,22 @@ class MoverReward:
     def _score_with_cached_clouds(self, hyp_texts: list[str], n_hyps: int, ref_texts: list[str],
                                   pairs: PairIndex, centering: Centering, walk: list[nn.Module],
                                   device: torch.device) -> Tensor:
-        """Scores when every reference's cloud (and self-term) is cached: the references' clouds and
-        self-terms gathered by indices sent with the pairs' in one transfer before the encoder runs."""
+        """Scores when every reference's cloud (and self-term) is cached: each pair's reference cloud
+        gathered from the cache (the references' row index, built on the host, selected per pair on
+        the device) and its self-term by a slot per pair, sent with the pairs' indices in one transfer
+        before the encoder runs."""
         where = self._clouds.index(ref_texts)
-        slots = None if self._self_terms is None else [self._lru[t] for t in ref_texts]
+        slots = None
+        if self._self_terms is not None:
+            slots = [self._lru[t] for t in ref_texts]
+            slots = slots if pairs.ref is None else [slots[i] for i in pairs.ref]
         rows, hyp_index, ref_index, owner, slots = to_device([where.rows, *pairs, slots], device)
         with eval_mode(self._scorer, walk), torch.no_grad():
             hyp_units, hyp_spans = self._scorer.embed_with_spans(hyp_texts)
+            refs = self._clouds.gather(rows, where, ref_index)  # [P, W]: a reference per pair
             ref_self = None if slots is None else self._self_terms.index_select(0, slots)
-            return self._scorer.score_pairs(center_units(centering, hyp_units), self._clouds.gather(rows, where),
-                                            PairIndex(hyp_index, ref_index, owner), n_hyps, ref_self,
+            return self._scorer.score_pairs(center_units(centering, hyp_units), refs,
+                                            PairIndex(hyp_index, None, owner), n_hyps, ref_self,
                                             nonempty=all(b > a for a, b in hyp_spans))  # [B]
 
     def _score_with_units(self, hyp_texts: list[str], n_hyps: int, plan: _ReferencePlan, pairs: PairIndex,
