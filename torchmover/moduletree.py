@@ -9,18 +9,18 @@ from torch import Tensor, nn
 
 
 def submodules(module: nn.Module) -> list[nn.Module]:
-    """Every module of the tree of ``module``, each once, in ``module.modules()``'s order (depth first,
-    children in order), without building their names (``modules()`` takes 2.7x as long for the
-    default scorer's 87 modules on this CPU) and without touching the stack for a leaf, as most
-    modules are (0.63x the time of a stack update for every module, measured paired)."""
-    seen, stack, found = set(), [module], []
-    while stack:
-        m = stack.pop()
-        if id(m) not in seen:
-            seen.add(id(m))
-            found.append(m)
-            if m._modules:
-                stack.extend(reversed([child for child in m._modules.values() if child is not None]))
+    """Every module of the tree of ``module``, each once, breadth first (the set ``module.modules()``
+    gives, in another order), without building their names (``modules()`` takes 2.7x as long for the
+    default scorer's 87 modules on this CPU): the list grows while it is read, each module's
+    children appended after it (0.4-0.6x the time of a depth-first walk with a stack, measured
+    for the default scorer)."""
+    found, seen = [module], {id(module)}
+    for m in found:  # reaches the modules appended while it runs
+        if m._modules:
+            for child in m._modules.values():
+                if child is not None and id(child) not in seen:
+                    seen.add(id(child))
+                    found.append(child)
     return found
 
 
