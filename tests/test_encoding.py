@@ -163,13 +163,14 @@ def test_pad_lists_matches_a_naive_loop():
     rng = np.random.default_rng(0)
     lengths = [3, 0, 7, 1, 7]
     ragged = [[rng.integers(-5, 1000, n).tolist() for n in lengths] for _ in range(3)]
-    padded, valid = pad_lists(ragged, [0, -1, 9])
+    padded, valid, got_lengths = pad_lists(ragged, [0, -1, 9])
     assert padded.shape == (3, 5, 7) and valid.tolist() == [[j < n for j in range(7)] for n in lengths]
+    assert got_lengths.tolist() == lengths
     for k, pad in enumerate([0, -1, 9]):
         for i, n in enumerate(lengths):
             assert padded[k, i].tolist() == ragged[k][i] + [pad] * (7 - n)
-    padded, valid = pad_lists([[[], []]], [0])
-    assert padded.shape == (1, 2, 0) and valid.shape == (2, 0)
+    padded, valid, got_lengths = pad_lists([[[], []]], [0])
+    assert padded.shape == (1, 2, 0) and valid.shape == (2, 0) and got_lengths.tolist() == [0, 0]
 
 
 def _byte_level_bpe_tokenizer():

@@ -108,10 +108,10 @@ def kept_spans(mask: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(np.where(some, first, 0).tolist(), np.where(some, stop, 0).tolist()))
 
 
-def pad_lists(ragged: Sequence[Sequence[Sequence[int]]], pads: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+def pad_lists(ragged: Sequence[Sequence[Sequence[int]]], pads: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each of ``ragged`` (``k`` lists of ``N`` lists of ints, the ``i``-th list of each as long as the
     others' ``i``-th) padded on the right with its value of ``pads``: ``[k, N, L]`` int64, ``L`` the
-    longest, and ``[N, L]`` True where a value was read (not padding).
+    longest, ``[N, L]`` True where a value was read (not padding), and the lengths ``[N]``.
 
     One ``np.fromiter`` over every value as one stream (NumPy reads lists of ints several times
     faster than ``torch.tensor``, and a stream faster than ``np.array`` over nested lists), each
@@ -126,7 +126,7 @@ def pad_lists(ragged: Sequence[Sequence[Sequence[int]]], pads: Sequence[int]) ->
     flat_valid = valid.ravel()
     for row, row_values in zip(padded, values):
         np.place(row, flat_valid, row_values)
-    return padded.reshape(len(ragged), *valid.shape), valid
+    return padded.reshape(len(ragged), *valid.shape), valid, lengths
 
 
 def resolve_model_path(name: str) -> str:
@@ -477,10 +477,10 @@ class Encoder(nn.Module):
             ragged["token_type_ids"] = (batch["token_type_ids"], tokenizer.pad_token_type_id)
         if with_word_ids:
             ragged["word_ids"] = ([[-1 if w is None else w for w in e.word_ids] for e in batch.encodings], -1)
-        padded, valid = pad_lists(*zip(*ragged.values()))  # [k, N, L] and [N, L] (not padding)
+        padded, valid, lengths = pad_lists(*zip(*ragged.values()))  # [k, N, L], [N, L] (not padding), [N]
         host = dict(zip(ragged, padded))
         mask = valid.copy()
-        special = self._special_tokens(host, valid)
+        special = self._special_tokens(host, valid, lengths)
         if self.special_tokens == "drop":
             mask &= ~special
         elif self.special_tokens == "cls":
@@ -499,14 +499,16 @@ class Encoder(nn.Module):
         return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask_sent != 0, inputs["input_ids"],
                                sent[-1] if with_word_ids else None, special_sent != 0, num_words, kept_spans(mask))
 
-    def _special_tokens(self, host: dict[str, np.ndarray], valid: np.ndarray) -> np.ndarray:
+    def _special_tokens(self, host: dict[str, np.ndarray], valid: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """``[N, L]`` True at the special tokens (padding excluded): the first ``before`` and last
-        ``after`` tokens of each text (:attr:`special_ends`), else where the read mask says."""
+        ``after`` tokens of each text of ``lengths`` (:attr:`special_ends`), else where the read mask
+        says."""
         if self.special_ends is None:
             return (host["special"] != 0) & valid
         before, after = self.special_ends
-        columns = np.arange(valid.shape[1])
-        return valid & ((columns < before) | (columns >= valid.sum(1, keepdims=True) - after))
+        special = np.arange(valid.shape[1]) >= (lengths - after)[:, None]  # the last ``after``, and padding
+        special[:, :before] = True
+        return special & valid
 
     def _layer_vectors(self, hidden_states) -> Tensor:
         """``hidden_states[layer]``, or the power means ``[mean, max, min]`` over the last
