@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 
@@ -51,6 +52,25 @@ def test_several_references_combine_by_max_or_mean(tiny_encoder, multi_ref, redu
         both = scorer(HYPS, [[a, b] for a, b in zip(REFS, refs2)])
         single = torch.stack([scorer(HYPS, REFS), scorer(HYPS, refs2)], -1)
     torch.testing.assert_close(both, reduce(single, -1))
+
+
+def test_pair_lists_match_a_naive_loop_over_the_pairs():
+    """Each pair (hypothesis i, its j-th reference) in order: the rows of its hypothesis and reference
+    among the distinct texts, and its owner i; ``None`` where a list is ``0, 1, …``."""
+    rng = np.random.default_rng(0)
+    texts = ["a", "b", "c", "d"]
+    for counts in ([1] * 6, [1, 2, 1, 3, 1, 1], [2] * 4):
+        hyps = [texts[k] for k in rng.integers(0, 3, len(counts))]
+        groups = [[texts[k] for k in rng.integers(0, 4, n)] for n in counts]
+        hyp_row = {t: i for i, t in enumerate(dict.fromkeys(hyps))}
+        ref_row = {t: i for i, t in enumerate(dict.fromkeys(r for g in groups for r in g))}
+        naive = [(hyp_row[hyps[i]], ref_row[r], i) for i, g in enumerate(groups) for r in g]
+        got = pair_lists(hyps, groups, hyp_row, ref_row)
+        for k, field in enumerate(got):
+            expected = [p[k] for p in naive]
+            assert field == (None if expected == list(range(len(expected))) and
+                             len(expected) == (len(hyp_row), len(ref_row), len(groups))[k] else expected)
+    assert pair_lists(["a", "b"], [["c"], ["d"]], {"a": 0, "b": 1}, {"c": 0, "d": 1}) == (None, None, None)
 
 
 @pytest.mark.parametrize("multi_ref", ["max", "mean"])

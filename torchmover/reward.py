@@ -59,6 +59,7 @@ explicitly.
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 from collections import OrderedDict
 from typing import Callable, NamedTuple, Sequence
@@ -438,7 +439,7 @@ class MoverReward:
             return torch.zeros(0, dtype=torch.promote_types(encoder.dtype, torch.float32), device=device)
         hyp_texts = list(dict.fromkeys(hyps))  # distinct, in order
         walk = submodules(self._scorer)  # once, for the cache's fingerprint and eval mode
-        plan = self._plan_references(list(dict.fromkeys(r for g in groups for r in g)), walk)
+        plan = self._plan_references(list(dict.fromkeys(itertools.chain.from_iterable(groups))), walk)
         self._check_centering(centering)
         pairs = pair_lists(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
                            {t: i for i, t in enumerate(plan.texts)})
