@@ -223,10 +223,14 @@ class TokenArena:
     def index(self, keys: Sequence[Hashable]) -> Gather:
         """The host side of a gather of ``keys`` (:class:`Gather`). Send its ``rows`` with
         :func:`to_device`, then :meth:`gather`."""
-        spans = np.array([self.spans[k] for k in keys], dtype=np.int64).reshape(-1, 3)
+        found = [self.spans[k] for k in keys]
+        spans = np.array(found, dtype=np.int64).reshape(-1, 3)
         width = int(spans[:, 2].max(initial=0))
         columns = np.arange(width)
         rows = np.where(columns < spans[:, 2:], spans[:, 1:2] + columns, 0 if self.zero_padding else -1).ravel()
+        in_blocks = {block for block, _, _ in found}
+        if len(in_blocks) == 1:  # e.g. the reward's cache, one growable block: one run
+            return Gather(rows, width, ((in_blocks.pop(), len(keys)),))
         blocks, widths = spans[:, 0].tolist(), spans[:, 2].tolist()
         block = next((b for b, w in zip(blocks, widths) if w), 0)
         for i, w in enumerate(widths):  # an empty text (all padding) joins the run of the text before it

@@ -183,6 +183,8 @@ def _check_references(hyps: list[str], refs) -> list[list[str]]:
     refs = _as_list("refs", refs, "strings or of lists of strings", ndim=2)
     if len(refs) != len(hyps):
         raise ValueError(f"hyps and refs must have the same length, got {len(hyps)} and {len(refs)}")
+    if all(map(isinstance, refs, itertools.repeat(str))):  # one reference each, checked without a loop
+        return [[r] for r in refs]
     groups = []
     for i, group in enumerate(refs):
         group = [group] if isinstance(group, str) else _check_texts(f"refs[{i}]", group)
