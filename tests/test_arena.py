@@ -5,7 +5,7 @@ import torch
 
 from torchmover import Scorer
 from torchmover.arena import TokenArena, flat_rows
-from torchmover.encoding import kept_spans
+from torchmover.encoding import kept_spans, template_spans
 from torchmover.optrace import OpTrace
 from torchmover.scorer import Units, length_batches
 
@@ -14,6 +14,16 @@ def test_kept_spans_run_from_the_first_to_past_the_last_true_column():
     mask = np.array([[0, 1, 1, 0, 1, 0], [0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1]], dtype=bool)
     assert kept_spans(mask) == [(1, 5), (0, 0), (0, 6), (5, 6)]
     assert kept_spans(np.zeros((2, 0), dtype=bool)) == [(0, 0), (0, 0)]
+
+
+@pytest.mark.parametrize("before,after", [(1, 1), (2, 1), (0, 1), (1, 0), (0, 0)])
+def test_template_spans_are_the_kept_spans_of_the_mask_without_the_special_tokens(before, after):
+    lengths = list(range(before + after + 4)) + [9, 0, before + after, before + after + 1]
+    width = max(lengths)
+    columns = np.arange(width)
+    lengths_column = np.array(lengths)[:, None]
+    mask = (columns >= before) & (columns < lengths_column - after)  # padding and the special tokens dropped
+    assert template_spans(lengths, before, after) == kept_spans(mask)
 
 
 def _batch(widths, length, dim=3, offset=0):

@@ -225,7 +225,7 @@ class TokenArena:
         :func:`to_device`, then :meth:`gather`."""
         found = [self.spans[k] for k in keys]
         spans = np.array(found, dtype=np.int64).reshape(-1, 3)
-        width = int(spans[:, 2].max(initial=0))
+        width = max((w for _, _, w in found), default=0)  # in Python: a NumPy reduction costs more
         columns = np.arange(width)
         rows = np.where(columns < spans[:, 2:], spans[:, 1:2] + columns, 0 if self.zero_padding else -1).ravel()
         in_blocks = {block for block, _, _ in found}

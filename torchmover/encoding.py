@@ -108,6 +108,13 @@ def kept_spans(mask: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(np.where(some, first, 0).tolist(), np.where(some, stop, 0).tolist()))
 
 
+def template_spans(lengths: Sequence[int], before: int, after: int) -> list[tuple[int, int]]:
+    """:func:`kept_spans` of the mask that drops a template's special tokens (``before`` and ``after``
+    each text, :func:`template_special_ends`) from texts of ``lengths`` tokens, found from the lengths
+    alone: ``(before, length - after)``, or ``(0, 0)`` for a text without other tokens."""
+    return [(before, n - after) if n - after > before else (0, 0) for n in lengths]
+
+
 def pad_lists(ragged: Sequence[Sequence[Sequence[int]]], pads: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each of ``ragged`` (``k`` lists of ``N`` lists of ints, the ``i``-th list of each as long as the
     others' ``i``-th) padded on the right with its value of ``pads``: ``[k, N, L]`` int64, ``L`` the
@@ -117,10 +124,11 @@ def pad_lists(ragged: Sequence[Sequence[Sequence[int]]], pads: Sequence[int]) ->
     faster than ``torch.tensor``, and a stream faster than ``np.array`` over nested lists), each
     list's values put in row-major order where the mask is True by ``np.place`` (a third of the
     time of a boolean-mask assignment ``padded[:, valid] = values`` on this CPU)."""
-    lengths = np.fromiter(map(len, ragged[0]), np.int64, len(ragged[0]))
-    valid = np.arange(lengths.max(initial=0)) < lengths[:, None]  # [N, L]
+    sizes = list(map(len, ragged[0]))  # the longest and the total in Python: a NumPy reduction costs more
+    lengths = np.array(sizes, np.int64)
+    valid = np.arange(max(sizes, default=0)) < lengths[:, None]  # [N, L]
     stream = itertools.chain.from_iterable(itertools.chain.from_iterable(ragged))
-    values = np.fromiter(stream, np.int64, len(ragged) * int(lengths.sum())).reshape(len(ragged), -1)
+    values = np.fromiter(stream, np.int64, len(ragged) * sum(sizes)).reshape(len(ragged), -1)
     padded = np.empty((len(ragged), valid.size), np.int64)
     padded[:] = np.asarray(pads, np.int64)[:, None]
     flat_valid = valid.ravel()
@@ -479,14 +487,19 @@ class Encoder(nn.Module):
             ragged["word_ids"] = ([[-1 if w is None else w for w in e.word_ids] for e in batch.encodings], -1)
         padded, valid, lengths = pad_lists(*zip(*ragged.values()))  # [k, N, L], [N, L] (not padding), [N]
         host = dict(zip(ragged, padded))
-        mask = valid.copy()
         special = self._special_tokens(host, valid, lengths)
         if self.special_tokens == "drop":
-            mask &= ~special
+            mask = valid & ~special
         elif self.special_tokens == "cls":
-            mask &= ~special | (np.arange(valid.shape[1]) == 0)
+            mask = valid & (~special | (np.arange(valid.shape[1]) == 0))
+        else:  # a copy: the attention mask stays as it is whatever a token policy does with the mask
+            mask = valid.copy()
         if token_policy is not None:
             mask = token_policy(*(torch.from_numpy(a) for a in (mask, host["input_ids"], host["word_ids"]))).numpy()
+        if token_policy is None and self.special_ends is not None and self.special_tokens == "drop":
+            spans = template_spans(lengths.tolist(), *self.special_ends)
+        else:
+            spans = kept_spans(mask)
         model_inputs = {"input_ids": host["input_ids"], "attention_mask": valid}
         if "token_type_ids" in tokenizer.model_input_names:
             model_inputs["token_type_ids"] = host.get("token_type_ids", np.zeros_like(host["input_ids"]))
@@ -497,7 +510,7 @@ class Encoder(nn.Module):
         num_words = int(host["word_ids"].max(initial=-1)) + 1 if with_word_ids else None
         mask_sent, special_sent = sent[len(inputs)], sent[len(inputs) + 1]
         return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask_sent != 0, inputs["input_ids"],
-                               sent[-1] if with_word_ids else None, special_sent != 0, num_words, kept_spans(mask))
+                               sent[-1] if with_word_ids else None, special_sent != 0, num_words, spans)
 
     def _special_tokens(self, host: dict[str, np.ndarray], valid: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """``[N, L]`` True at the special tokens (padding excluded): the first ``before`` and last
