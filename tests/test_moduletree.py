@@ -35,6 +35,10 @@ def test_fingerprint_sees_every_kind_of_weight_change():
     changed()
     model.to("meta")  # new Parameter objects put straight into _parameters: no registration hook fires
     changed()
+    linear = nn.Linear(2, 2).to("meta")  # no buffers (replaced by a cast): the same parameters, address 0
+    before = weights_fingerprint([linear])
+    linear.to(torch.float64)
+    assert weights_fingerprint([linear]) != before  # the dtype tells them apart
 
 
 def test_eval_mode_restores_exactly_the_training_flags():

@@ -40,7 +40,13 @@ def first_parameter(module: nn.Module) -> Tensor | None:
 
 def weights_fingerprint(modules: Iterable[nn.Module]) -> tuple:
     """Changes whenever a parameter or buffer of ``modules`` is replaced, moved, cast or updated in place
-    (its identity, storage, version counter, dtype or device).
+    (its identity, storage address, version counter or dtype).
+
+    The address also tells devices apart, so the device is not read (``Tensor.device`` makes a new
+    object per tensor: 2.1x the time, 72 µs against 34 µs for the default scorer's 75 tensors on a
+    2-core CPU): a move or cast allocates the new storage while the old one is alive, at another
+    address; CUDA's unified virtual addressing gives every device's memory its own addresses; a
+    tensor on ``meta`` has address 0 (the dtype tells ``meta`` casts apart).
 
     ``modules`` is the tree to watch, walked by the caller on every call (:func:`submodules`, once
     for both this and :func:`eval_mode`), each submodule's ``_parameters`` and ``_buffers`` read
@@ -50,7 +56,7 @@ def weights_fingerprint(modules: Iterable[nn.Module]) -> tuple:
     ``torch.__future__.set_overwrite_module_params_on_conversion``: ``Module._apply`` then puts new
     parameters straight into ``_parameters``, and no hook fires.
     """
-    return tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device) for m in modules
+    return tuple((id(t), t.data_ptr(), t._version, t.dtype) for m in modules
                  for tensors in (m._parameters, m._buffers) if tensors for t in tensors.values() if t is not None)
 
 
