@@ -6,7 +6,8 @@ import torch
 
 from conftest import tiny_model, tiny_tokenizer
 from torchmover import DEFAULT_MODEL, Encoder
-from torchmover.encoding import DEFAULT_LAYERS, default_layer, pad_lists, resolve_model_path, template_special_ends
+from torchmover.encoding import (DEFAULT_LAYERS, SPECIAL_TOKEN_POLICIES, default_layer, kept_spans, pad_lists,
+                                 resolve_model_path, template_special_ends)
 
 
 def test_special_tokens_and_padding_are_masked(tiny_encoder):
@@ -272,6 +273,22 @@ def test_special_tokens_are_where_the_template_puts_them(max_length, with_word_i
         assert torch.equal(got.special, expected), name
         for field in ("special", "mask", "input_ids", "spans"):
             assert _same(getattr(got, field), getattr(read, field)), (name, field)
+
+
+@pytest.mark.parametrize("special_tokens", SPECIAL_TOKEN_POLICIES)
+def test_spans_found_from_the_lengths_are_those_of_the_mask(special_tokens):
+    """Without a token policy the spans come from the lengths where the special-tokens policy keeps a
+    run of each text (``_kept_ends``): they are the spans of the returned mask, for every template
+    (``cls`` with other than one special token before the text: the mask is read), empty and
+    truncated texts included."""
+    for name, tokenizer in _special_tokenizers():
+        encoder = Encoder(_model_for(tokenizer), tokenizer, layer=1, name=name, max_length=7,
+                          special_tokens=special_tokens)
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the long text is truncated
+            got = encoder(TOKENIZED, with_word_ids=False)
+        assert got.spans == kept_spans(got.mask.numpy()), (name, special_tokens)
+        assert (encoder._kept_ends() is None) == (special_tokens == "cls" and encoder.special_ends[0] != 1), name
 
 
 def _same(a, b) -> bool:

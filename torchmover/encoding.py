@@ -109,9 +109,10 @@ def kept_spans(mask: np.ndarray) -> list[tuple[int, int]]:
 
 
 def template_spans(lengths: Sequence[int], before: int, after: int) -> list[tuple[int, int]]:
-    """:func:`kept_spans` of the mask that drops a template's special tokens (``before`` and ``after``
-    each text, :func:`template_special_ends`) from texts of ``lengths`` tokens, found from the lengths
-    alone: ``(before, length - after)``, or ``(0, 0)`` for a text without other tokens."""
+    """:func:`kept_spans` of the mask that keeps, of texts of ``lengths`` tokens, each one's tokens
+    from column ``before`` up to its last ``after`` (e.g. a template's special tokens dropped:
+    :func:`template_special_ends`), found from the lengths alone: ``(before, length - after)``, or
+    ``(0, 0)`` for a text without such tokens."""
     return [(before, n - after) if n - after > before else (0, 0) for n in lengths]
 
 
@@ -496,10 +497,8 @@ class Encoder(nn.Module):
             mask = valid.copy()
         if token_policy is not None:
             mask = token_policy(*(torch.from_numpy(a) for a in (mask, host["input_ids"], host["word_ids"]))).numpy()
-        if token_policy is None and self.special_ends is not None and self.special_tokens == "drop":
-            spans = template_spans(lengths.tolist(), *self.special_ends)
-        else:
-            spans = kept_spans(mask)
+        ends = None if token_policy is not None else self._kept_ends()
+        spans = kept_spans(mask) if ends is None else template_spans(lengths.tolist(), *ends)
         model_inputs = {"input_ids": host["input_ids"], "attention_mask": valid}
         if "token_type_ids" in tokenizer.model_input_names:
             model_inputs["token_type_ids"] = host.get("token_type_ids", np.zeros_like(host["input_ids"]))
@@ -511,6 +510,22 @@ class Encoder(nn.Module):
         mask_sent, special_sent = sent[len(inputs)], sent[len(inputs) + 1]
         return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask_sent != 0, inputs["input_ids"],
                                sent[-1] if with_word_ids else None, special_sent != 0, num_words, spans)
+
+    def _kept_ends(self) -> tuple[int, int] | None:
+        """``(first, after)`` where the special-tokens policy alone keeps, of each text, its tokens
+        from column ``first`` up to its last ``after`` (:func:`template_spans`), or None where the
+        kept tokens are not such a run: ``keep`` / ``target`` keep every token, ``drop`` all but the
+        template's :attr:`special_ends`, ``cls`` those and column 0: a run where the template puts
+        one special token before the text (column 0 is kept even where it is the text's end, e.g.
+        the ``[SEP]`` of an empty text under a template without a token before it)."""
+        if self.special_tokens in ("keep", "target"):
+            return 0, 0
+        if self.special_ends is None:
+            return None
+        before, after = self.special_ends
+        if self.special_tokens == "drop":
+            return before, after
+        return (0, after) if before == 1 else None  # cls
 
     def _special_tokens(self, host: dict[str, np.ndarray], valid: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """``[N, L]`` True at the special tokens (padding excluded): the first ``before`` and last
