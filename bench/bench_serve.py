@@ -26,13 +26,14 @@ from bench_batching import wmt_pairs  # noqa: E402
 from bench_common import REPO, load_average, wmt_parser, write_report  # noqa: E402
 
 
-def start_server(max_batch_size: int, max_wait_ms: float, threads: int | None) -> tuple[subprocess.Popen, str]:
+def start_server(max_batch_size: int, max_wait_ms: float, threads: int | None,
+                 device: str = "auto") -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     process = subprocess.Popen(
         [sys.executable, "-m", "torchmover", "serve", "--port", "0", "--no-progress",
-         "--max-batch-size", str(max_batch_size), "--max-wait-ms", str(max_wait_ms)],
+         "--max-batch-size", str(max_batch_size), "--max-wait-ms", str(max_wait_ms), "--device", device],
         stderr=subprocess.PIPE, text=True, env=env)
     line = ""
     while "serving on" not in line:
@@ -70,6 +71,15 @@ async def load(url: str, pairs: list[tuple[str, str]], clients: int) -> tuple[fl
         return time.perf_counter() - start, latencies, failures
 
 
+def device_name(device: str) -> str:
+    """The device a server started with ``--device device`` scores on, in words."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.cuda.get_device_name(device) if device.startswith("cuda") else "CPU"
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
@@ -82,12 +92,13 @@ def main(argv=None) -> None:
     parser.add_argument("--max-batch-size", type=int, default=256)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--threads", type=int, default=None, help="the server's torch CPU threads (OMP_NUM_THREADS)")
+    parser.add_argument("--device", default="auto", help="the server's device (default auto: CUDA when available)")
     args = parser.parse_args(argv)
     pairs = wmt_pairs(args.data, args.requests)
     load_before = load_average()
     rows = []
     for label, batch_size in tqdm([("dynamic batching", args.max_batch_size), ("no batching", 1)], desc="servers"):
-        process, url = start_server(batch_size, args.max_wait_ms, args.threads)
+        process, url = start_server(batch_size, args.max_wait_ms, args.threads, args.device)
         try:
             asyncio.run(load(url, pairs[:args.clients], args.clients))  # warm-up
             seconds, latencies, failures = asyncio.run(load(url, pairs, args.clients))
@@ -99,7 +110,7 @@ def main(argv=None) -> None:
                     f"{1000 * statistics.mean(latencies):.0f} | {failures} |")
     command = " ".join(["python bench/bench_serve.py"] + (argv if argv is not None else sys.argv[1:]))
     write_report(args.out, "bench_serve.md", "Reward server: requests/s and latency on loopback", command, [
-        f"`torchmover serve` (default model, CPU, max wait {args.max_wait_ms:g} ms, torch threads: "
+        f"`torchmover serve` (default model, {device_name(args.device)}, max wait {args.max_wait_ms:g} ms, torch threads: "
         f"{args.threads or 'torch default'}) in a subprocess on 127.0.0.1; {args.clients} concurrent aiohttp clients "
         f"send {len(pairs)} single-sample OpenRLHF requests (`POST /get_reward`, distinct WMT15-16 pairs) after a "
         f"warm-up; client and server share the machine's {os.cpu_count()} logical cores."],
