@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import load_average, wmt_parser, write_report  # noqa: E402
 
 from torchmover import Scorer  # noqa: E402
-from torchmover.batching import BatchedReward  # noqa: E402
-from torchmover.data import read_tsv_dir  # noqa: E402
-from torchmover.reward import MoverReward  # noqa: E402
+from torchmover.reward.batching import BatchedReward  # noqa: E402
+from torchmover.evaluation.data import read_tsv_dir  # noqa: E402
+from torchmover.reward.rewards import MoverReward  # noqa: E402
 
 
 def wmt_pairs(data_dir: Path, n: int) -> list[tuple[str, str]]:

@@ -54,7 +54,7 @@ def load_sample(data_dir: Path, n: int, seed: int = 0) -> list[dict]:
         raise SystemExit(f"--data {data_dir}: no *.tsv files")
     rows = []
     for k, path in enumerate(files):
-        from torchmover.data import read_tsv  # here, not at import: the MoverScore shim stubs transformers
+        from torchmover.evaluation.data import read_tsv  # here, not at import: the MoverScore shim stubs transformers
 
         file_rows = [dataclasses.asdict(r) for r in read_tsv(path)]
         take = n // len(files) + (k < n % len(files))
@@ -85,7 +85,7 @@ def agreement(a, b) -> dict:
 
 def load_pairs(data_dir: Path, n: int, seed: int = 0) -> list[dict]:
     """A seeded sample of ``n`` rows (``lp year ref hyp score``) of every ``*.tsv`` in ``data_dir``."""
-    from torchmover.data import read_tsv_dir  # here, not at import: the MoverScore worker stubs transformers
+    from torchmover.evaluation.data import read_tsv_dir  # here, not at import: the MoverScore worker stubs transformers
 
     rows = [dataclasses.asdict(r) for r in read_tsv_dir(data_dir)]
     if len(rows) < n:
@@ -186,7 +186,7 @@ def measure(run, patch, unpatch, encode_fn, replay: bool = True, sync: Callable[
 # --- systems (each run inside its own subprocess) -------------------------------------------------
 
 def default_layer() -> int:
-    from torchmover.encoding import DEFAULT_LAYERS, DEFAULT_MODEL
+    from torchmover.text.encoder import DEFAULT_LAYERS, DEFAULT_MODEL
 
     return DEFAULT_LAYERS[DEFAULT_MODEL][0]
 
@@ -202,7 +202,7 @@ def package_version(name: str) -> str:
 
 def model_dir() -> str:
     """The default model's local directory (the offline package)."""
-    from torchmover.encoding import DEFAULT_MODEL, resolve_model_path
+    from torchmover.text.encoder import DEFAULT_MODEL, resolve_model_path
 
     path = resolve_model_path(DEFAULT_MODEL)
     if path == DEFAULT_MODEL:

@@ -26,7 +26,7 @@ import time
 import torch
 
 from torchmover import Scorer
-from torchmover.data import read_tsv_dir
+from torchmover.evaluation.data import read_tsv_dir
 
 from bench_common import pearson, wmt_parser
 

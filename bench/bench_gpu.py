@@ -49,7 +49,7 @@ BASE_SHAPE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
 
 def encoders(tmp: Path, names: list[str]) -> dict[str, tuple[str, int]]:
     """``{name: (local model directory, layer)}``; the base-size encoder is built and saved to ``tmp``."""
-    from torchmover.encoding import DEFAULT_LAYERS
+    from torchmover.text.encoder import DEFAULT_LAYERS
 
     out = {}
     for name in names:
@@ -117,7 +117,7 @@ def reward_breakdown(path, layer, pairs, device, n_prompts, repeats, dtype=None,
     """Median wall time of a reward call and the mean time of each phase in it (module docs)."""
     import torch
     from torchmover import Scorer
-    from torchmover.reward import MoverReward
+    from torchmover.reward.rewards import MoverReward
 
     hyps, refs, references = reward_inputs(pairs, n_prompts)
     scorer = Scorer(path, layer=layer, device=device, dtype=dtype, compile=compile)

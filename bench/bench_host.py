@@ -20,7 +20,7 @@ machine these figures were taken on, the load average was ~15), its CPU time doe
     config) behind the default model's tokenizer, so that the forward costs almost nothing. The call
     is split by timing, inside it, the model's forward, the tokenizer (``Encoder.tokenize``, which
     also frees the tokenizer's Rust encodings before it returns) and the transport terms
-    (``torchmover.family._cross``: every C(X, Y)); host work = call - forward - transport, quoted
+    (``torchmover.functional.family._cross``: every C(X, Y)); host work = call - forward - transport, quoted
     with and without the tokenizer. "All replayed": the whole call again with the tokenizer's output,
     the model's outputs and the transport terms' results replayed from a recorded call, which leaves
     torchmover's own host work alone (without the freeing of the tokenizer's Python lists, and with
@@ -59,7 +59,7 @@ def metric_part(pairs: list[dict], repeats: int) -> dict:
     import bert_score
     import bert_score.utils
 
-    import torchmover.family as family
+    import torchmover.functional.family as family
     from torchmover import Scorer
 
     hyps, refs = [p["hyp"] for p in pairs], [p["ref"] for p in pairs]
@@ -109,8 +109,8 @@ def tiny_default_tokenizer_scorer():
 
 def reward_call(pairs: list[dict], n_prompts: int, group: int, repeats: int) -> dict:
     """Medians over ``repeats`` calls: the whole call, and inside it the forward, tokenizer and transport."""
-    import torchmover.family as family
-    from torchmover.reward import MoverReward
+    import torchmover.functional.family as family
+    from torchmover.reward.rewards import MoverReward
 
     scorer = tiny_default_tokenizer_scorer()
     refs = list(dict.fromkeys(p["ref"] for p in pairs))[:n_prompts]
@@ -146,7 +146,7 @@ def replayed_call(reward, hyps: list[str], targets: list[str], repeats: int) -> 
     transport terms' results replayed (recorded on one call): torchmover's own host work alone,
     without the freeing of the tokenizer's Python lists and whatever else the real tokenizer and
     encoder leave behind (cold caches)."""
-    import torchmover.family as family
+    import torchmover.functional.family as family
 
     encoder = reward.scorer.encoder
     order = [itertools.count()]  # the transport terms of a call, by their position in it

@@ -1,6 +1,6 @@
 """Aten ops that torchmover issues per call, and how many of them would synchronise host and device.
 
-Every op is recorded by :class:`torchmover.optrace.OpTrace` (a ``TorchDispatchMode``; ops issued by
+Every op is recorded by ``OpTrace`` (``tests/optrace.py``, a ``TorchDispatchMode``; ops issued by
 the tokenizer and inside the encoder are not counted: they are not torchmover's). On CUDA each op is
 at least one kernel launch, so the count is the launch overhead of a call; "syncs" are the ops that
 make the host wait for the GPU (scalar reads, data-dependent shapes); "late host data" the tensors
@@ -22,13 +22,17 @@ Command (from the repository root)::
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
-from bench_common import wmt_parser
+from bench_common import REPO, wmt_parser
+
+sys.path.insert(0, str(REPO / "tests"))  # the op recorder is a test tool
 
 
 def trace(call, scorer) -> "OpTrace":
-    from torchmover.optrace import OpTrace
+    from optrace import OpTrace
 
     with OpTrace() as t:
         handle = scorer.encoder.model.register_forward_pre_hook(lambda *_: t.mark())
@@ -42,8 +46,8 @@ def trace(call, scorer) -> "OpTrace":
 def main() -> None:
     args = wmt_parser(__doc__).parse_args()
     from torchmover import Scorer
-    from torchmover.data import read_tsv_dir
-    from torchmover.reward import MoverReward
+    from torchmover.evaluation.data import read_tsv_dir
+    from torchmover.reward.rewards import MoverReward
 
     torch.set_num_threads(1)
     rows = read_tsv_dir(args.data)[:200]

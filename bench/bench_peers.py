@@ -178,8 +178,8 @@ def run_reward(pairs: list[dict], repeats: int = 15) -> dict:
     """Encoder vs transport in a reward call: 64 completions of ~50 word pieces (``MoverReward``)."""
     import torch
     from torchmover import Scorer
-    from torchmover.reward import MoverReward
-    from torchmover.scorer import Units, pair_index
+    from torchmover.reward.rewards import MoverReward
+    from torchmover.scorer.module import Units, pair_index
 
     scorer = Scorer()
     tok = scorer.encoder.tokenizer

@@ -35,9 +35,9 @@ import torch
 
 import torchmover
 import torchmover.functional as F
-from torchmover.centering import center
-from torchmover.data import read_tsv_dir
-from torchmover.encoding import DEFAULT_MODEL, Encoder
+from torchmover.functional.centering import center
+from torchmover.evaluation.data import read_tsv_dir
+from torchmover.text.encoder import DEFAULT_MODEL, Encoder
 
 from bench_common import wmt_parser
 
@@ -100,7 +100,7 @@ def main(argv=None) -> None:
     texts = hyps + refs
     b = len(pairs)
 
-    from torchmover.scorer import DEFAULT_TEMPERATURES
+    from torchmover.scorer.module import DEFAULT_TEMPERATURES
     t_twmd = args.temperature or DEFAULT_TEMPERATURES["twmd"]
     t_trwmd = args.temperature or DEFAULT_TEMPERATURES["trwmd"]
 

@@ -59,7 +59,7 @@ def torchmover_prf(hyps: list[str], refs: list[str], layer: int, idf_corpus: lis
     """The ``bertscore`` preset's P, R and F1 (one scorer per direction on one encoder), IDF fitted on
     ``idf_corpus`` if given; ``special_tokens`` overrides the preset's rule."""
     from torchmover import Encoder, Scorer
-    from torchmover.encoding import DEFAULT_MODEL
+    from torchmover.text.encoder import DEFAULT_MODEL
 
     encoder = Encoder.from_pretrained(DEFAULT_MODEL, layer=layer, special_tokens=special_tokens)
     out = {}
@@ -81,7 +81,7 @@ def negative_best_matches(hyps: list[str], refs: list[str], layer: int, batch_si
     import torch
 
     from torchmover import Encoder
-    from torchmover.encoding import DEFAULT_MODEL
+    from torchmover.text.encoder import DEFAULT_MODEL
 
     encoder = Encoder.from_pretrained(DEFAULT_MODEL, layer=layer, special_tokens="target")
     count = 0
@@ -100,7 +100,7 @@ def negative_best_matches(hyps: list[str], refs: list[str], layer: int, batch_si
 def text_facts(hyps: list[str], refs: list[str], layer: int) -> dict:
     """Counts of the texts each suspected cause could touch."""
     from torchmover import Encoder, Scorer
-    from torchmover.encoding import DEFAULT_MODEL
+    from torchmover.text.encoder import DEFAULT_MODEL
 
     encoder = Encoder.from_pretrained(DEFAULT_MODEL, layer=layer)
     texts = list(dict.fromkeys(hyps + refs))

@@ -152,7 +152,7 @@ def run(args) -> dict:
     import torch
 
     from torchmover import Scorer
-    from torchmover.encoding import DEFAULT_MODEL
+    from torchmover.text.encoder import DEFAULT_MODEL
 
     torch.set_num_threads(args.threads)
     pairs = load_sample(args.data, args.pairs, args.seed)

@@ -19,8 +19,8 @@ from bench_common import REPO, wmt_parser
 
 sys.path.insert(0, str(REPO))
 from torchmover import Scorer  # noqa: E402
-from torchmover.data import read_tsv_dir  # noqa: E402
-from torchmover.reward import MoverReward  # noqa: E402
+from torchmover.evaluation.data import read_tsv_dir  # noqa: E402
+from torchmover.reward.rewards import MoverReward  # noqa: E402
 
 
 def rewards(reward: MoverReward, hyps: list[str], refs: list, batch_size: int, what: str) -> torch.Tensor:

@@ -47,7 +47,7 @@ def read_pairs(data: Path, n: int) -> tuple[list[str], list[str]]:
 
 def scorer_configs() -> dict[str, dict]:
     """Name -> Scorer options."""
-    from torchmover.presets import PRESETS
+    from torchmover import PRESETS
 
     configs = {}
     for method, directions in {"twmd": ("recall", "precision", "f1"), "trwmd": ("recall", "precision", "f1"),
@@ -108,9 +108,7 @@ def scorer_scores(hyps: list[str], refs: list[str]) -> dict[str, list[float]]:
 
 
 def reward_scores(hyps: list[str], refs: list[str]) -> dict[str, list[float]]:
-    from torchmover import Scorer
-    from torchmover.batching import BatchedReward
-    from torchmover.reward import GroupReward, MoverReward, SelfCriticalReward
+    from torchmover import BatchedReward, GroupReward, MoverReward, Scorer, SelfCriticalReward
 
     out = {}
     multi = [[r, refs[(i + 1) % len(refs)]] for i, r in enumerate(refs)]

@@ -3,11 +3,11 @@
 Measures the segment-level agreement (Pearson r and Kendall tau-b, ``scipy.stats``) between members
 of the TWMD family and human direct-assessment scores on WMT15-16 (10 groups: language pair x year,
 5,344 segments), for ``sentence-transformers/all-MiniLM-L6-v2`` (loaded offline through
-``torchmover.encoding.resolve_model_path``). The default is the configuration with the best average
+``torchmover.text.encoder.resolve_model_path``). The default is the configuration with the best average
 Pearson r over the 10 groups.
 
 Every distinct text is encoded once (all 6 layers, length-sorted batches, special tokens dropped via
-the tokenizer's special-tokens mask as in ``torchmover.encoding.Encoder``) and kept in memory. Scores
+the tokenizer's special-tokens mask as in ``torchmover.text.encoder.Encoder``) and kept in memory. Scores
 come from ``torchmover.functional`` on batches of 32 pairs formed exactly as ``Scorer.score`` forms
 them (pairs sorted by decreasing ``len(hyp) + len(ref)``; the distinct texts of a batch are padded
 together and centered together), so the sweep's numbers can be compared with ``Scorer().score``
@@ -56,16 +56,16 @@ from tqdm.auto import tqdm
 
 import torchmover
 import torchmover.functional as F
-from torchmover.centering import center
-from torchmover.data import read_tsv_dir
-from torchmover.encoding import DEFAULT_MODEL, resolve_model_path
+from torchmover.functional.centering import center
+from torchmover.evaluation.data import read_tsv_dir
+from torchmover.text.encoder import DEFAULT_MODEL, resolve_model_path
 
 from bench_common import wmt_parser
 LAYERS = (1, 2, 3, 4, 5, 6)
 TEMPERATURES = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3)
 DIRECTIONS = ("recall", "precision", "f1")
 CENTERINGS = ("none", "batch", "fixed", "sentence")
-# The library's defaults when this script was written (torchmover.encoding / torchmover.scorer).
+# The library's defaults when this script was written (torchmover.text.encoder / torchmover.scorer).
 CURRENT_DEFAULT = dict(layer=4, centering="batch", method="twmd", temperature=0.15, direction="recall", n_iter=1)
 
 

@@ -82,7 +82,7 @@ times ``--grad-accum`` micro-batches: a global batch of ``W · batch_size · gra
 are split with a seeded ``DistributedSampler``, so W processes with batch ``B`` draw, at every step,
 the same pairs as one process with batch ``W·B``. Batch centering in training mode subtracts the
 mean token of the *global* micro-batch through a differentiable all-reduce
-(:mod:`torchmover.distributed`), and the gradients are summed over ranks after backward (the
+(:mod:`torchmover.runtime.distributed`), and the gradients are summed over ranks after backward (the
 all-reduce's backward already routes every rank's loss to every rank's tokens), so the global batch
 is centred, scored and differentiated as on one process. Evaluation and checkpointing happen on
 rank 0.
@@ -125,12 +125,12 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 import torchmover as tm
-from torchmover.checkpoint import (
+from torchmover.runtime.checkpoint import (
     atomic_write_text, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state,
 )
-from torchmover.centering import Centering
-from torchmover.correlation import Report, correlate
-from torchmover.data import Rating, read_ratings, split_dev
+from torchmover.functional.centering import Centering
+from torchmover.evaluation.correlation import Report, correlate
+from torchmover.evaluation.data import Rating, read_ratings, split_dev
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRAIN = REPO.parent / "shared" / "data" / "wmt15-16"
@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = p.add_argument_group("data")
     d.add_argument("--train", nargs="+", default=[str(DEFAULT_TRAIN)],
-                   help="training ratings: files or directories in any layout torchmover.data reads")
+                   help="training ratings: files or directories in any layout torchmover.evaluation.data reads")
     d.add_argument("--test", nargs="+", help="test ratings (any layout); default: the dev split")
     d.add_argument("--year", type=int, help="year of JSON-lines records without a 'year' key")
     d.add_argument("--dev-fraction", type=float, default=0.1,
@@ -257,7 +257,7 @@ def least_squares(sx: float, sy: float, sxx: float, sxy: float, n: float) -> tup
 def top_layer(model: str) -> int:
     """The top layer of ``model`` (hub name, local path, or the offline default): its block count."""
     from transformers import AutoConfig
-    from torchmover.encoding import resolve_model_path
+    from torchmover.text.encoder import resolve_model_path
 
     return AutoConfig.from_pretrained(os.path.expanduser(resolve_model_path(model))).num_hidden_layers
 

@@ -76,7 +76,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from torchmover.checkpoint import (
+from torchmover.runtime.checkpoint import (
     atomic_write, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state,
 )
 
@@ -622,8 +622,8 @@ def _run(args, scorer) -> dict:
     started = time.perf_counter()
 
     from torchmover import Scorer
-    from torchmover.encoding import DEFAULT_MODEL
-    from torchmover.reward import SelfCriticalReward
+    from torchmover.text.encoder import DEFAULT_MODEL
+    from torchmover.reward.rewards import SelfCriticalReward
 
     train, evaluation = load_data(args)
     model, tokenizer = load_model(args, train)

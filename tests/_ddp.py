@@ -118,7 +118,7 @@ def centering_worker(rank: int, world_size: int, hyps, refs) -> dict:
 
 def metric_worker(rank: int, world_size: int, hyps, refs, corpus) -> dict:
     """``MoverMetric`` (fixed centering) updated twice with this rank's slice, then computed."""
-    from torchmover.metric import MoverMetric
+    from torchmover.evaluation.metric import MoverMetric
 
     scorer = tiny_scorer("fixed").eval().fit_centering(corpus, progress=False)
     metric = MoverMetric(scorer, return_per_sample=True)
@@ -131,7 +131,7 @@ def metric_worker(rank: int, world_size: int, hyps, refs, corpus) -> dict:
 
 def batch_metric_worker(rank: int, world_size: int, hyps, refs) -> dict:
     """``MoverMetric`` with batch centering, updated with this rank's slice (two updates), computed."""
-    from torchmover.metric import MoverMetric
+    from torchmover.evaluation.metric import MoverMetric
 
     metric = MoverMetric(tiny_scorer("batch").eval(), return_per_sample=True)
     h, r = hyps[rank::world_size], refs[rank::world_size]
@@ -146,7 +146,7 @@ def fit_worker(rank: int, world_size: int, corpus, hyps, refs) -> dict:
     then scores of the whole ``hyps`` / ``refs`` with them."""
     from conftest import tiny_model, tiny_tokenizer
     from torchmover import Encoder, Scorer
-    from torchmover.reward import MoverReward
+    from torchmover.reward.rewards import MoverReward
 
     scorer = tiny_scorer("fixed").eval()
     scorer.fit_centering(corpus, batch_size=2, progress=False)

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from torchmover import Scorer
-from torchmover.arena import TokenArena, flat_rows
-from torchmover.encoding import kept_spans, template_spans
-from torchmover.optrace import OpTrace
-from torchmover.scorer import Units, length_batches
+from torchmover._internal.arena import TokenArena, flat_rows
+from torchmover.text.encoder import kept_spans, template_spans
+from optrace import OpTrace
+from torchmover.scorer.module import Units, length_batches
 
 
 def test_kept_spans_run_from_the_first_to_past_the_last_true_column():

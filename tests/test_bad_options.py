@@ -3,7 +3,7 @@ import pytest
 
 from torchmover import Encoder, Scorer
 from torchmover.cli import main
-from torchmover.encoding import looks_like_path
+from torchmover.text.encoder import looks_like_path
 
 
 @pytest.mark.parametrize("max_length", [-5, 0, True, 2.5, "64"])

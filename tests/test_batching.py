@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from torchmover import Scorer
-from torchmover.batching import BatchedReward
-from torchmover.reward import MoverReward
+from torchmover.reward.batching import BatchedReward
+from torchmover.reward.rewards import MoverReward
 
 REFS = ["the cat sat on the mat", "a dog barked in the house", "the quick brown fox jumps over the lazy dog",
         "she eats good food", "the sun is big and red", "they ran on the road"]

@@ -13,7 +13,7 @@ import torch
 
 from conftest import tiny_model, tiny_tokenizer
 from torchmover import DEFAULT_MODEL, Encoder, Scorer
-from torchmover.encoding import resolve_model_path
+from torchmover.text.encoder import resolve_model_path
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "bertscore_minilm_l4.json").read_text())
 DIRECTIONS = {"P": "precision", "R": "recall", "F": "f1"}

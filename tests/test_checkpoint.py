@@ -3,7 +3,7 @@ import random
 import pytest
 import torch
 
-from torchmover.checkpoint import (
+from torchmover.runtime.checkpoint import (
     atomic_write, atomic_write_text, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state,
 )
 

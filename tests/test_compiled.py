@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from torchmover import Scorer
-from torchmover.compiled import COMPILABLE, compiled_member_term
-from torchmover.family import member_term
+from torchmover.functional.compiled import COMPILABLE, compiled_member_term
+from torchmover.functional.family import member_term
 
 HYPS = ["the cat sat on the mat", "a dog ran", "", "the quick brown fox jumps over the lazy dog"]
 REFS = ["a cat was on the mat", ["the dog barked", "a dog runs in the city"], "the sun", "a fox jumps"]

@@ -8,9 +8,9 @@ import pytest
 import torch
 from scipy import stats
 
-from torchmover import correlation as C
-from torchmover.correlation import compare, correlate, score_and_correlate, williams_test
-from torchmover.data import read_tsv_dir
+from torchmover.evaluation import correlation as C
+from torchmover.evaluation.correlation import compare, correlate, score_and_correlate, williams_test
+from torchmover.evaluation.data import read_tsv_dir
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -369,7 +369,7 @@ def test_groups_with_a_single_system_are_left_out_of_the_system_level():
 
 
 def test_score_and_correlate_reports_the_system_level_when_records_name_systems(tiny_scorer):
-    from torchmover.data import Rating
+    from torchmover.evaluation.data import Rating
 
     texts = ["the cat sat", "a dog barked", "the sun is red", "we ran home", "it rained", "birds sing"]
     records = [Rating("cs-en", 2016, ref, hyp, float(i % 4), system=f"s{i % 3}")

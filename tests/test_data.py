@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from torchmover.data import (
+from torchmover.evaluation.data import (
     DataError, Rating, group_records, read_jsonl, read_ratings, read_tsv, read_tsv_dir, read_wmt17,
     read_wmt_daseg, split_dev,
 )

@@ -11,7 +11,7 @@ from torch.overrides import TorchFunctionMode
 
 import torchmover
 from torchmover import Scorer
-from torchmover.devices import resolve_device, resolve_dtype
+from torchmover.runtime.devices import resolve_device, resolve_dtype
 
 HYPS = ["the cat sat on the mat", "a dog ran", "", "the quick brown fox"]
 REFS = ["a cat was on the mat", ["the dog barked", "a dog runs"], "the sun", "a fox jumps over the lazy dog"]
@@ -133,14 +133,14 @@ class DefaultDeviceGuard(TorchFunctionMode):
 
 def test_the_guard_catches_a_factory_without_device():
     """The control: the guard has teeth (it sees torchmover's own calls, and only those)."""
-    from torchmover import weights
+    from torchmover.text import weights
 
     with DefaultDeviceGuard() as guard:
         torch.zeros(3)  # the test's own call: not torchmover's
         weights.ngrams(torch.randn(1, 3, 2), torch.ones(1, 3, dtype=torch.bool), torch.ones(1, 3), 2)
     assert guard.calls == []
     with DefaultDeviceGuard() as guard:
-        torchmover.centering.Centering("fixed", dim=4)  # registers torch.zeros(dim): no device given
+        torchmover.functional.centering.Centering("fixed", dim=4)  # registers torch.zeros(dim): no device given
     assert guard.calls and guard.calls[0].startswith("zeros at centering.py"), guard.calls
 
 
@@ -152,8 +152,8 @@ def test_the_guard_catches_a_factory_without_device():
     dict(centering="none", method="sms"),
 ])
 def test_scoring_paths_say_where_every_tensor_goes(tiny_encoder, options):
-    from torchmover.metric import MoverMetric
-    from torchmover.reward import GroupReward, MoverReward, SelfCriticalReward
+    from torchmover.evaluation.metric import MoverMetric
+    from torchmover.reward.rewards import GroupReward, MoverReward, SelfCriticalReward
 
     scorer = Scorer(tiny_encoder, **options)
     refs = [r if isinstance(r, str) else r[0] for r in REFS]

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 import _ddp
-from torchmover.centering import token_mean
-from torchmover.centering import global_token_mean
-from torchmover.distributed import all_reduce_sum, is_distributed
+from torchmover.functional.centering import token_mean
+from torchmover.functional.centering import global_token_mean
+from torchmover.runtime.distributed import all_reduce_sum, is_distributed
 
 # Distinct texts: the scorer encodes each distinct text of a call once, so a text repeated on two
 # ranks would count twice in the distributed mean and once in the single-process one.
@@ -71,7 +71,7 @@ def fitted_on_two_ranks(tmp_path_factory):
 
 def test_fits_on_two_ranks_equal_the_single_process_fit(fitted_on_two_ranks):
     from torchmover import Encoder, Scorer
-    from torchmover.reward import MoverReward
+    from torchmover.reward.rewards import MoverReward
     from conftest import tiny_model, tiny_tokenizer
 
     scorer = _ddp.tiny_scorer("fixed").eval().fit_centering(CORPUS, progress=False)

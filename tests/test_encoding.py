@@ -6,7 +6,7 @@ import torch
 
 from conftest import tiny_model, tiny_tokenizer
 from torchmover import DEFAULT_MODEL, Encoder
-from torchmover.encoding import (DEFAULT_LAYERS, SPECIAL_TOKEN_POLICIES, default_layer, kept_spans, pad_lists,
+from torchmover.text.encoder import (DEFAULT_LAYERS, SPECIAL_TOKEN_POLICIES, default_layer, kept_spans, pad_lists,
                                  resolve_model_path, template_special_ends)
 
 

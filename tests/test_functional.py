@@ -15,7 +15,7 @@ import torch
 from scipy.special import logsumexp
 
 import torchmover.functional as F
-from torchmover.transport import CONVERGENCE_TOLERANCE
+from torchmover.functional.transport import CONVERGENCE_TOLERANCE
 
 ot = pytest.importorskip("ot")
 
@@ -228,7 +228,7 @@ def test_wmd_plan_diagnostics():
 
 def test_wmd_plan_not_converged_is_reported():
     hyp, ref, hm, rm = random_batch(6, batch=2, l1=6, l2=5, dim=8)
-    from torchmover import transport
+    from torchmover.functional import transport
     x = torch.nn.functional.normalize(ref.nan_to_num(), dim=-1)
     y = torch.nn.functional.normalize(hyp.nan_to_num(), dim=-1)
     a, b = rm.double() / rm.sum(-1, keepdim=True), hm.double() / hm.sum(-1, keepdim=True)

@@ -1,6 +1,6 @@
 """No host-device synchronisation in the hot paths, proved op by op on the CPU.
 
-Every hot path runs under :class:`torchmover.optrace.OpTrace`, a ``TorchDispatchMode`` that sees every
+Every hot path runs under :class:`optrace.OpTrace`, a ``TorchDispatchMode`` that sees every
 aten op, the same ops a CUDA run launches. It keeps the ops *issued by torchmover*: the innermost
 Python frame outside ``torch`` that called the op is in the torchmover package. Ops issued by the
 tokenizer and by the encoder's own code (``transformers`` frames, e.g. its attention-mask checks) are
@@ -24,10 +24,10 @@ import torch
 
 from torchmover import Scorer
 from torchmover import functional as F
-from torchmover.optrace import OpTrace
-from torchmover.reward import GroupReward, MoverReward, SelfCriticalReward
-from torchmover.scorer import Units
-from torchmover.transfer import to_device
+from optrace import OpTrace
+from torchmover.reward.rewards import GroupReward, MoverReward, SelfCriticalReward
+from torchmover.scorer.module import Units
+from torchmover._internal.transfer import to_device
 
 HYPS = ["the cat sat on the mat .", "a dog barked", "", "the quick brown fox jumps over the lazy dog , he said"]
 REFS = ["a cat sat on the mat", "the dog barked at the man", "the sun", "the fox jumps"]
@@ -160,7 +160,7 @@ def test_the_trace_names_syncing_ops_and_their_frames():
     units = Units(torch.randn(2, 3, 4), torch.tensor([[True, False, True], [True, True, False]]))
     trace = traced(units.unpad)
     assert {op.name for op in trace.syncs} == {"aten::index.Tensor"}
-    assert all(op.frame.startswith("torchmover/scorer.py") and "in unpad" in " ".join(op.stack) for op in trace.syncs)
+    assert all(op.frame.startswith("torchmover/scorer/module.py") and "in unpad" in " ".join(op.stack) for op in trace.syncs)
     assert "boolean-mask indexing" in str(trace.syncs[0])
     x, mask = torch.randn(1, 2, 4), torch.ones(1, 2, dtype=torch.bool)
     with OpTrace() as trace:

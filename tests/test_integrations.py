@@ -16,7 +16,7 @@ from torchmover import Scorer
 from torchmover.integrations import config as integration_config
 from torchmover.integrations import openrlhf, verl
 from torchmover.integrations.config import RewardConfig, build_reward, process_reward, reset_process_reward
-from torchmover.reward import MoverReward
+from torchmover.reward.rewards import MoverReward
 
 REFS = ["the cat sat on the mat", "a dog barked in the house", "the sun is big and red", "we eat good food"]
 HYPS = ["the cat sat", "a dog ran in the city", "the red sun", "food"]

@@ -9,7 +9,7 @@ pytest.importorskip("torchmetrics")
 
 import _ddp  # noqa: E402
 from torchmover import Scorer  # noqa: E402
-from torchmover.metric import MoverMetric  # noqa: E402
+from torchmover.evaluation.metric import MoverMetric  # noqa: E402
 
 HYPS = ["the cat sat on the mat", "a dog barked", "the sun is red", "they ran to the city", "the quick brown fox"]
 REFS = ["a cat was on the mat", ["the dog barked", "a dog runs"], "the moon is blue",
@@ -186,13 +186,13 @@ def test_plot(fixed_scorer):
 
 
 def test_importing_torchmover_does_not_import_torchmetrics():
-    code = "import sys, torchmover; assert 'torchmetrics' not in sys.modules; assert 'torchmover.metric' not in sys.modules"
+    code = "import sys, torchmover; assert 'torchmetrics' not in sys.modules; assert 'torchmover.evaluation.metric' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_missing_torchmetrics_says_what_to_install():
     code = ("import sys; sys.modules['torchmetrics'] = None\n"
-            "try:\n    import torchmover.metric\nexcept ImportError as e:\n    assert 'pip install torchmover[metrics]' in str(e), e\n"
+            "try:\n    import torchmover.evaluation.metric\nexcept ImportError as e:\n    assert 'pip install torchmover[metrics]' in str(e), e\n"
             "else:\n    raise SystemExit('no ImportError')")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

@@ -1,8 +1,8 @@
-"""The rewards' weights fingerprint and eval mode (torchmover.moduletree)."""
+"""The rewards' weights fingerprint and eval mode (torchmover._internal.moduletree)."""
 import torch
 from torch import nn
 
-from torchmover.moduletree import eval_mode, first_parameter, submodules, weights_fingerprint
+from torchmover._internal.moduletree import eval_mode, first_parameter, submodules, weights_fingerprint
 
 
 def make():

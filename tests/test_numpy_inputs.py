@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from torchmover import Scorer
-from torchmover.batching import BatchedReward
+from torchmover.reward.batching import BatchedReward
 from torchmover.integrations.trl import as_trl_reward
-from torchmover.reward import GroupReward, MoverReward, SelfCriticalReward
+from torchmover.reward.rewards import GroupReward, MoverReward, SelfCriticalReward
 
 REFS = ["the cat sat on the mat", "a dog barked in the house", "the quick brown fox", "she eats good food"]
 HYPS = ["the cat sat", "a dog ran in the city", "the brown fox", "he eats bad food"]
@@ -82,7 +82,7 @@ def test_trl_reward_takes_array_columns(reward):
 
 def test_metric_takes_arrays(tiny_scorer):
     pytest.importorskip("torchmetrics")
-    from torchmover.metric import MoverMetric
+    from torchmover.evaluation.metric import MoverMetric
 
     metric = MoverMetric(tiny_scorer)
     metric.update(np.array(HYPS), np.array(REFS, dtype=object))

@@ -44,7 +44,7 @@ def test_half_vectors_are_centered_in_float32(mode):
 
 @pytest.fixture(scope="module")
 def default_encoder():
-    from torchmover.encoding import DEFAULT_MODEL, Encoder
+    from torchmover.text.encoder import DEFAULT_MODEL, Encoder
 
     return Encoder.from_pretrained(DEFAULT_MODEL)
 

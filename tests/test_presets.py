@@ -6,8 +6,8 @@ import torch
 
 from conftest import tiny_model, tiny_tokenizer
 from torchmover import Encoder, Scorer
-from torchmover.presets import PRESETS, preset_options, signature_options
-from torchmover.signature import parse_signature, signature_diff
+from torchmover.scorer.presets import PRESETS, preset_options, signature_options
+from torchmover.scorer.signature import parse_signature, signature_diff
 
 REFS = ["the cat sat on the mat.", "a dog barked in the house", "the quick brown fox jumps over the lazy dog"]
 HYPS = ["the cat sat", "a dog ran in the city!", "the brown fox"]

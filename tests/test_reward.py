@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from torchmover import Scorer
-from torchmover.reward import GroupReward, MoverReward, SelfCriticalReward, group_advantages
+from torchmover.reward.rewards import GroupReward, MoverReward, SelfCriticalReward, group_advantages
 
 REFS = ["the cat sat on the mat", "a dog barked in the house", "the quick brown fox jumps over the lazy dog",
         "she eats good food", "the sun is big and red"]

@@ -4,7 +4,7 @@ import torch
 
 import torchmover.functional as F
 from torchmover import Encoder, Scorer, center
-from torchmover.scorer import pair_lists
+from torchmover.scorer.module import pair_lists
 
 HYPS = ["the cat sat on the mat", "a dog barked", "the sun is red", "they ran to the city"]
 REFS = ["a cat was on the mat", "the dog barked", "the moon is blue", "we ran to the old house"]
@@ -225,7 +225,7 @@ def test_default_pretrained_model_offline():
 # --- token policy (IDF, stopwords, subwords, n-grams) and centering scope ---------------------------
 
 def test_idf_weights_reach_the_family_member(tiny_encoder):
-    from torchmover.weights import IDF
+    from torchmover.text.weights import IDF
 
     scorer = Scorer(tiny_encoder, centering="none", idf=True).fit_idf(REFS, HYPS)
     with torch.no_grad():
@@ -312,7 +312,7 @@ DOCS_R = ["a cat sat on the mat. dogs run.", "the woman eats good food. she is o
 
 @pytest.mark.parametrize("method", ["sms", "s+wms", "wms"])
 def test_sentence_movers_through_the_scorer(tiny_encoder, method):
-    from torchmover.sentences import encode_documents
+    from torchmover.text.documents import encode_documents
 
     scorer = Scorer(tiny_encoder, method=method, centering="none")
     with torch.no_grad():
@@ -331,7 +331,7 @@ def test_sentence_movers_through_the_scorer(tiny_encoder, method):
 
 
 def test_sentence_movers_reject_token_options_and_work_as_a_reward(tiny_encoder):
-    from torchmover.reward import SelfCriticalReward
+    from torchmover.reward.rewards import SelfCriticalReward
 
     with pytest.raises(ValueError, match="sms"):
         Scorer(tiny_encoder, method="sms", idf=True)
@@ -343,7 +343,7 @@ def test_sentence_movers_reject_token_options_and_work_as_a_reward(tiny_encoder)
 
 
 def test_model_defaults_apply_to_their_model_only(tiny_encoder):
-    from torchmover.scorer import DEFAULT_CENTERING, DEFAULT_TEMPERATURES, MODEL_DEFAULTS
+    from torchmover.scorer.module import DEFAULT_CENTERING, DEFAULT_TEMPERATURES, MODEL_DEFAULTS
 
     generic = Scorer(tiny_encoder)
     assert generic.config.centering == DEFAULT_CENTERING == "batch"
@@ -363,7 +363,7 @@ def test_texts_the_token_policy_leaves_empty_score_zero_on_every_path(tiny_encod
     """A text with tokens but no unit after the policy scores 0 (never NaN) in ``forward``, ``score`` and
     the reward, mixed with texts that have units (whose scores agree across the three paths). Checks
     that the host's ``nonempty`` flag (spans) is never wrong: moverscore would score an empty text 1."""
-    from torchmover.reward import MoverReward
+    from torchmover.reward.rewards import MoverReward
 
     hyps = ["the a", "the cat sat", "...", "a dog", "the red sun", ""]
     refs = ["the cat", "the", "a dog ran", "the moon is blue", "...", "the cat"]

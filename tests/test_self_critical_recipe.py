@@ -132,7 +132,7 @@ def test_sequence_logprob_matches_teacher_forced_cross_entropy(recipe):
 
 def test_rl_step_raises_logprob_of_samples_that_beat_greedy(recipe, scorer):
     """γ = 1: one small gradient step on L_RL must raise Σ_i A_i · log p(ŷ_i) (the sign check)."""
-    from torchmover.reward import SelfCriticalReward
+    from torchmover.reward.rewards import SelfCriticalReward
 
     rows, options, tokenizer, model = tiny_setup(recipe)
     reward = SelfCriticalReward(scorer).fit([r["summary"] for r in rows])

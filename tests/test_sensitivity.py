@@ -9,9 +9,9 @@ import torch
 from conftest import tiny_model, tiny_tokenizer
 from torchmover import Encoder, Scorer
 from torchmover.cli import main
-from torchmover.correlation import correlate
-from torchmover.data import Rating, read_ratings
-from torchmover.sensitivity import (FactorResult, Level, SensitivityReport, _check_factors, coefficient_of_variation,
+from torchmover.evaluation.correlation import correlate
+from torchmover.evaluation.data import Rating, read_ratings
+from torchmover.evaluation.sensitivity import (FactorResult, Level, SensitivityReport, _check_factors, coefficient_of_variation,
                                     relative_difference, run_sensitivity, select_per_group)
 
 GROUPS = ("cs-en/2015", "de-en/2016", "fi-en/2016")
@@ -277,7 +277,7 @@ def test_variants_that_keep_the_encoder_encode_each_batch_once(ratings, tiny_enc
 
 def test_the_memo_encoder_gives_what_its_encoder_gives_under_every_token_policy(tiny_encoder):
     """Masks and host spans: a text that a policy leaves without a token has the span (0, 0) there too."""
-    from torchmover.sensitivity import _MemoEncoder
+    from torchmover.evaluation.sensitivity import _MemoEncoder
 
     texts = ["the a", "the cat sat", "...", ""]
     memo = _MemoEncoder(tiny_encoder).eval()

@@ -9,9 +9,8 @@ import torch
 
 from conftest import tiny_model, tiny_tokenizer
 from torchmover import Encoder
-from torchmover.sentences import (
-    VARIANTS, _chunks, _sentence_spans, encode_documents, sentence_movers, split_sentences,
-)
+from torchmover.functional.sentences import VARIANTS, sentence_movers
+from torchmover.text.documents import _chunks, _sentence_spans, encode_documents, split_sentences
 
 # --- splitter -------------------------------------------------------------------------------------
 

@@ -120,7 +120,7 @@ def test_refuses_to_overwrite_files_no_save_wrote_and_names_them(fitted, tmp_pat
 
 def test_a_save_that_fails_while_moving_files_in_leaves_no_loadable_mixture(fitted, tiny_encoder, tmp_path,
                                                                               monkeypatch):
-    import torchmover.serialization as serialization
+    import torchmover.scorer.serialization as serialization
 
     Scorer(tiny_encoder, method="bertscore").save_pretrained(tmp_path / "s")
     (tmp_path / "s" / "notes.txt").write_text("keep me")

@@ -16,9 +16,9 @@ import torch
 pytest.importorskip("aiohttp")
 
 from torchmover import Scorer  # noqa: E402
-from torchmover.batching import BatchedReward  # noqa: E402
-from torchmover.reward import MoverReward  # noqa: E402
-from torchmover.serve import RewardServer, response_from_query  # noqa: E402
+from torchmover.reward.batching import BatchedReward  # noqa: E402
+from torchmover.reward.rewards import MoverReward  # noqa: E402
+from torchmover.integrations.server import RewardServer, response_from_query  # noqa: E402
 
 REFS = ["the cat sat on the mat", "a dog barked in the house", "the quick brown fox jumps over the lazy dog",
         "she eats good food", "the sun is big and red"]

@@ -9,9 +9,9 @@ import torch
 from scipy.special import logsumexp
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from torchmover import transport
+from torchmover.functional import transport
 from torchmover.functional import tempered_rwmd, tempered_wmd
-from torchmover.transport import CHECK_EVERY, converged_sinkhorn, marginal_error, sinkhorn
+from torchmover.functional.transport import CHECK_EVERY, converged_sinkhorn, marginal_error, sinkhorn
 
 
 def naive_masked_lse(x, mask, dim):

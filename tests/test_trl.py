@@ -11,7 +11,7 @@ from conftest import tiny_model, tiny_tokenizer  # noqa: E402
 
 from torchmover import Encoder, Scorer  # noqa: E402
 from torchmover.integrations.trl import as_trl_reward  # noqa: E402
-from torchmover.reward import GroupReward, MoverReward  # noqa: E402
+from torchmover.reward.rewards import GroupReward, MoverReward  # noqa: E402
 
 REFS = ["the cat sat on the mat", "a dog barked", "the sun is big and red", "we eat good food"]
 PROMPTS = ["the cat", "a dog", "the sun", "we eat"]

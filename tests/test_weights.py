@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from torchmover.weights import IDF, _is_punctuation, keep_mask, ngrams, pool_subwords
+from torchmover.text.weights import IDF, _is_punctuation, keep_mask, ngrams, pool_subwords
 
 
 def test_idf_formula_and_unseen_tokens(tiny_encoder):

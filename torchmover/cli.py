@@ -5,17 +5,17 @@ writes one score per line (``--all``: ``P R F1``; text or JSON lines) to ``--out
 standard output) and prints the mean and the signature to standard error.
 
 ``torchmover correlate --data RATINGS [options]`` scores human ratings (any layout of
-:mod:`torchmover.data`) and prints their correlation table (:mod:`torchmover.correlation`), segment
+:mod:`torchmover.evaluation.data`) and prints their correlation table (:mod:`torchmover.evaluation.correlation`), segment
 level and, where the ratings name the systems, system level.
 
 The command line is a thin layer: argparse options in, library calls, text out. Library modules never
 import it.
 
 ``torchmover sensitivity --data RATINGS [--factors ...] [options]`` varies one preprocessing or metric
-choice at a time and reports how much the correlation moves (:mod:`torchmover.sensitivity`).
+choice at a time and reports how much the correlation moves (:mod:`torchmover.evaluation.sensitivity`).
 
 ``torchmover serve [--port P] [--fit-references FILE] [options]`` serves the reward over HTTP
-(OpenRLHF's remote reward protocol and ``POST /score``; :mod:`torchmover.serve`).
+(OpenRLHF's remote reward protocol and ``POST /score``; :mod:`torchmover.integrations.server`).
 """
 from __future__ import annotations
 
@@ -25,19 +25,19 @@ import sys
 from pathlib import Path
 
 from ._version import __version__
-from .centering import MODULE_MODES
-from .correlation import score_and_correlate
-from .batching import BatchedReward
-from .data import read_ratings
-from .encoding import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES
-from .evaluate import fit_to_call
-from .family import DIRECTIONS
-from .presets import PRESETS, preset_options, signature_options
-from .reward import MoverReward
-from .scorer import CENTER_SCOPES, METHODS, MULTI_REF, Scorer
-from .serve import DEFAULT_MAX_REQUEST_BYTES, RewardServer, require_aiohttp
-from .sensitivity import FACTORS, STATISTICS, run_sensitivity, select_per_group
-from .weights import PUNCTUATION_POLICIES, SUBWORD_POLICIES
+from .functional.centering import MODULE_MODES
+from .evaluation.correlation import score_and_correlate
+from .reward.batching import BatchedReward
+from .evaluation.data import read_ratings
+from .text.encoder import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES
+from .evaluation.scoring import fit_to_call
+from .functional.family import DIRECTIONS
+from .scorer.presets import PRESETS, preset_options, signature_options
+from .reward.rewards import MoverReward
+from .scorer.module import CENTER_SCOPES, METHODS, MULTI_REF, Scorer
+from .integrations.server import DEFAULT_MAX_REQUEST_BYTES, RewardServer, require_aiohttp
+from .evaluation.sensitivity import FACTORS, STATISTICS, run_sensitivity, select_per_group
+from .text.weights import PUNCTUATION_POLICIES, SUBWORD_POLICIES
 
 
 class CLIError(Exception):
@@ -111,7 +111,7 @@ _SCORER_OPTIONS = ("model", "layer", "method", "direction", "temperature", "n_it
 
 def scorer_from_args(args: argparse.Namespace, references: list[str], hypotheses: list[str]):
     """The Scorer the options describe, with its corpus statistics fitted on the call's texts
-    (:func:`torchmover.evaluate.fit_to_call`): IDF on the references and hypotheses, a fixed/running
+    (:func:`torchmover.evaluation.scoring.fit_to_call`): IDF on the references and hypotheses, a fixed/running
     centering mean on the references, the rescaling baseline on ``--baseline-corpus`` or the references."""
     if args.preset and args.signature:
         raise CLIError("give --preset or --signature, not both")
@@ -219,7 +219,7 @@ def add_sensitivity_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_sensitivity_command(args: argparse.Namespace) -> None:
-    """Read ratings, run :func:`~torchmover.sensitivity.run_sensitivity` from the options' base Scorer,
+    """Read ratings, run :func:`~torchmover.evaluation.sensitivity.run_sensitivity` from the options' base Scorer,
     print the table and write ``--json`` / ``--plot``."""
     records = select_per_group(read_ratings(args.data, args.year), args.max_per_group)
     if not records:

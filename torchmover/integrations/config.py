@@ -5,7 +5,7 @@ Those frameworks import a *file* and call a plain function in it (verl: ``comput
 ``reward_func``), so there is no constructor to pass a scorer to. The adapters therefore call
 :func:`process_reward`, which builds on its first call (thread-safe: concurrent first calls build it
 once) a :class:`~torchmover.reward.MoverReward` behind a
-:class:`~torchmover.batching.BatchedReward`, from :class:`RewardConfig` read by
+:class:`~torchmover.reward.batching.BatchedReward`, from :class:`RewardConfig` read by
 :meth:`RewardConfig.from_env`: the JSON (``.json``) or TOML (``.toml``) file named by
 ``TORCHMOVER_CONFIG``, whose keys are the field names below, then one ``TORCHMOVER_<FIELD>``
 environment variable per field, which overrides the file:
@@ -48,9 +48,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, NamedTuple, Sequence
 
-from ..batching import BatchedReward
-from ..reward import MoverReward
-from ..scorer import Scorer
+from ..reward.batching import BatchedReward
+from ..reward.rewards import MoverReward
+from ..scorer.module import Scorer
 from .parsing import ON_MISMATCH, Parser, apply_parser, strip_reasoning
 from .trl import reward_name
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterable
 
-from ..scorer import _as_list
+from ..scorer.module import _as_list
 
 __all__ = ["DEFAULT_SPECIAL_TOKENS", "Parser", "check_parser", "reference_list", "response_from_query",
            "strip_reasoning", "strip_special_tokens"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..reward import MoverReward
-from ..scorer import Scorer, ScorerConfig
+from ..reward.rewards import MoverReward
+from ..scorer.module import Scorer, ScorerConfig
 from .parsing import Parser, apply_parser, check_parser, reference_list
 
 __all__ = ["TRLReward", "as_trl_reward", "reward_name"]

@@ -23,7 +23,7 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from .devices import autocast_off
+from ..runtime.devices import autocast_off
 from .transport import (TransportPlan, converged_sinkhorn, cost_matrix, floored_exp, log_pair_mask, plan_value,
                         real_sides, sinkhorn, sinkhorn_value, tempered_residual)
 
@@ -288,7 +288,7 @@ def _twmd_term(temperature: float, n_iter: int | None, exact: str, plans: list |
 
 def _relaxed_term(temperature: float, exact: str) -> TransportTerm:
     """``π_ij = a_i softmax_j(S_ij / T)`` (rows) or ``b_j softmax_i(S_ij / T)`` (columns), the softmax
-    taken on :func:`~torchmover.transport.tempered_residual` so that it stays exact for any ``T > 0``."""
+    taken on :func:`~torchmover.functional.transport.tempered_residual` so that it stays exact for any ``T > 0``."""
     dim = -1 if exact == "rows" else -2
 
     def term(x, y, rows, cols, a, b):

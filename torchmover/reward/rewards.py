@@ -21,7 +21,7 @@ reward is then the same (to float32 rounding, ~1e-7) whatever else is in the cal
 
 Reference cache. References repeat across epochs and across the ``G`` completions of a prompt, so
 their token vectors (encoder output, before centering) are kept on the device in a
-:class:`~torchmover.arena.TokenArena` (flat tensors, LRU over texts), with each reference's self-term
+:class:`~torchmover._internal.arena.TokenArena` (flat tensors, LRU over texts), with each reference's self-term
 ``C(ref, ref)`` (the normaliser of ``Sim``: one of the three transport problems of a pair, so a call
 solves two per pair instead of three) and its token cloud (centered unit vectors and masses, as the
 transport takes them) under the current centering. A call whose references all have their cloud
@@ -30,7 +30,7 @@ host), so it neither centers nor normalises a reference, and its device work doe
 the number of references;
 otherwise the cached references' units are gathered, centered and normalised, and their clouds kept
 for the next call (not for the sentence movers, which move units, nor where a reference cloud needs
-the empty-text placeholder of :func:`~torchmover.family.token_cloud`: IDF weights, n-grams, pooled
+the empty-text placeholder of :func:`~torchmover.functional.family.token_cloud`: IDF weights, n-grams, pooled
 subwords, ``special_tokens="target"`` or a reference without tokens). The cache is bound
 to what produced it: every call compares a fingerprint of the encoder's parameters and buffers
 (identity, storage, dtype, device and autograd version counter, which every in-place update such as
@@ -48,7 +48,7 @@ degenerate inputs.
 Threads and processes. A reward may be called from many threads at once: its scoring, cache and
 counters run under one lock, so concurrent calls are serialised and each gets its own rewards; to
 turn many concurrent small calls into few large ones, wrap the reward in a
-:class:`~torchmover.batching.BatchedReward`. A reward pickles (e.g. into a worker process), fitted
+:class:`~torchmover.reward.batching.BatchedReward`. A reward pickles (e.g. into a worker process), fitted
 centering included, without its reference cache, which the copy refills.
 
 Degenerate generations. A text with no real token (empty or whitespace-only) scores exactly 0 (as
@@ -67,13 +67,13 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 from torch import Tensor, nn
 
-from .arena import Gather, TokenArena
-from .family import TokenCloud
-from .moduletree import eval_mode, submodules, weights_fingerprint
-from .transfer import to_device
-from .centering import Centering
-from .distributed import shard
-from .scorer import (SENTENCE_METHODS, PairIndex, Scorer, Units, _as_list, _check_references, _check_texts,
+from .._internal.arena import Gather, TokenArena
+from ..functional.family import TokenCloud
+from .._internal.moduletree import eval_mode, submodules, weights_fingerprint
+from .._internal.transfer import to_device
+from ..functional.centering import Centering
+from ..runtime.distributed import shard
+from ..scorer.module import (SENTENCE_METHODS, PairIndex, Scorer, Units, _as_list, _check_references, _check_texts,
                      center_units, pair_lists)
 
 __all__ = ["CacheInfo", "GroupReward", "GroupRewardResult", "MoverReward", "SelfCriticalResult",
@@ -207,7 +207,7 @@ class MoverReward:
         fields = self._scorer.signature.split("|")
         centering = self._centering
         if centering is not None:
-            from .signature import tensor_digest
+            from ..scorer.signature import tensor_digest
 
             fields = [f"center:fixed-{tensor_digest(centering.mean)}" if f.startswith("center:") else f
                       for f in fields]
@@ -284,7 +284,7 @@ class MoverReward:
 
     def _check_fingerprint(self, walk: list[nn.Module]) -> None:
         """Forget every cached reference if the encoder's weights, the config or the IDF tables changed.
-        ``walk``: :func:`~torchmover.moduletree.submodules` of the scorer, whose tensors other than its
+        ``walk``: :func:`~torchmover._internal.moduletree.submodules` of the scorer, whose tensors other than its
         centering's are the encoder's (the cache holds units before centering)."""
         scorer = self._scorer
         centering = scorer.centering  # bound once: a submodule attribute is a slow nn.Module lookup
@@ -321,7 +321,7 @@ class MoverReward:
     def _plan_references(self, texts: list[str], walk: list[nn.Module] | None = None) -> _ReferencePlan:
         """The host side of fetching the distinct ``texts``: which are cached, which to encode, and the
         LRU bookkeeping (recency, eviction, self-term slots) done now. ``walk``: the scorer's
-        :func:`~torchmover.moduletree.submodules`, if the caller has them."""
+        :func:`~torchmover._internal.moduletree.submodules`, if the caller has them."""
         self._check_fingerprint(submodules(self._scorer) if walk is None else walk)
         self._arena.compact()
         self._clouds.compact()

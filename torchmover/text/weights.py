@@ -26,9 +26,11 @@ from collections import Counter
 from typing import Iterable, Sequence
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
-from .transfer import send
+from .._internal.transfer import send
+from ..runtime.distributed import is_distributed, shard
 
 SUBWORD_POLICIES = ("all", "first", "mean")
 PUNCTUATION_POLICIES = ("keep", "drop", "ascii")
@@ -200,3 +202,25 @@ def ngrams(x: Tensor, mask: Tensor, weights: Tensor, n: int):
     start = torch.arange(units, device=x.device)
     unit_mask = (start.unsqueeze(0) + n <= count.unsqueeze(1)) | ((start.unsqueeze(0) == 0) & (count.unsqueeze(1) > 0))
     return vectors, unit_mask, torch.where(unit_mask, masses, torch.zeros_like(masses))
+
+
+def fit_idf_over_ranks(texts: list[str], tokenizer, device: torch.device | str = "cpu", group=None) -> IDF:
+    """:meth:`IDF.fit` on ``texts`` (the same list on every rank), each rank
+    tokenizing its :func:`~torchmover.runtime.distributed.shard`: the document frequencies ``df(t) = Σ_r df_r(t)`` and the document
+    count ``N = Σ_r N_r`` are summed as one dense ``[vocab + 1]`` int64 all-reduce, so every rank gets
+    the IDF of the whole corpus. ``IDF.fit(texts, tokenizer)`` outside a distributed job."""
+    if not is_distributed(group):
+        return IDF.fit(texts, tokenizer)
+    if not texts:
+        raise ValueError("IDF.fit needs a non-empty list of strings")
+    mine = shard(texts, device, group)
+    counts = torch.zeros(len(tokenizer) + 1, dtype=torch.long)  # host: [df(0) ... df(V − 1), N]
+    frequencies = document_frequencies(mine, tokenizer)
+    if frequencies:
+        counts[torch.tensor(list(frequencies))] = torch.tensor(list(frequencies.values()))
+    counts[-1] = len(mine)
+    counts = counts.to(device)
+    dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
+    counts = counts.cpu()
+    seen = counts[:-1].nonzero().flatten().tolist()
+    return IDF(dict(zip(seen, counts[seen].tolist())), int(counts[-1]))

@@ -1,4 +1,4 @@
-"""Public functional API: one function per member of the TWMD family, all with one signature.
+"""One function per member of the TWMD family, all with one signature (``torchmover.functional``).
 
 ``f(hyp, ref, hyp_mask=None, ref_mask=None, *, ...) -> Tensor[B]`` with ``hyp: [B, L2, D]``,
 ``ref: [B, L1, D]`` padded token embeddings and boolean masks (True = real token). Token vectors are
@@ -16,13 +16,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .centering import center
-from .sentences import sentence_movers
 from .family import WMD_TEMPERATURE, FamilyScore, _harmonic_mean, family_similarity, member_term
 from .transport import check_temperature
 
-__all__ = ["tempered_wmd", "tempered_rwmd", "wmd", "moverscore", "bertscore", "sbert", "cka", "sentence_movers",
-           "center"]
+__all__ = ["tempered_wmd", "tempered_rwmd", "wmd", "moverscore", "bertscore", "sbert", "cka"]
 
 
 def tempered_wmd(
@@ -42,7 +39,7 @@ def tempered_wmd(
     released code and this function use ``exp(+S/T)``: similar tokens attract mass.)
 
     ``n_iter=None`` solves the entropic problem at ``T`` to convergence
-    (:func:`torchmover.transport.converged_sinkhorn`); its gradient is then the envelope gradient
+    (:func:`torchmover.functional.transport.converged_sinkhorn`); its gradient is then the envelope gradient
     ``∂C/∂S = π*`` (the plan held constant). For finite ``n_iter`` the iterations are unrolled and
     the gradient is exact.
 

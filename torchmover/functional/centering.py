@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .distributed import all_reduce_sum, is_distributed
+from ..runtime.distributed import all_reduce_sum, is_distributed
 
 CENTERING_MODES = ("none", "dimension", "sentence", "batch", "fixed")
 MODULE_MODES = CENTERING_MODES + ("running",)
@@ -46,7 +46,7 @@ def token_mean(x: Tensor, mask: Tensor) -> Tensor:
 def global_token_mean(x: Tensor, mask: Tensor, *, group=None, return_count: bool = False):
     """``[D]`` mean of the real token vectors of ``x`` (``[B, L, D]``, ``mask``: ``[B, L]``) over all
     ranks of ``group`` — ``μ = Σ_r S_r / Σ_r n_r`` through one differentiable all-reduce of
-    ``(S_r, n_r)`` (:mod:`torchmover.distributed`) — zeros if no rank has a token. Outside a
+    ``(S_r, n_r)`` (:mod:`torchmover.runtime.distributed`) — zeros if no rank has a token. Outside a
     distributed job (or with one process) this is :func:`token_mean`, bit for bit.
 
     With ``return_count=True`` also returns the global number of real tokens ``n`` (a Python int).
@@ -102,7 +102,7 @@ class Centering(nn.Module):
 
     ``sync`` (default True): in training mode, inside a ``torch.distributed`` job with more than one
     process, the batch mean of ``batch`` and ``running`` is the mean of the real tokens of *all*
-    ranks, through a differentiable all-reduce (:mod:`torchmover.distributed`), so W processes on
+    ranks, through a differentiable all-reduce (:mod:`torchmover.runtime.distributed`), so W processes on
     slices of a batch center, score and backpropagate like one process on the whole batch. Every rank
     must then run forward and backward in step, as with SyncBatchNorm. Eval mode (the default of a
     :class:`~torchmover.Scorer`, and always inside ``Scorer.score``) centers each process's batch

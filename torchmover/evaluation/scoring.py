@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from torch import Tensor
 
-from .scorer import PRF, Scorer, _check_references, _check_texts
+from ..scorer.module import PRF, Scorer, _check_references, _check_texts
 
 CACHE_SIZE = 4  # scorers (models) kept by score(); the least recently used one is dropped
 _cache: OrderedDict[tuple, Scorer] = OrderedDict()

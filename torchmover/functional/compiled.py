@@ -38,7 +38,7 @@ def check_compile(compile: bool, method: str, n_iter: int | None) -> bool:
 @functools.lru_cache(maxsize=None)
 def compiled_member_term(method: str, temperature: float | None, n_iter: int | None
                          ) -> TransportTerm | dict[str, TransportTerm]:
-    """:func:`torchmover.family.member_term` with every term wrapped in ``torch.compile(dynamic=True)``
+    """:func:`torchmover.functional.family.member_term` with every term wrapped in ``torch.compile(dynamic=True)``
     (built once per arguments)."""
     check_compile(True, method, n_iter)
     term = member_term(method, temperature, n_iter)

@@ -8,7 +8,7 @@ the mean human score of each system, per group (:func:`system_means`; the bootst
 systems). :func:`compare` tests whether one metric correlates better with humans than another, by
 Williams' test (Williams 1959, as used by Graham & Baldwin 2014; :func:`williams_test`) and by a paired
 permutation test (:func:`paired_permutation_test`). :func:`score_and_correlate` glues a
-:class:`~torchmover.Scorer` to ratings read by :mod:`torchmover.data`.
+:class:`~torchmover.Scorer` to ratings read by :mod:`torchmover.evaluation.data`.
 
 One kernel computes all three statistics for a batch of resamples given as counts ``c[b, i]`` (how
 often segment ``i`` is drawn in resample ``b``); the point estimate is the same kernel with
@@ -556,7 +556,7 @@ def paired_permutation_test(scores_a, scores_b, human, *, method: str = "pearson
 
 def score_and_correlate(scorer, records: Sequence[Rating], batch_size: int = 64, *, n_boot: int = 1000,
                         seed: int = 0, confidence: float = 0.95, progress: bool = True) -> Report:
-    """Score ``records`` (:class:`~torchmover.data.Rating`) with ``scorer.score(hyps, refs, ...)`` and
+    """Score ``records`` (:class:`~torchmover.evaluation.data.Rating`) with ``scorer.score(hyps, refs, ...)`` and
     correlate with their human scores per ``lp/year`` group; the report carries the scorer's
     signature, and the system level (``report.system_level``) when every record names its system."""
     if not records:

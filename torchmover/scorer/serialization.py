@@ -52,8 +52,8 @@ from pathlib import Path
 
 import torch
 
-from ._version import __version__
-from .checkpoint import atomic_write_text
+from .._version import __version__
+from ..runtime.checkpoint import atomic_write_text
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "torchmover.json"
@@ -227,16 +227,16 @@ def load_scorer(cls, config_type, path: str | os.PathLike, device="auto", dtype:
     :class:`~torchmover.ScorerConfig`) saved by :func:`save_scorer`.
 
     ``dtype`` defaults to the dtype the encoder was saved in; ``device`` (``"auto"``, a name or a
-    ``torch.device``, :func:`torchmover.devices.resolve_device`) to ``"auto"``. ``verify`` checks
+    ``torch.device``, :func:`torchmover.runtime.devices.resolve_device`) to ``"auto"``. ``verify`` checks
     every saved file against the SHA-256 recorded in ``torchmover.json`` first (:func:`verify_files`).
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     from transformers import AutoModel, AutoTokenizer
 
-    from .devices import resolve_device, resolve_dtype
-    from .encoding import Encoder
-    from .weights import IDF
+    from ..runtime.devices import resolve_device, resolve_dtype
+    from ..text.encoder import Encoder
+    from ..text.weights import IDF
 
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     root = Path(path)

@@ -28,8 +28,8 @@ from typing import NamedTuple, Sequence
 import torch
 from torch import Tensor
 
-from .reward import MoverReward
-from .scorer import _check_references, _check_texts
+from .rewards import MoverReward
+from ..scorer.module import _check_references, _check_texts
 
 __all__ = ["BatchedReward"]
 

@@ -12,7 +12,7 @@ Endpoints (JSON in, JSON out):
   ``{"rewards": [...]}``.
 - ``GET /health``: ``{"status": "ok", "signature": ..., "device": ..., ...}``.
 
-Every request goes through one :class:`~torchmover.batching.BatchedReward`, so concurrent requests
+Every request goes through one :class:`~torchmover.reward.batching.BatchedReward`, so concurrent requests
 (OpenRLHF sends one sample per request) are scored together, on the scorer's device. A malformed
 request gets a 4xx answer ``{"error": "..."}`` naming what is wrong (400: not JSON, a missing field,
 a wrong type, mismatched lengths; 413: a body over ``max_request_bytes``; 404/405: unknown path or
@@ -26,8 +26,8 @@ import json
 import threading
 from typing import Sequence
 
-from .batching import BatchedReward
-from .integrations.parsing import response_from_query
+from ..reward.batching import BatchedReward
+from .parsing import response_from_query
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "RewardServer", "require_aiohttp", "response_from_query"]
 
@@ -74,7 +74,7 @@ def _openrlhf_pairs(body: dict) -> tuple[list[str], list]:
 
 
 class RewardServer:
-    """An HTTP server (``aiohttp``) in front of a :class:`~torchmover.batching.BatchedReward`.
+    """An HTTP server (``aiohttp``) in front of a :class:`~torchmover.reward.batching.BatchedReward`.
 
     ``start()`` serves from a background thread and returns once the socket listens (``port=0``
     takes a free port: see :attr:`url`); ``stop()`` closes it (the batcher is left to its owner).

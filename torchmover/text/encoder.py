@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .moduletree import first_parameter
-from .transfer import send
+from .._internal.moduletree import first_parameter
+from .._internal.transfer import send
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 SPECIAL_TOKEN_POLICIES = ("drop", "cls", "keep", "target")
@@ -460,9 +460,9 @@ class Encoder(nn.Module):
 
         Everything the device needs is built on the host from the tokenizer's output first: the
         model inputs, the mask (special tokens, then ``token_policy(mask, input_ids, word_ids)`` if
-        given, e.g. the stopword / punctuation / subword policy of :func:`torchmover.weights.keep_mask`),
+        given, e.g. the stopword / punctuation / subword policy of :func:`torchmover.text.weights.keep_mask`),
         the word ids and the special tokens; they are sent to the model's device in one asynchronous
-        transfer (:func:`~torchmover.transfer.send`) before the model runs.
+        transfer (:func:`~torchmover._internal.transfer.send`) before the model runs.
 
         The texts are padded here, on the right whatever the tokenizer's ``padding_side`` (as
         bert_score pads: an encoder's positions count from the first token), with the pad token

@@ -10,7 +10,7 @@ and correlates the scores with the human scores per group (a language pair and y
 Factors (``FACTORS``) and their levels:
 
 =============== ====================================================================================
-``stopwords``   ``none`` / ``english`` (:data:`torchmover.weights.ENGLISH_STOPWORDS`)
+``stopwords``   ``none`` / ``english`` (:data:`torchmover.text.weights.ENGLISH_STOPWORDS`)
 ``idf``         ``uniform`` weights / ``references``: one IDF dictionary fitted on the data set's
                 references, used for both sides / ``separate``: references and hypotheses each fitted
                 on their own side (MoverScore v2)
@@ -65,12 +65,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from .encoding import Encoder, TokenEmbeddings, kept_spans
-from .weights import PUNCTUATION_POLICIES, SUBWORD_POLICIES
+from ..text.encoder import Encoder, TokenEmbeddings, kept_spans
+from ..text.weights import PUNCTUATION_POLICIES, SUBWORD_POLICIES
 
 if TYPE_CHECKING:
     from .data import Rating
-    from .scorer import Scorer
+    from ..scorer.module import Scorer
 
 __all__ = ["FACTORS", "Level", "FactorResult", "SensitivityReport", "coefficient_of_variation",
            "relative_difference", "run_sensitivity", "select_per_group"]
@@ -375,7 +375,7 @@ def _levels(factor: str, config, idf_corpus: str, n_layers: int) -> tuple[list[s
     """``(names, changes, base_index)`` of ``factor``: the option changes of each level from the base
     config (``{"layer": k}``, scoring options, ``{"idf_corpus": ...}``)."""
     if factor == "stopwords":
-        from .scorer import NAMED_STOPWORDS
+        from ..scorer.module import NAMED_STOPWORDS
 
         names, changes = ["none", "english"], [{"stopwords": ()}, {"stopwords": NAMED_STOPWORDS["english"]}]
         current = config.stopwords
@@ -478,7 +478,7 @@ def _original_layers(encoder: Encoder) -> int:
     """Number of hidden layers of the encoder's model before it was cut at ``layer``."""
     from transformers import AutoConfig
 
-    from .encoding import resolve_model_path
+    from ..text.encoder import resolve_model_path
 
     try:
         return int(AutoConfig.from_pretrained(resolve_model_path(encoder.source)).num_hidden_layers)
@@ -509,7 +509,7 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
     """Vary one factor at a time from the base configuration; correlate every variant with humans.
 
     Args:
-        records: ratings (:class:`~torchmover.data.Rating`); groups are ``lp/year``, each needs at
+        records: ratings (:class:`~torchmover.evaluation.data.Rating`); groups are ``lp/year``, each needs at
             least 2 records.
         base_options: :class:`~torchmover.Scorer` options of the base configuration (``model`` may be
             a ready :class:`~torchmover.Encoder`), or a built Scorer; ``None``: the default Scorer.
@@ -529,7 +529,7 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
     from tqdm.auto import tqdm
 
     from .correlation import correlate
-    from .scorer import Scorer
+    from ..scorer.module import Scorer
 
     records = list(records)
     if not records:

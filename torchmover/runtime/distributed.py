@@ -1,7 +1,7 @@
 """Collectives for statistics over all processes of a ``torch.distributed`` job (the SyncBatchNorm idea).
 
 :func:`all_reduce_sum` is a differentiable sum over ranks; batch centering builds on it
-(:func:`torchmover.centering.global_token_mean`). With data parallelism each rank holds a slice of
+(:func:`torchmover.functional.centering.global_token_mean`). With data parallelism each rank holds a slice of
 the global batch. Batch centering subtracts the mean of every real token of the batch,
 
     μ = (Σ_r Σ_{i,l} m^r_il x^r_il) / (Σ_r Σ_{i,l} m^r_il),
@@ -30,7 +30,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .weights import IDF, document_frequencies
 
 
 def is_distributed(group=None) -> bool:
@@ -82,25 +81,3 @@ def shard(texts: list[str], device: torch.device | str = "cpu", group=None) -> l
                          "texts[rank::world_size]); the ranks passed different lists. Pass distributed=False to fit "
                          "on this rank's texts alone")
     return texts[dist.get_rank(group)::dist.get_world_size(group)]
-
-
-def fit_idf(texts: list[str], tokenizer, device: torch.device | str = "cpu", group=None) -> IDF:
-    """:meth:`IDF.fit <torchmover.weights.IDF.fit>` on ``texts`` (the same list on every rank), each rank
-    tokenizing its :func:`shard`: the document frequencies ``df(t) = Σ_r df_r(t)`` and the document
-    count ``N = Σ_r N_r`` are summed as one dense ``[vocab + 1]`` int64 all-reduce, so every rank gets
-    the IDF of the whole corpus. ``IDF.fit(texts, tokenizer)`` outside a distributed job."""
-    if not is_distributed(group):
-        return IDF.fit(texts, tokenizer)
-    if not texts:
-        raise ValueError("IDF.fit needs a non-empty list of strings")
-    mine = shard(texts, device, group)
-    counts = torch.zeros(len(tokenizer) + 1, dtype=torch.long)  # host: [df(0) ... df(V − 1), N]
-    frequencies = document_frequencies(mine, tokenizer)
-    if frequencies:
-        counts[torch.tensor(list(frequencies))] = torch.tensor(list(frequencies.values()))
-    counts[-1] = len(mine)
-    counts = counts.to(device)
-    dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
-    counts = counts.cpu()
-    seen = counts[:-1].nonzero().flatten().tolist()
-    return IDF(dict(zip(seen, counts[seen].tolist())), int(counts[-1]))

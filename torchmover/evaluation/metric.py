@@ -34,12 +34,12 @@ try:
     from torchmetrics.utilities import dim_zero_cat
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "torchmover.metric needs torchmetrics; install it with `pip install torchmover[metrics]` "
+        "torchmover.evaluation.metric needs torchmetrics; install it with `pip install torchmover[metrics]` "
         "(or `pip install torchmetrics`)"
     ) from e
 
-from .moduletree import eval_mode
-from .scorer import Scorer, _check_references, _check_texts
+from .._internal.moduletree import eval_mode
+from ..scorer.module import Scorer, _check_references, _check_texts
 
 _SCORER_OPTIONS = frozenset(inspect.signature(Scorer.__init__).parameters) - {"self"}
 
@@ -143,7 +143,7 @@ class MoverMetric(Metric):
         import torch.distributed as dist
         from torchmetrics.utilities.distributed import gather_all_tensors
 
-        from .distributed import is_distributed
+        from ..runtime.distributed import is_distributed
 
         refs = [list(group) for group in self.targets]
         if self._enable_grad:  # set by torchmetrics while forward computes the batch value

@@ -33,7 +33,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+import torchmover
+
+_PACKAGE = os.path.dirname(os.path.abspath(torchmover.__file__))
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
 _THIS = os.path.abspath(__file__)
 
@@ -106,7 +108,7 @@ def _issuer() -> tuple[str, tuple[str, ...]] | None:
 def _blocking_move(func, args, kwargs) -> bool:
     """Whether a call moves host data to a device and makes the host wait for it: ``torch.tensor`` /
     ``torch.as_tensor`` given a device, ``Tensor.to(device)`` / ``.cuda()`` without ``non_blocking=True``
-    (torchmover's :func:`~torchmover.transfer.send` pins the memory first, so its moves are asynchronous)."""
+    (torchmover's :func:`~torchmover._internal.transfer.send` pins the memory first, so its moves are asynchronous)."""
     if func in (torch.as_tensor, torch.tensor):  # device="cpu": a host tensor built on the host, no move
         return kwargs.get("device") is not None and torch.device(kwargs["device"]).type != "cpu"
     if func in (torch.Tensor.to, torch.Tensor.cuda):
