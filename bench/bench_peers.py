@@ -179,7 +179,8 @@ def run_reward(pairs: list[dict], repeats: int = 15) -> dict:
     import torch
     from torchmover import Scorer
     from torchmover.reward.rewards import MoverReward
-    from torchmover.scorer.module import Units, pair_index
+    from torchmover.scorer.plan import pair_index
+    from torchmover.scorer.units import Units
 
     scorer = Scorer()
     tok = scorer.encoder.tokenizer
@@ -220,7 +221,7 @@ def run_reward(pairs: list[dict], repeats: int = 15) -> dict:
         hyp_units = Units.pad(scorer.embed(hyps).unpad())
         ref_units = Units.pad(reward.reference_embeddings(refs))
         index = pair_index(hyps, [[r] for r in refs], {t: i for i, t in enumerate(hyps)},
-                           {t: i for i, t in enumerate(refs)})
+                           {t: i for i, t in enumerate(refs)}).to_device(scorer.encoder.device)
         centering = reward.centering
 
         def transport(ref_self):

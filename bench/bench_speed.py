@@ -100,9 +100,9 @@ def main(argv=None) -> None:
     texts = hyps + refs
     b = len(pairs)
 
-    from torchmover.scorer.module import DEFAULT_TEMPERATURES
-    t_twmd = args.temperature or DEFAULT_TEMPERATURES["twmd"]
-    t_trwmd = args.temperature or DEFAULT_TEMPERATURES["trwmd"]
+    from torchmover.functional.members import MEMBERS
+    t_twmd = args.temperature or MEMBERS["twmd"].default_temperature
+    t_trwmd = args.temperature or MEMBERS["trwmd"].default_temperature
 
     with torch.no_grad():
         tokens = encoder(texts)

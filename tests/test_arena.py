@@ -7,7 +7,8 @@ from torchmover import Scorer
 from torchmover._internal.arena import TokenArena, flat_rows
 from torchmover.text.encoder import kept_spans, template_spans
 from optrace import OpTrace
-from torchmover.scorer.module import Units, length_batches
+from torchmover.scorer.plan import length_batches
+from torchmover.scorer.units import Units
 
 
 def test_kept_spans_run_from_the_first_to_past_the_last_true_column():

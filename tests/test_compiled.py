@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from torchmover import Scorer
-from torchmover.functional.compiled import COMPILABLE, compiled_member_term
-from torchmover.functional.family import member_term
+from torchmover.functional.compiled import compilable_methods, compiled_member_term
+from torchmover.functional.members import member_term
 
 HYPS = ["the cat sat on the mat", "a dog ran", "", "the quick brown fox jumps over the lazy dog"]
 REFS = ["a cat was on the mat", ["the dog barked", "a dog runs in the city"], "the sun", "a fox jumps"]
@@ -25,7 +25,7 @@ def clouds(batch=3, rows=6, cols=4, dim=8):
     return x * row_mask.unsqueeze(-1), y, row_mask, col_mask, a, b  # vectors 0 at padding, as token_cloud's
 
 
-@pytest.mark.parametrize("method", COMPILABLE)
+@pytest.mark.parametrize("method", compilable_methods())
 def test_transport_terms_trace_as_one_graph_without_breaks(method):
     terms = member_term(method, {"twmd": 0.1, "trwmd": 0.15}.get(method), n_iter=1)
     for term in terms.values() if isinstance(terms, dict) else [terms]:

@@ -7,7 +7,7 @@ import torch
 
 import torchmover
 from torchmover import Scorer
-from torchmover.scorer.module import PRF
+from torchmover import PRF
 
 HYPS = ["the cat sat on the mat", "a dog barked", "the sun is red", "they ran to the city", "the quick brown fox",
         "", "the cat sat on the mat", "a big red car"]
@@ -36,17 +36,16 @@ def test_separate_scope_centers_each_side_on_all_of_its_texts(tiny_encoder):
     """The analogue for center_scope="separate": hypotheses on the mean of every hypothesis, references
     on the mean of every reference — checked against a centering="fixed" path fed those two means."""
     from torchmover.functional.centering import token_mean
-    from torchmover.scorer.module import call_plan, plan_lists
-    from torchmover._internal.transfer import to_device
+    from torchmover.scorer.plan import call_plan
 
     scorer = Scorer(tiny_encoder, centering="batch", center_scope="separate")
     hyps, refs = HYPS[:4], [r if isinstance(r, str) else r[0] for r in REFS[:4]]
     texts, groups = list(dict.fromkeys(hyps + refs)), [[x] for x in refs]
     with torch.no_grad():
         h, r = scorer.embed(list(dict.fromkeys(hyps))), scorer.embed(list(dict.fromkeys(refs)))
-        plan = call_plan(hyps, to_device(plan_lists(hyps, groups, texts), None))
-        expected = scorer._score_embedded(plan, scorer.embed(texts),
-                                          means=(token_mean(h.vectors, h.mask), token_mean(r.vectors, r.mask)))
+        plan = call_plan(hyps, groups, texts).to_device(None)
+        expected = scorer.score_call(plan, scorer.embed(texts),
+                                     means=(token_mean(h.vectors, h.mask), token_mean(r.vectors, r.mask)))
     torch.testing.assert_close(scorer.score(hyps, refs, batch_size=1, progress=False), expected)
 
 
@@ -63,7 +62,7 @@ def test_score_encodes_every_text_once_under_batch_centering(tiny_encoder, monke
 def test_more_than_one_chunk_gives_the_same_scores(tiny_encoder, monkeypatch):
     scorer = Scorer(tiny_encoder, centering="batch")
     whole = scorer.score(HYPS, REFS, progress=False)
-    monkeypatch.setattr(torchmover.scorer.module, "SCORE_CHUNK", 3)
+    monkeypatch.setattr(torchmover.scorer.corpus, "SCORE_CHUNK", 3)
     torch.testing.assert_close(scorer.score(HYPS, REFS, batch_size=2, progress=False), whole)
 
 

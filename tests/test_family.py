@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchmover.functional.family import (
-    MEMBERS, UNNORMALIZED, family_similarity, member_term, pair_similarity, self_similarity, token_cloud,
-)
+from torchmover.functional.family import family_similarity, pair_similarity, self_similarity, token_cloud
+from torchmover.functional.members import MEMBERS, member_term
 
-DIRECTED = ("twmd", "trwmd", "bertscore")
-CASES = [(m, d) for m in MEMBERS for d in (("recall", "precision", "f1") if m in DIRECTED else ("recall",))]
+TOKEN_MEMBERS = [name for name, m in MEMBERS.items() if not m.documents]
+UNNORMALIZED = [name for name in TOKEN_MEMBERS if not MEMBERS[name].normalized]
+CASES = [(m, d) for m in TOKEN_MEMBERS for d in (("recall", "precision", "f1") if MEMBERS[m].directed else ("recall",))]
 TEMPERATURES = {"twmd": 0.1, "trwmd": 0.15}
 
 
@@ -81,7 +81,7 @@ def test_unnormalized_members_have_unit_self_terms(method):
     """The members whose self-terms the scorer skips: C(X, X) = 1 for every text, every direction."""
     x, mask, weights = texts(3, 4, 6)
     cloud = token_cloud(x, mask, weights)
-    for direction in ("recall", "precision", "f1") if method in DIRECTED else ("recall",):
+    for direction in ("recall", "precision", "f1") if MEMBERS[method].directed else ("recall",):
         torch.testing.assert_close(self_similarity(term_of(method), cloud, direction), torch.ones(4, dtype=x.dtype),
                                    atol=1e-6 if method == "moverscore" else 1e-12, rtol=0)
 

@@ -26,7 +26,7 @@ from torchmover import Scorer
 from torchmover import functional as F
 from optrace import OpTrace
 from torchmover.reward.rewards import GroupReward, MoverReward, SelfCriticalReward
-from torchmover.scorer.module import Units
+from torchmover.scorer.units import Units
 from torchmover._internal.transfer import to_device
 
 HYPS = ["the cat sat on the mat .", "a dog barked", "", "the quick brown fox jumps over the lazy dog , he said"]
@@ -160,7 +160,7 @@ def test_the_trace_names_syncing_ops_and_their_frames():
     units = Units(torch.randn(2, 3, 4), torch.tensor([[True, False, True], [True, True, False]]))
     trace = traced(units.unpad)
     assert {op.name for op in trace.syncs} == {"aten::index.Tensor"}
-    assert all(op.frame.startswith("torchmover/scorer/module.py") and "in unpad" in " ".join(op.stack) for op in trace.syncs)
+    assert all(op.frame.startswith("torchmover/scorer/units.py") and "in unpad" in " ".join(op.stack) for op in trace.syncs)
     assert "boolean-mask indexing" in str(trace.syncs[0])
     x, mask = torch.randn(1, 2, 4), torch.ones(1, 2, dtype=torch.bool)
     with OpTrace() as trace:

@@ -316,7 +316,7 @@ def test_cached_reference_clouds_give_the_uncached_rewards(tiny_encoder, options
     expected, expected_partly = uncached(HYPS, groups), uncached(HYPS[:2], partial_refs)
     cached = MoverReward(scorer)
     first = cached(HYPS, groups)
-    assert cached._known_clouds == set(REFS)
+    assert cached.cache.known_clouds == set(REFS)
     clouds = record_reference_clouds(scorer)
     again, reversed_ = cached(HYPS, groups), cached(HYPS[::-1], groups[::-1])
     assert clouds == []  # the clouds were gathered
@@ -335,7 +335,7 @@ def test_reference_clouds_are_not_kept_where_they_need_the_empty_text_placeholde
     for scorer, refs in ((idf, REFS), (fixed_scorer, with_empty), (sentences, REFS)):
         reward = MoverReward(scorer)
         first = reward(HYPS, refs)
-        assert not reward._known_clouds and torch.equal(reward(HYPS, refs), first)
+        assert not reward.cache.known_clouds and torch.equal(reward(HYPS, refs), first)
         assert torch.equal(first, MoverReward(scorer, cache_size=0)(HYPS, refs))
 
 
@@ -343,7 +343,7 @@ def test_evicted_references_lose_their_clouds(fixed_scorer):
     reward, uncached = MoverReward(fixed_scorer, cache_size=2), MoverReward(fixed_scorer, cache_size=0)
     for ref in (REFS[0], REFS[1], REFS[0], REFS[2], REFS[1], REFS[2], REFS[0]):
         assert torch.equal(reward(HYPS[:2], [ref, ref]), uncached(HYPS[:2], [ref, ref]))
-        assert reward._known_clouds == set(reward._lru) and len(reward._clouds) == len(reward._lru)
+        assert reward.cache.known_clouds == set(reward.cache.lru) and len(reward.cache.clouds) == len(reward.cache.lru)
 
 
 def record_self_terms(scorer) -> list[int]:

@@ -4,7 +4,7 @@ import torch
 
 import torchmover.functional as F
 from torchmover import Encoder, Scorer, center
-from torchmover.scorer.module import pair_lists
+from torchmover.scorer.plan import pair_index
 
 HYPS = ["the cat sat on the mat", "a dog barked", "the sun is red", "they ran to the city"]
 REFS = ["a cat was on the mat", "the dog barked", "the moon is blue", "we ran to the old house"]
@@ -54,7 +54,7 @@ def test_several_references_combine_by_max_or_mean(tiny_encoder, multi_ref, redu
     torch.testing.assert_close(both, reduce(single, -1))
 
 
-def test_pair_lists_match_a_naive_loop_over_the_pairs():
+def test_pair_index_matches_a_naive_loop_over_the_pairs():
     """Each pair (hypothesis i, its j-th reference) in order: the rows of its hypothesis and reference
     among the distinct texts, and its owner i; ``None`` where a list is ``0, 1, …``."""
     rng = np.random.default_rng(0)
@@ -65,12 +65,12 @@ def test_pair_lists_match_a_naive_loop_over_the_pairs():
         hyp_row = {t: i for i, t in enumerate(dict.fromkeys(hyps))}
         ref_row = {t: i for i, t in enumerate(dict.fromkeys(r for g in groups for r in g))}
         naive = [(hyp_row[hyps[i]], ref_row[r], i) for i, g in enumerate(groups) for r in g]
-        got = pair_lists(hyps, groups, hyp_row, ref_row)
+        got = pair_index(hyps, groups, hyp_row, ref_row)
         for k, field in enumerate(got):
             expected = [p[k] for p in naive]
             assert field == (None if expected == list(range(len(expected))) and
                              len(expected) == (len(hyp_row), len(ref_row), len(groups))[k] else expected)
-    assert pair_lists(["a", "b"], [["c"], ["d"]], {"a": 0, "b": 1}, {"c": 0, "d": 1}) == (None, None, None)
+    assert pair_index(["a", "b"], [["c"], ["d"]], {"a": 0, "b": 1}, {"c": 0, "d": 1}) == (None, None, None)
 
 
 @pytest.mark.parametrize("multi_ref", ["max", "mean"])
@@ -78,8 +78,8 @@ def test_one_reference_each_is_not_combined_and_scores_as_combined(tiny_encoder,
     """With one reference per hypothesis the pairs have no owner index (nothing to combine); their
     scores are those of each reference given twice (combined by max or mean), to the bit."""
     rows = {HYPS[0]: 0, HYPS[1]: 1}, {REFS[0]: 0, REFS[1]: 1}
-    assert pair_lists(HYPS[:2], [[REFS[0]], [REFS[1]]], *rows).owner is None
-    assert pair_lists(HYPS[:2], [[REFS[0]], [REFS[1], REFS[0]]], *rows).owner == [0, 1, 1]
+    assert pair_index(HYPS[:2], [[REFS[0]], [REFS[1]]], *rows).owner is None
+    assert pair_index(HYPS[:2], [[REFS[0]], [REFS[1], REFS[0]]], *rows).owner == [0, 1, 1]
     scorer = Scorer(tiny_encoder, method="bertscore", centering="fixed", multi_ref=multi_ref)
     scorer.fit_centering(HYPS + REFS, progress=False)
     with torch.no_grad():
@@ -343,11 +343,12 @@ def test_sentence_movers_reject_token_options_and_work_as_a_reward(tiny_encoder)
 
 
 def test_model_defaults_apply_to_their_model_only(tiny_encoder):
-    from torchmover.scorer.module import DEFAULT_CENTERING, DEFAULT_TEMPERATURES, MODEL_DEFAULTS
+    from torchmover.functional.members import MEMBERS
+    from torchmover.scorer.config import DEFAULT_CENTERING, MODEL_DEFAULTS
 
     generic = Scorer(tiny_encoder)
     assert generic.config.centering == DEFAULT_CENTERING == "batch"
-    assert generic.config.temperature == DEFAULT_TEMPERATURES["twmd"]
+    assert generic.config.temperature == MEMBERS["twmd"].default_temperature == 0.10
     tuned = MODEL_DEFAULTS["sentence-transformers/all-MiniLM-L6-v2"]
     renamed = Encoder(tiny_encoder.model, tiny_encoder.tokenizer, layer=2, name="sentence-transformers/all-MiniLM-L6-v2")
     scorer = Scorer(renamed, method="trwmd")

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import torchmover.functional as F
-from torchmover.functional.family import member_term, family_similarity
+from torchmover.functional.family import family_similarity
+from torchmover.functional.members import member_term
 from torchmover.functional.transport import MIN_CONVERGED_TEMPERATURE, MIN_TEMPERATURE, sinkhorn
 
 TEMPERATURES = [MIN_TEMPERATURE, 1e-12, 1e-9, 1e-6, 1e-3, 0.1, 1.0, 1e3, 1e6, 1e30]

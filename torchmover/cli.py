@@ -20,24 +20,21 @@ choice at a time and reports how much the correlation moves (:mod:`torchmover.ev
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 from ._version import __version__
-from .functional.centering import MODULE_MODES
 from .evaluation.correlation import score_and_correlate
-from .reward.batching import BatchedReward
 from .evaluation.data import read_ratings
-from .text.encoder import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES
 from .evaluation.scoring import fit_to_call
-from .functional.family import DIRECTIONS
-from .scorer.presets import PRESETS, preset_options, signature_options
-from .reward.rewards import MoverReward
-from .scorer.module import CENTER_SCOPES, METHODS, MULTI_REF, Scorer
-from .integrations.server import DEFAULT_MAX_REQUEST_BYTES, RewardServer, require_aiohttp
 from .evaluation.sensitivity import FACTORS, STATISTICS, run_sensitivity, select_per_group
-from .text.weights import PUNCTUATION_POLICIES, SUBWORD_POLICIES
+from .integrations.server import DEFAULT_MAX_REQUEST_BYTES, RewardServer, require_aiohttp
+from .reward import BatchedReward, MoverReward
+from .scorer import PRESETS, Scorer, ScorerConfig
+from .scorer.config import SCORER_OPTIONS, RunOptions
+from .scorer.presets import preset_options, signature_options
 
 
 class CLIError(Exception):
@@ -65,63 +62,45 @@ def _n_iter(value: str) -> int | None:
 
 
 def add_scorer_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options that configure a :class:`~torchmover.Scorer` (shared by the subcommands). Options
-    left out take the preset's value (``--preset``), the signature's (``--signature``) or the
-    Scorer's default."""
-    g = parser.add_argument_group("metric")
-    g.add_argument("--preset", choices=sorted(PRESETS), help="start from a named preset")
-    g.add_argument("--signature", help="start from the options a printed signature pins")
-    g.add_argument("--model", help=f"hub name or local path (default: {DEFAULT_MODEL})")
-    g.add_argument("--layer", type=int, help="hidden layer (default: the model's recorded layer)")
-    g.add_argument("--method", choices=METHODS, help="default: twmd")
-    g.add_argument("--direction", choices=DIRECTIONS, help="default: recall")
-    g.add_argument("--temperature", type=float, help="for twmd / trwmd (default: the method's)")
-    g.add_argument("--n-iter", type=_n_iter, help="Sinkhorn iterations, or 'converged' (twmd; default: 1)")
-    g.add_argument("--centering", choices=MODULE_MODES,
-                   help="default: batch; fixed/running: the mean is fitted on the references of the call")
-    g.add_argument("--center-scope", choices=CENTER_SCOPES, help="default: joint")
-    g.add_argument("--multi-ref", choices=MULTI_REF, help="default: max")
-    g.add_argument("--max-length", type=int, help="encoder window in tokens")
-    g.add_argument("--name", help="the model's name in the signature when --model is a local directory "
-                                  "(default: the hub id the directory records)")
-    g.add_argument("--rescale", action="store_const", const=True,
-                   help="report (s - b) / (1 - b), b = mean score of random unrelated pairs of --baseline-corpus")
-    g.add_argument("--baseline-corpus", help="file, one text per line, for --rescale's baseline (default: the references)")
-    g = parser.add_argument_group("token policy")
-    g.add_argument("--special-tokens", choices=SPECIAL_TOKEN_POLICIES, help="default: drop")
-    g.add_argument("--subwords", choices=SUBWORD_POLICIES, help="default: all")
-    g.add_argument("--stopwords", help="'english', or a file with one stopword per line (default: none)")
-    g.add_argument("--punctuation", choices=PUNCTUATION_POLICIES, help="default: keep; ascii: MoverScore's rule")
-    g.add_argument("--idf", action="store_const", const=True,
-                   help="IDF weights, fitted on the references and hypotheses of the call")
-    g.add_argument("--ngram", type=int, help="n-gram units (default: 1)")
-    g = parser.add_argument_group("running")
-    g.add_argument("--device", help="auto (default: CUDA when available, the local rank's GPU under torchrun), "
-                                    "cpu, cuda, cuda:1, ...")
-    g.add_argument("--dtype", help="encoder precision: float32, bf16, fp16, ... (default: the weights'; "
-                                   "scores stay float32)")
-    g.add_argument("--batch-size", type=int, default=64)
-    g.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-_SCORER_OPTIONS = ("model", "layer", "method", "direction", "temperature", "n_iter", "centering", "center_scope",
-                   "multi_ref", "max_length", "special_tokens", "subwords", "stopwords", "punctuation", "idf",
-                   "ngram", "rescale", "name", "device", "dtype")
+    """Options that configure a :class:`~torchmover.Scorer`: ``--preset`` / ``--signature``, then one
+    option per field of :class:`~torchmover.ScorerConfig` and :class:`~torchmover.scorer.config.RunOptions`,
+    with the field's help text, in its group. Options left out take the preset's value (``--preset``),
+    the signature's (``--signature``) or the Scorer's default."""
+    groups = {"metric": parser.add_argument_group("metric")}
+    groups["metric"].add_argument("--preset", choices=sorted(PRESETS), help="start from a named preset")
+    groups["metric"].add_argument("--signature", help="start from the options a printed signature pins")
+    for field in [*dataclasses.fields(ScorerConfig), *dataclasses.fields(RunOptions)]:
+        meta = field.metadata
+        group = groups.get(meta["group"]) or groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
+        flag, kind = "--" + field.name.replace("_", "-"), str(field.type)
+        if kind == "bool":
+            group.add_argument(flag, action="store_const", const=True, help=meta["help"])
+            continue
+        reader = {"iterations": _n_iter}.get(meta.get("cli_type")) or (
+            int if kind.startswith("int") else float if kind.startswith("float") else str)
+        choices = meta.get("choices")
+        group.add_argument(flag, type=reader, choices=choices() if choices else None, help=meta["help"])
+    groups["metric"].add_argument("--baseline-corpus",
+                                  help="file, one text per line, for --rescale's baseline (default: the references)")
+    groups["running"].add_argument("--batch-size", type=int, default=64)
+    groups["running"].add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def scorer_from_args(args: argparse.Namespace, references: list[str], hypotheses: list[str]):
-    """The Scorer the options describe, with its corpus statistics fitted on the call's texts
-    (:func:`torchmover.evaluation.scoring.fit_to_call`): IDF on the references and hypotheses, a fixed/running
-    centering mean on the references, the rescaling baseline on ``--baseline-corpus`` or the references."""
+    """The Scorer the options describe (:meth:`Scorer.from_config <torchmover.Scorer.from_config>`), with
+    its corpus statistics fitted on the call's texts (:func:`torchmover.evaluation.scoring.fit_to_call`):
+    IDF on the references and hypotheses, a fixed/running centering mean on the references, the
+    rescaling baseline on ``--baseline-corpus`` or the references."""
     if args.preset and args.signature:
         raise CLIError("give --preset or --signature, not both")
-    given = {k: getattr(args, k) for k in _SCORER_OPTIONS if getattr(args, k, None) is not None}
+    given = {k: getattr(args, k) for k in SCORER_OPTIONS if getattr(args, k, None) is not None}
     if isinstance(given.get("stopwords"), str) and given["stopwords"] != "english":
         given["stopwords"] = [w.strip() for w in read_lines(given["stopwords"]) if w.strip()]
     options = (preset_options(args.preset, **given) if args.preset
                else {**signature_options(args.signature, given.get("stopwords")), **given} if args.signature
                else given)
-    scorer = Scorer(**options)
+    run = {k: options.pop(k) for k in list(options) if k in RunOptions.__dataclass_fields__}
+    scorer = Scorer.from_config(ScorerConfig(**options), **run)
     baseline_corpus = getattr(args, "baseline_corpus", None)
     if baseline_corpus is not None and not scorer.config.rescale:
         raise CLIError("--baseline-corpus needs --rescale")

@@ -23,7 +23,6 @@ unless ``train_scorer=True``.
 from __future__ import annotations
 
 import contextlib
-import inspect
 from typing import Any, Sequence
 
 import torch
@@ -39,9 +38,9 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     ) from e
 
 from .._internal.moduletree import eval_mode
-from ..scorer.module import Scorer, _check_references, _check_texts
-
-_SCORER_OPTIONS = frozenset(inspect.signature(Scorer.__init__).parameters) - {"self"}
+from ..scorer import Scorer, ScorerConfig
+from ..scorer.config import RunOptions
+from ..scorer.inputs import check_references, check_texts
 
 
 class MoverMetric(Metric):
@@ -88,14 +87,15 @@ class MoverMetric(Metric):
 
     def __init__(self, scorer: Scorer | None = None, *, return_per_sample: bool = False, train_scorer: bool = False,
                  **kwargs: Any):
-        scorer_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _SCORER_OPTIONS}
+        config = {k: kwargs.pop(k) for k in list(kwargs) if k in ScorerConfig.__dataclass_fields__}
+        run = {k: kwargs.pop(k) for k in list(kwargs) if k in RunOptions.__dataclass_fields__}
         super().__init__(**kwargs)
         if scorer is None:
-            scorer = Scorer(**scorer_kwargs)
+            scorer = Scorer.from_config(ScorerConfig(**config), **run)
         elif not isinstance(scorer, Scorer):
             raise TypeError(f"scorer must be a torchmover.Scorer or None, got {type(scorer).__name__}")
-        elif scorer_kwargs:
-            raise ValueError(f"pass either scorer or Scorer options, not both: got scorer and {sorted(scorer_kwargs)}")
+        elif config or run:
+            raise ValueError(f"pass either scorer or Scorer options, not both: got scorer and {sorted({**config, **run})}")
         for option, value in (("return_per_sample", return_per_sample), ("train_scorer", train_scorer)):
             if not isinstance(value, bool):
                 raise TypeError(f"{option} must be a bool, got {type(value).__name__}")
@@ -122,9 +122,9 @@ class MoverMetric(Metric):
         if isinstance(preds, str):
             preds, target = [preds], [target]
         if self._scores_at_compute:
-            preds = _check_texts("preds", preds)
+            preds = check_texts("preds", preds)
             self.preds.extend(preds)
-            self.targets.extend(tuple(group) for group in _check_references(preds, target))
+            self.targets.extend(tuple(group) for group in check_references(preds, target))
             return
         with self._scoring_mode():
             self.scores.append(self.scorer(preds, target))  # [B]

@@ -12,7 +12,8 @@ from typing import Any, Sequence
 
 from torch import Tensor
 
-from ..scorer.module import PRF, Scorer, _check_references, _check_texts
+from ..scorer import PRF, Scorer
+from ..scorer.inputs import check_references, check_texts
 
 CACHE_SIZE = 4  # scorers (models) kept by score(); the least recently used one is dropped
 _cache: OrderedDict[tuple, Scorer] = OrderedDict()
@@ -78,8 +79,8 @@ def score(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]], *,
         >>> import torchmover
         >>> P, R, F1 = torchmover.score(["the cat sat"], ["a cat sat"], return_all=True)  # doctest: +SKIP
     """
-    hyps = _check_texts("hyps", hyps)
-    groups = _check_references(hyps, refs)
+    hyps = check_texts("hyps", hyps)
+    groups = check_references(hyps, refs)
     scorer = fit_to_call(cached_scorer(**options), [r for g in groups for r in g], hyps, batch_size=batch_size,
                          progress=progress, baseline_corpus=baseline_corpus, baseline_pairs=baseline_pairs)
     return scorer.score(hyps, groups, batch_size=batch_size, progress=progress, return_all=return_all)

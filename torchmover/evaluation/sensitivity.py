@@ -65,12 +65,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..functional.members import MEMBERS, get_member
+from ..scorer import Scorer, ScorerConfig
+from ..scorer.config import NAMED_STOPWORDS, encoder_fields
 from ..text.encoder import Encoder, TokenEmbeddings, kept_spans
 from ..text.weights import PUNCTUATION_POLICIES, SUBWORD_POLICIES
+from .correlation import correlate
 
 if TYPE_CHECKING:
     from .data import Rating
-    from ..scorer.module import Scorer
 
 __all__ = ["FACTORS", "Level", "FactorResult", "SensitivityReport", "coefficient_of_variation",
            "relative_difference", "run_sensitivity", "select_per_group"]
@@ -81,13 +84,10 @@ ITERATIONS = (1, 2, 5, None)  # None = converged
 CENTERINGS = ("none", "batch", "fixed", "sentence")
 IDF_CORPORA = ("uniform", "references", "separate")
 STATISTICS = ("pearson", "kendall")
-TEMPERED = ("twmd", "trwmd")
-
-# ScorerConfig fields that belong to the encoder (a change needs another encoder) ...
-_ENCODER_FIELDS = ("model", "layer", "max_length", "revision", "special_tokens", "power_mean_layers")
-# ... and the rest, passed to Scorer(encoder, **options).
-_SCORING_FIELDS = ("method", "direction", "temperature", "n_iter", "centering", "center_scope", "multi_ref",
-                   "subwords", "stopwords", "punctuation", "idf", "ngram")
+# The config fields a variant passes to Scorer(encoder, **options): all but the encoder's, and but
+# rescaling (a linear map of the scores: it moves no correlation).
+_SCORING_FIELDS = tuple(name for name in ScorerConfig.__dataclass_fields__
+                        if name not in encoder_fields() and name != "rescale")
 
 
 # --- the two summaries ---------------------------------------------------------------------------
@@ -375,8 +375,6 @@ def _levels(factor: str, config, idf_corpus: str, n_layers: int) -> tuple[list[s
     """``(names, changes, base_index)`` of ``factor``: the option changes of each level from the base
     config (``{"layer": k}``, scoring options, ``{"idf_corpus": ...}``)."""
     if factor == "stopwords":
-        from ..scorer.module import NAMED_STOPWORDS
-
         names, changes = ["none", "english"], [{"stopwords": ()}, {"stopwords": NAMED_STOPWORDS["english"]}]
         current = config.stopwords
         base = 0 if not current else 1 if current == NAMED_STOPWORDS["english"] else None
@@ -419,10 +417,11 @@ def _levels(factor: str, config, idf_corpus: str, n_layers: int) -> tuple[list[s
 
 
 def _applicable(factor: str, method: str) -> bool:
+    member = get_member(method)
     if factor == "temperature":
-        return method in TEMPERED
+        return member.temperature == "tuned"
     if factor == "iterations":
-        return method == "twmd"
+        return member.temperature == "tuned" and member.iterations
     return True
 
 
@@ -439,8 +438,8 @@ def _check_factors(factors, method: str) -> list[str]:
         raise ValueError(f"unknown factor(s) {unknown}; choose from {FACTORS}")
     inapplicable = [f for f in factors if not _applicable(f, method)]
     if inapplicable:
-        raise ValueError(f"factor(s) {inapplicable} do not apply to method {method!r} "
-                         "(temperature: twmd/trwmd; iterations: twmd)")
+        where = {f: [m for m in MEMBERS if _applicable(f, m)] for f in inapplicable}
+        raise ValueError(f"factor(s) {inapplicable} do not apply to method {method!r} (they apply to {where})")
     return factors
 
 
@@ -527,9 +526,6 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
     (``separate``), a ``fixed`` centering mean on the distinct references.
     """
     from tqdm.auto import tqdm
-
-    from .correlation import correlate
-    from ..scorer.module import Scorer
 
     records = list(records)
     if not records:

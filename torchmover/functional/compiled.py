@@ -8,11 +8,9 @@ sentence units first: they are not offered.
 
 Each term is compiled once per (member, temperature, iterations) and direction, with dynamic shapes
 (batch size and token counts change from call to call without recompiling). Compiled and eager
-scores agree to float32 rounding. Whether it is faster depends on the device and, on a CPU, on the
-allocator: see the README, "Devices, precision and compilation" (on the 2-core CPU of this project the
-compiled TWMD term beat the eager one with glibc's default allocator, which gives every large
-temporary fresh pages, and lost to it with freed memory kept; a compile costs seconds; GPUs are not
-measured).
+scores agree to float32 rounding. It is off by default: a compile costs seconds, and the transport is
+a small share of a call (the encoder dominates; see the documentation's performance page for the
+measured figures on CPU and GPU).
 """
 from __future__ import annotations
 
@@ -20,17 +18,21 @@ import functools
 
 import torch
 
-from .family import TransportTerm, member_term
+from .family import TransportTerm
+from .members import MEMBERS, get_member, member_term
 
-COMPILABLE = ("twmd", "trwmd", "bertscore", "sbert", "cka")
+
+def compilable_methods() -> tuple[str, ...]:
+    """The members whose term compiles (:attr:`Member.compilable <torchmover.functional.members.Member>`)."""
+    return tuple(name for name, member in MEMBERS.items() if member.compilable)
 
 
 def check_compile(compile: bool, method: str, n_iter: int | None) -> bool:
     """Validate the ``compile`` option of a scorer of ``method`` (``ValueError`` naming it)."""
     if not isinstance(compile, bool):
         raise TypeError(f"compile must be True or False, got {compile!r}")
-    if compile and (method not in COMPILABLE or (method == "twmd" and n_iter is None)):
-        raise ValueError(f"compile=True supports the methods {COMPILABLE} (twmd with a fixed n_iter), "
+    if compile and not get_member(method).compiles(n_iter):
+        raise ValueError(f"compile=True supports the methods {compilable_methods()} (with a fixed n_iter), "
                          f"got method={method!r}, n_iter={n_iter!r}")
     return compile
 
@@ -38,7 +40,7 @@ def check_compile(compile: bool, method: str, n_iter: int | None) -> bool:
 @functools.lru_cache(maxsize=None)
 def compiled_member_term(method: str, temperature: float | None, n_iter: int | None
                          ) -> TransportTerm | dict[str, TransportTerm]:
-    """:func:`torchmover.functional.family.member_term` with every term wrapped in ``torch.compile(dynamic=True)``
+    """:func:`~torchmover.functional.members.member_term` with every term wrapped in ``torch.compile(dynamic=True)``
     (built once per arguments)."""
     check_compile(True, method, n_iter)
     term = member_term(method, temperature, n_iter)

@@ -3,7 +3,7 @@
 ``X1`` is the reference (``[B, L1, D]``, rows), ``X2`` the hypothesis (``[B, L2, D]``, columns),
 ``S = X1_unit X2_unitᵀ`` (``[B, L1, L2]``) their cosine similarities and ``a`` (``[B, L1]``), ``b``
 (``[B, L2]``) the token masses (uniform over real tokens unless weights are given). Each member only
-defines its transport term ``C`` (:func:`member_term`); the rest is done once for all of them:
+defines its transport term ``C`` (:mod:`torchmover.functional.members`); the rest is done once for all of them:
 :func:`token_cloud` unit-normalises each text's token vectors and folds zero weights into its mask
 (or keeps them as zero-mass matching targets, bert_score's rule),
 :func:`pair_similarity` normalises so that ``Sim(X, X) = 1`` (each text's self-term computed once,
@@ -24,8 +24,7 @@ import torch
 from torch import Tensor
 
 from ..runtime.devices import autocast_off
-from .transport import (TransportPlan, converged_sinkhorn, cost_matrix, floored_exp, log_pair_mask, plan_value,
-                        real_sides, sinkhorn, sinkhorn_value, tempered_residual)
+from .transport import TransportPlan
 
 DIRECTIONS = ("recall", "precision", "f1")
 WMD_TEMPERATURE = 1e-3
@@ -253,105 +252,3 @@ def _sim(x: Tensor, y: Tensor) -> Tensor:
 def _log(w: Tensor) -> Tensor:
     """log of masses; 0 (not −inf) where the mass is 0, those entries are masked anyway."""
     return torch.where(w > 0, w, torch.ones_like(w)).log()
-
-
-# --- transport terms ------------------------------------------------------------------------------
-
-def _moverscore_term(temperature: float, plans: list | None) -> TransportTerm:
-    """``C = 1 − min_π Σ π_ij ‖x_i − y_j‖`` (MoverScore v2: Euclidean cost on unit vectors)."""
-    def term(x, y, rows, cols, a, b):
-        result = converged_sinkhorn(x, y, rows, cols, a, b, temperature, cost="euclidean")
-        if plans is not None:
-            plans.append(result)
-        return 1.0 - (result.plan * cost_matrix(x, y, "euclidean")).sum((-1, -2))
-    return term
-
-
-def _twmd_term(temperature: float, n_iter: int | None, exact: str, plans: list | None) -> TransportTerm:
-    """``C = Σ π S`` of the TWMD plan; the cross term's plan is appended to ``plans`` (with its
-    diagnostics) unless ``plans`` is ``None``."""
-    def term(x, y, rows, cols, a, b):
-        sim = _sim(x, y)
-        if n_iter is None:
-            result = converged_sinkhorn(x, y, rows, cols, a, b, temperature)
-        elif plans is None:  # the hot path: Σ π S without the plan
-            return sinkhorn_value(sim, rows, cols, _log(a), _log(b), temperature, n_iter, exact=exact)
-        else:
-            result = sinkhorn(sim, rows, cols, _log(a), _log(b), temperature, n_iter, exact=exact)
-        if plans is not None:
-            plans.append(result)
-        # sim is exactly 0 off the mask (zero vectors there), so the floor's e^-80 adds nothing. The
-        # converged plan carries no graph (envelope theorem: it is treated as a constant).
-        return (floored_exp(result.log_plan) * sim).sum((-1, -2))
-    return term
-
-
-def _relaxed_term(temperature: float, exact: str) -> TransportTerm:
-    """``π_ij = a_i softmax_j(S_ij / T)`` (rows) or ``b_j softmax_i(S_ij / T)`` (columns), the softmax
-    taken on :func:`~torchmover.functional.transport.tempered_residual` so that it stays exact for any ``T > 0``."""
-    dim = -1 if exact == "rows" else -2
-
-    def term(x, y, rows, cols, a, b):
-        sim = _sim(x, y)
-        empty = ~real_sides(rows, cols)[0 if exact == "rows" else 1].unsqueeze(dim)  # slices along dim
-        z, _ = tempered_residual(sim + log_pair_mask(rows, cols, sim.dtype), empty, temperature, dim)
-        # z is 0 at each slice's maximum and -inf off the mask, where sim is exactly 0: the floored
-        # softmax sums the real entries only, and the floor's e^-80 off the mask adds nothing
-        return plan_value(z, sim, a if exact == "rows" else b, dim)
-    return term
-
-
-def _greedy_term(direction: str) -> TransportTerm:
-    """BERTScore's greedy matching ``R = Σ_i a_i max_j S_ij``, ``P = Σ_j b_j max_i S_ij``, or (``f1``)
-    both from one similarity matrix and their harmonic mean."""
-    def term(x, y, rows, cols, a, b):
-        sim = _sim(x, y) + log_pair_mask(rows, cols, x.dtype)  # -inf off the mask
-        recall = (torch.where(rows, sim.amax(-1), 0.0) * a).sum(-1) if direction != "precision" else None
-        precision = (torch.where(cols, sim.amax(-2), 0.0) * b).sum(-1) if direction != "recall" else None
-        if direction == "f1":
-            return _harmonic_mean(recall, precision)
-        return recall if direction == "recall" else precision
-    return term
-
-
-def _mean_term(x, y, rows, cols, a, b):
-    """``C = Σ_ij a_i b_j S_ij = ⟨Σ a_i x_i, Σ b_j y_j⟩``."""
-    return (a.unsqueeze(-1) * b.unsqueeze(-2) * _sim(x, y)).sum((-1, -2))
-
-
-def _cka_term(x, y, rows, cols, a, b):
-    """``C = Σ_ij a_i b_j S_ij²`` (linear CKA between the two word sets)."""
-    return (a.unsqueeze(-1) * b.unsqueeze(-2) * _sim(x, y).square()).sum((-1, -2))
-
-
-MEMBERS = ("twmd", "trwmd", "wmd", "moverscore", "bertscore", "sbert", "cka")
-# C(X, X) = 1 by construction: moverscore's ``1 − cost``, and bertscore's greedy matching (on unit
-# vectors S_ii = 1 is every row's and column's maximum), so the self-terms, two more matchings per
-# pair, are not computed.
-UNNORMALIZED = ("moverscore", "bertscore")
-
-
-def member_term(method: str, temperature: float | None = None, n_iter: int | None = 1,
-                plans: list | None = None) -> TransportTerm | dict[str, TransportTerm]:
-    """The transport term(s) of a family member (a dict by direction where it has several).
-
-    ``temperature``: twmd / trwmd (required), wmd / moverscore (default ``WMD_TEMPERATURE``);
-    ``n_iter``: twmd (``None`` = converged); ``plans``: a list that receives the transport plans
-    (twmd, wmd, moverscore), or None. Members are validated by the public functions.
-    """
-    if method == "wmd":  # both marginals exact: the recall term of the converged solver
-        return _twmd_term(temperature or WMD_TEMPERATURE, None, "rows", plans)
-    if method == "twmd":
-        return {"recall": _twmd_term(temperature, n_iter, "rows", plans),
-                "precision": _twmd_term(temperature, n_iter, "columns", plans)}
-    if method == "trwmd":
-        return {"recall": _relaxed_term(temperature, "rows"), "precision": _relaxed_term(temperature, "columns")}
-    if method == "moverscore":
-        return _moverscore_term(temperature or WMD_TEMPERATURE, plans)
-    if method == "bertscore":
-        return {direction: _greedy_term(direction) for direction in ("recall", "precision", "f1")}
-    if method == "sbert":
-        return _mean_term
-    if method == "cka":
-        return _cka_term
-    raise ValueError(f"method must be one of {MEMBERS}, got {method!r}")

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .family import WMD_TEMPERATURE, FamilyScore, _harmonic_mean, family_similarity, member_term
+from .family import WMD_TEMPERATURE, FamilyScore, _harmonic_mean, family_similarity
+from .members import member_term
 from .transport import check_temperature
 
 __all__ = ["tempered_wmd", "tempered_rwmd", "wmd", "moverscore", "bertscore", "sbert", "cka"]

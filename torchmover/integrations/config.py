@@ -50,7 +50,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 
 from ..reward.batching import BatchedReward
 from ..reward.rewards import MoverReward
-from ..scorer.module import Scorer
+from ..scorer import Scorer
 from .parsing import ON_MISMATCH, Parser, apply_parser, strip_reasoning
 from .trl import reward_name
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterable
 
-from ..scorer.module import _as_list
+from ..scorer.inputs import as_list
 
 __all__ = ["DEFAULT_SPECIAL_TOKENS", "Parser", "check_parser", "reference_list", "response_from_query",
            "strip_reasoning", "strip_special_tokens"]
@@ -197,7 +197,7 @@ def reference_list(value, where: str) -> list[str] | None:
         return None
     if isinstance(value, str):
         return [str(value)]
-    refs = [r for r in _as_list(where, value, "strings (or a str, or None)") if r is not None]
+    refs = [r for r in as_list(where, value, "strings (or a str, or None)") if r is not None]
     for r in refs:
         if not isinstance(r, str):
             raise TypeError(f"{where} must hold strings, got {type(r).__name__}")

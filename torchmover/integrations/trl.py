@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..reward.rewards import MoverReward
-from ..scorer.module import Scorer, ScorerConfig
+from ..functional.members import get_member
+from ..scorer import Scorer, ScorerConfig
 from .parsing import Parser, apply_parser, check_parser, reference_list
 
 __all__ = ["TRLReward", "as_trl_reward", "reward_name"]
@@ -80,8 +81,7 @@ class TRLReward:
 
 def reward_name(config: ScorerConfig) -> str:
     """``torchmover_<method>[_<direction>]``, the name a reward is logged under by default."""
-    return f"torchmover_{config.method}" + (
-        f"_{config.direction}" if config.method in ("twmd", "trwmd", "bertscore") else "")
+    return f"torchmover_{config.method}" + (f"_{config.direction}" if get_member(config.method).directed else "")
 
 
 def _completion_text(completion, i: int) -> str:

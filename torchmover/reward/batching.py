@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from .rewards import MoverReward
-from ..scorer.module import _check_references, _check_texts
+from ..scorer.inputs import check_references, check_texts
 
 __all__ = ["BatchedReward"]
 
@@ -90,8 +90,8 @@ class BatchedReward:
     def submit(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> Future:
         """Validate the call now (raising ``TypeError`` / ``ValueError`` here), queue it, and return a
         future of its rewards ``[len(hyps)]`` (as ``reward.score`` would return them)."""
-        hyps = _check_texts("hyps", hyps)
-        groups = _check_references(hyps, refs)
+        hyps = check_texts("hyps", hyps)
+        groups = check_references(hyps, refs)
         self.reward.centering  # raises here if the reward's centering would depend on the batch
         future: Future = Future()
         if not hyps:

@@ -20,23 +20,17 @@ way raises an error that says so, instead of silently returning batch-dependent 
 reward is then the same (to float32 rounding, ~1e-7) whatever else is in the call.
 
 Reference cache. References repeat across epochs and across the ``G`` completions of a prompt, so
-their token vectors (encoder output, before centering) are kept on the device in a
-:class:`~torchmover._internal.arena.TokenArena` (flat tensors, LRU over texts), with each reference's self-term
-``C(ref, ref)`` (the normaliser of ``Sim``: one of the three transport problems of a pair, so a call
-solves two per pair instead of three) and its token cloud (centered unit vectors and masses, as the
-transport takes them) under the current centering. A call whose references all have their cloud
-reads each pair's reference cloud and self-term straight from the cache (by an index built on the
-host), so it neither centers nor normalises a reference, and its device work does not grow with
-the number of references;
-otherwise the cached references' units are gathered, centered and normalised, and their clouds kept
-for the next call (not for the sentence movers, which move units, nor where a reference cloud needs
-the empty-text placeholder of :func:`~torchmover.functional.family.token_cloud`: IDF weights, n-grams, pooled
-subwords, ``special_tokens="target"`` or a reference without tokens). The cache is bound
-to what produced it: every call compares a fingerprint of the encoder's parameters and buffers
-(identity, storage, dtype, device and autograd version counter, which every in-place update such as
-``optimizer.step()`` or ``load_state_dict`` bumps), the scorer's configuration and IDF dictionaries,
-and empties the cache when it changed; the self-terms and clouds are also dropped when the centering's
-mean changes. Writes that bypass the version counter (``p.data.copy_(...)``) are not seen: call
+a reward keeps each reference's token units, self-term ``C(ref, ref)`` and token cloud on the device
+(:class:`~torchmover.reward.cache.ReferenceCache`, ``reward.cache``): a call whose references are all
+cached neither encodes, centers nor normalises a reference, and solves two transport problems per pair
+instead of three. Clouds are not kept for the sentence movers (they move units), nor where a reference
+cloud needs the empty-text placeholder of :func:`~torchmover.functional.family.token_cloud` (IDF
+weights, n-grams, pooled subwords, ``special_tokens="target"`` or a reference without tokens). The
+cache is bound to what produced it: every call compares a fingerprint of the encoder's parameters and
+buffers (identity, storage, dtype, device and autograd version counter, which every in-place update
+such as ``optimizer.step()`` or ``load_state_dict`` bumps), the scorer's configuration and IDF
+dictionaries, and empties the cache when it changed; the self-terms and clouds also follow the
+centering's mean. Writes that bypass the version counter (``p.data.copy_(...)``) are not seen: call
 :meth:`MoverReward.clear_cache` after them.
 
 No host-device synchronisation. A reward call reads nothing back from the device: every index (pairs,
@@ -61,20 +55,23 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
-from collections import OrderedDict
 from typing import Callable, NamedTuple, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from .._internal.arena import Gather, TokenArena
-from ..functional.family import TokenCloud
 from .._internal.moduletree import eval_mode, submodules, weights_fingerprint
 from .._internal.transfer import to_device
 from ..functional.centering import Centering
+from ..functional.family import TokenCloud
+from ..functional.members import get_member
 from ..runtime.distributed import shard
-from ..scorer.module import (SENTENCE_METHODS, PairIndex, Scorer, Units, _as_list, _check_references, _check_texts,
-                     center_units, pair_lists)
+from ..scorer import Scorer
+from ..scorer.inputs import as_list, check_references, check_texts
+from ..scorer.plan import PairIndex, pair_index
+from ..scorer.signature import tensor_digest
+from ..scorer.units import Units
+from .cache import CacheInfo, ReferenceCache, ReferencePlan
 
 __all__ = ["CacheInfo", "GroupReward", "GroupRewardResult", "MoverReward", "SelfCriticalResult",
            "SelfCriticalReward", "group_advantages"]
@@ -84,17 +81,6 @@ BASELINES = ("mean", "leave_one_out")
 
 # shaping(hyps, scores [B]) -> rewards [B]
 Shaping = Callable[[list, Tensor], Tensor]
-
-
-class CacheInfo(NamedTuple):
-    """Reference-cache statistics (as ``functools.lru_cache``'s), plus how often the cache was emptied
-    because the encoder's weights changed."""
-
-    hits: int
-    misses: int
-    maxsize: int
-    currsize: int
-    invalidations: int
 
 
 class SelfCriticalResult(NamedTuple):
@@ -112,30 +98,6 @@ class GroupRewardResult(NamedTuple):
     rewards: Tensor
     baseline: Tensor
     advantages: Tensor
-
-
-def _cat_units(a: Units, b: Units) -> Units:
-    """The rows of ``a`` then ``b`` (padded units), padded to the wider of the two."""
-    width = max(a.mask.shape[1], b.mask.shape[1])
-
-    def widen(t: Tensor) -> Tensor:
-        pad = [0, 0] * (t.dim() - 2) + [0, width - t.shape[1]]
-        return torch.nn.functional.pad(t, pad)
-    return Units(*(None if x is None else torch.cat([widen(x), widen(y)]) for x, y in zip(a, b)))
-
-
-class _ReferencePlan(NamedTuple):
-    """A call's references on the host: ``cached`` (gathered from the cache) then ``missing`` (encoded
-    now); ``evicted``: cached texts that leave the LRU cache after the call."""
-
-    cached: list[str]
-    missing: list[str]
-    evicted: list[str]
-
-    @property
-    def texts(self) -> list[str]:
-        """The rows of the call's reference units."""
-        return self.cached + self.missing
 
 
 def _synchronized(method):
@@ -175,18 +137,14 @@ class MoverReward:
             raise TypeError(f"shaping must be callable(hyps, scores) -> rewards, got {type(shaping).__name__}")
         self._scorer, self.cache_size, self.shaping = scorer, cache_size, shaping
         self._centering: Centering | None = None  # set by fit(); replaces the scorer's centering
-        self.__dict__.update(self._empty_cache())
-        self._fingerprint: tuple | None = None
-        self._centering_fingerprint: tuple | None = None
-        self._hits = self._misses = self._invalidations = 0
+        self.cache = ReferenceCache(cache_size)
         self._lock = threading.RLock()
 
     def __getstate__(self) -> dict:
-        """Pickled without its lock and reference cache (the copy starts with an empty cache; the
+        """Pickled without its lock and its cache's contents (the copy starts with an empty cache; the
         counters are kept)."""
         state = self.__dict__.copy()
         del state["_lock"]
-        state.update(self._empty_cache(), _fingerprint=None, _centering_fingerprint=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -207,8 +165,6 @@ class MoverReward:
         fields = self._scorer.signature.split("|")
         centering = self._centering
         if centering is not None:
-            from ..scorer.signature import tensor_digest
-
             fields = [f"center:fixed-{tensor_digest(centering.mean)}" if f.startswith("center:") else f
                       for f in fields]
         return "|".join(fields)
@@ -246,7 +202,7 @@ class MoverReward:
         encodes (and caches) its share ``texts[rank::world_size]``, and the (sum, count) is
         all-reduced: every rank gets the mean of the whole corpus (as
         :meth:`Scorer.fit_centering`). A collective: every rank must call it."""
-        texts = _check_texts("texts", texts)
+        texts = check_texts("texts", texts)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if not texts:
@@ -264,156 +220,47 @@ class MoverReward:
 
     @_synchronized
     def cache_info(self) -> CacheInfo:
-        return CacheInfo(self._hits, self._misses, self.cache_size, len(self._lru), self._invalidations)
+        return self.cache.info()
 
     @_synchronized
     def clear_cache(self) -> None:
         """Forget every cached reference (counters are kept)."""
-        self.__dict__.update(self._empty_cache())
-
-    @staticmethod
-    def _empty_cache() -> dict:
-        """The reference cache's attributes holding no reference (for ``__init__``, :meth:`clear_cache`
-        and pickling)."""
-        return {"_arena": TokenArena(Units),  # token units of the cached references, on the device
-                "_lru": OrderedDict(),  # cached texts, least recently used first -> self-term slot
-                "_self_terms": None,  # [cache_size] C(ref, ref) by slot, under _centering_fingerprint
-                "_known_self_terms": set(),
-                "_clouds": TokenArena(TokenCloud, zero_padding=True),  # their clouds, under _centering_fingerprint
-                "_known_clouds": set()}
+        self.cache.clear()
 
     def _check_fingerprint(self, walk: list[nn.Module]) -> None:
-        """Forget every cached reference if the encoder's weights, the config or the IDF tables changed.
-        ``walk``: :func:`~torchmover._internal.moduletree.submodules` of the scorer, whose tensors other than its
+        """Empty the cache if the encoder's weights, the config or the IDF tables changed. ``walk``:
+        :func:`~torchmover._internal.moduletree.submodules` of the scorer, whose tensors other than its
         centering's are the encoder's (the cache holds units before centering)."""
         scorer = self._scorer
         centering = scorer.centering  # bound once: a submodule attribute is a slow nn.Module lookup
         encoder = weights_fingerprint(m for m in walk if m is not centering)
-        fingerprint = (encoder, scorer.config, tuple(map(id, scorer.idf.values())))
-        if fingerprint != self._fingerprint:
-            if self._lru:
-                self._invalidations += 1
-            self.clear_cache()
-            self._fingerprint = fingerprint
+        self.cache.check((encoder, scorer.config, tuple(map(id, scorer.idf.values()))))
 
     @_synchronized
     def reference_embeddings(self, texts: Sequence[str]) -> list[Units]:
         """Units of each text (:meth:`Scorer.embed`: before centering, real units only ``[n_i, ...]``,
         no graph), from the cache where present; the missing distinct texts are encoded in one batch."""
-        texts = _check_texts("texts", texts)
+        texts = check_texts("texts", texts)
         return self._reference_units(texts).unpad()
 
     def _reference_units(self, texts: list[str]) -> Units:
         """Padded units of ``texts`` (one row each, in order), through the cache."""
         plan = self._plan_references(list(dict.fromkeys(texts)))
-        where = self._arena.index(plan.cached)
+        where = self.cache.units.index(plan.cached)
         row = {t: i for i, t in enumerate(plan.texts)}
         order = [row[t] for t in texts]
-        index, order = to_device([where.rows, None if order == list(range(len(plan.texts))) else order],
-                                 self._scorer.encoder.device)
-        try:
-            units, _ = self._references(plan, where, index)
-        except BaseException:
-            self._abandon(plan)
-            raise
+        rows, order = to_device([where.rows, None if order == list(range(len(plan.texts))) else order],
+                                self._scorer.encoder.device)
+        with self.cache.undo_on_error(plan):
+            units, _ = self.cache.gather_units(plan, rows, where, self._encode)
         return units if order is None else units.select(order)
 
-    def _plan_references(self, texts: list[str], walk: list[nn.Module] | None = None) -> _ReferencePlan:
-        """The host side of fetching the distinct ``texts``: which are cached, which to encode, and the
-        LRU bookkeeping (recency, eviction, self-term slots) done now. ``walk``: the scorer's
+    def _plan_references(self, texts: list[str], walk: list[nn.Module] | None = None) -> ReferencePlan:
+        """The cache's :meth:`~torchmover.reward.cache.ReferenceCache.plan` of the distinct ``texts``,
+        after checking its fingerprint. ``walk``: the scorer's
         :func:`~torchmover._internal.moduletree.submodules`, if the caller has them."""
         self._check_fingerprint(submodules(self._scorer) if walk is None else walk)
-        self._arena.compact()
-        self._clouds.compact()
-        cached = [t for t in texts if t in self._lru]
-        missing = [t for t in texts if t not in self._lru]
-        self._misses += len(missing)
-        self._hits += len(texts) - len(missing)
-        evicted = []
-        if self.cache_size:
-            for t in cached:
-                self._lru.move_to_end(t)
-            free = sorted(set(range(self.cache_size)) - set(self._lru.values()), reverse=True) if missing else []
-            for t in missing:
-                if len(self._lru) == self.cache_size:
-                    old, slot = self._lru.popitem(last=False)
-                    evicted.append(old)
-                    self._known_self_terms.discard(old)
-                    self._known_clouds.discard(old)
-                    self._clouds.remove(old)
-                    free.append(slot)
-                self._lru[t] = free.pop()
-        return _ReferencePlan(cached, missing, evicted)
-
-    def _abandon(self, plan: _ReferencePlan) -> None:
-        """Undo the LRU bookkeeping of ``plan`` for a call that failed before storing its references."""
-        for t in plan.missing:
-            if t not in self._arena:
-                self._lru.pop(t, None)
-        for t in plan.evicted:
-            self._arena.remove(t)
-
-    def _references(self, plan: _ReferencePlan, where: Gather, index: Tensor) -> tuple[Units, list[tuple[int, int]]]:
-        """The device side: padded units of ``plan.texts`` (cached rows gathered as ``where`` says with
-        the sent ``index``, missing ones encoded and added to the cache), and the span of each row's
-        units (known on the host)."""
-        spans = []
-        if plan.missing:
-            new, spans = self._encode(plan.missing)
-            if self.cache_size:
-                self._arena.add(plan.missing, new, spans)
-        spans = self._arena.gathered_spans(plan.cached) + list(spans)
-        units = self._arena.gather(index, where) if plan.cached else None
-        for t in plan.evicted:
-            self._arena.remove(t)
-        if units is None:
-            return new, spans
-        return (_cat_units(units, new) if plan.missing else units), spans
-
-    def _self_term_lists(self, texts: list[str]) -> list[list[int] | None]:
-        """Host lists of the references' self-terms (rows = ``texts``): the slots of the known ones,
-        the rows to compute (``None``: all), the order of ``known + computed`` as rows (``None``: as
-        is), and the slots / computed positions to store in the cache."""
-        known = [t for t in texts if t in self._known_self_terms]
-        known_set = set(known)
-        need = [i for i, t in enumerate(texts) if t not in known_set]
-        position = {t: k for k, t in enumerate(known + [texts[i] for i in need])}
-        order = [position[t] for t in texts]
-        store = [(self._lru[texts[i]], k) for k, i in enumerate(need) if texts[i] in self._lru]
-        return [[self._lru[t] for t in known], None if len(need) == len(texts) else need,
-                None if order == list(range(len(texts))) else order,
-                [slot for slot, _ in store], [k for _, k in store]]
-
-    def _reference_self_terms(self, texts: list[str], units: Units | TokenCloud,
-                              sent: list[Tensor | None]) -> Tensor | None:
-        """``C(ref, ref)`` ``[N]`` of the centered reference ``units`` or their clouds (rows = ``texts``),
-        from the cache where known (``sent``: :meth:`_self_term_lists` on the device); None if the
-        member has no self-term."""
-        known_slots, need, order, store_slots, store_rows = sent
-        computed = None
-        if need is None or need.shape[0]:
-            rows = units if need is None else units.select(need)
-            computed = self._scorer.self_similarities(rows)
-            if computed is None:
-                return None
-            if store_slots.shape[0]:
-                if self._self_terms is None:
-                    self._self_terms = computed.new_zeros(self.cache_size)
-                self._self_terms.index_copy_(0, store_slots, computed.index_select(0, store_rows))
-                self._known_self_terms.update(t for t in texts if t in self._lru)
-        if known_slots.shape[0]:
-            known = self._self_terms.index_select(0, known_slots)
-            computed = known if computed is None else torch.cat([known, computed])
-        return computed if order is None else computed.index_select(0, order)
-
-    def _check_centering(self, centering: Centering) -> None:
-        """Forget the cached self-terms and clouds if the centering's mean changed."""
-        fingerprint = weights_fingerprint(submodules(centering))
-        if fingerprint != self._centering_fingerprint:
-            self._known_self_terms.clear()
-            self._clouds.clear()
-            self._known_clouds.clear()
-            self._centering_fingerprint = fingerprint
+        return self.cache.plan(texts)
 
     def _encode(self, texts: list[str]) -> tuple[Units, list[tuple[int, int]]]:
         """:meth:`Scorer.embed_with_spans` of ``texts`` (padded), no graph."""
@@ -430,8 +277,8 @@ class MoverReward:
     def score(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> Tensor:
         """Rewards ``[B]``: ``Sim(hyp, ref)`` of the configured family member on centered token
         vectors, pooled over several references by the scorer's ``multi_ref``, then ``shaping``."""
-        hyps = _check_texts("hyps", hyps)
-        groups = _check_references(hyps, refs)
+        hyps = check_texts("hyps", hyps)
+        groups = check_references(hyps, refs)
         centering = self.centering
         encoder = self._scorer.encoder
         device = encoder.device
@@ -440,10 +287,10 @@ class MoverReward:
         hyp_texts = list(dict.fromkeys(hyps))  # distinct, in order
         walk = submodules(self._scorer)  # once, for the cache's fingerprint and eval mode
         plan = self._plan_references(list(dict.fromkeys(itertools.chain.from_iterable(groups))), walk)
-        self._check_centering(centering)
-        pairs = pair_lists(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
+        self.cache.check_centering(weights_fingerprint(submodules(centering)))
+        pairs = pair_index(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
                            {t: i for i, t in enumerate(plan.texts)})
-        if self._known_clouds.issuperset(plan.texts):
+        if self.cache.has_clouds(plan.texts):
             scores = self._score_with_cached_clouds(hyp_texts, len(hyps), plan.texts, pairs, centering, walk, device)
         else:
             scores = self._score_with_units(hyp_texts, len(hyps), plan, pairs, centering, walk, device)
@@ -458,50 +305,37 @@ class MoverReward:
                                   pairs: PairIndex, centering: Centering, walk: list[nn.Module],
                                   device: torch.device) -> Tensor:
         """Scores when every reference's cloud (and self-term) is cached: each pair's reference cloud
-        gathered from the cache (the references' row index, built on the host, selected per pair on
-        the device) and its self-term by a slot per pair, sent with the pairs' indices in one transfer
-        before the encoder runs."""
-        where = self._clouds.index(ref_texts)
-        slots = None
-        if self._self_terms is not None:
-            slots = [self._lru[t] for t in ref_texts]
-            slots = slots if pairs.ref is None else [slots[i] for i in pairs.ref]
-        rows, hyp_index, ref_index, owner, slots = to_device([where.rows, *pairs, slots], device)
+        and self-term read from the cache by indices built on the host and sent, with the pairs', in
+        one transfer before the encoder runs."""
+        call = self.cache.cloud_call(ref_texts, pairs).to_device(device)
         with eval_mode(self._scorer, walk), torch.no_grad():
             hyp_units, hyp_spans = self._scorer.embed_with_spans(hyp_texts)
-            refs = self._clouds.gather(rows, where, ref_index)  # [P, W]: a reference per pair
-            ref_self = None if slots is None else self._self_terms.index_select(0, slots)
-            return self._scorer.score_pairs(center_units(centering, hyp_units), refs,
-                                            PairIndex(hyp_index, None, owner), n_hyps, ref_self,
+            refs, ref_self = self.cache.gather_clouds(call)  # [P, W]: a reference per pair
+            return self._scorer.score_pairs(hyp_units.centered(centering), refs,
+                                            PairIndex(call.pairs.hyp, None, call.pairs.owner), n_hyps, ref_self,
                                             nonempty=all(b > a for a, b in hyp_spans))  # [B]
 
-    def _score_with_units(self, hyp_texts: list[str], n_hyps: int, plan: _ReferencePlan, pairs: PairIndex,
+    def _score_with_units(self, hyp_texts: list[str], n_hyps: int, plan: ReferencePlan, pairs: PairIndex,
                           centering: Centering, walk: list[nn.Module], device: torch.device) -> Tensor:
         """Scores from the references' units (cached ones gathered, missing ones encoded), centered and
         made into clouds now; the clouds of the cached references are kept where they can be (see the
         module docs)."""
         ref_texts = plan.texts
-        where = self._arena.index(plan.cached)
-        self_term_lists = self._self_term_lists(ref_texts) if self.cache_size else []
-        keep = [i for i, t in enumerate(ref_texts) if t in self._lru and t not in self._known_clouds]
-        # every index of the call, built on the host and sent in one transfer before the encoder runs
-        index, hyp_index, ref_index, owner, keep_rows, *sent = to_device(
-            [where.rows, *pairs, keep, *self_term_lists], device)
+        host = self.cache.units_call(plan, pairs)
+        call = host.to_device(device)  # every index of the call, in one transfer before the encoder runs
         with eval_mode(self._scorer, walk), torch.no_grad():
-            try:
+            with self.cache.undo_on_error(plan):
                 hyp_units, hyp_spans = self._scorer.embed_with_spans(hyp_texts)
-                ref_units, ref_spans = self._references(plan, where, index)
-            except BaseException:  # e.g. out of memory in the encoder: the cache stays consistent
-                self._abandon(plan)
-                raise
-            hyp_units, ref_units = center_units(centering, hyp_units), center_units(centering, ref_units)
-            refs = ref_units if self._scorer.config.method in SENTENCE_METHODS else \
+                ref_units, ref_spans = self.cache.gather_units(plan, call.rows, host.where, self._encode)
+            hyp_units, ref_units = hyp_units.centered(centering), ref_units.centered(centering)
+            refs = ref_units if get_member(self._scorer.config.method).documents else \
                 self._scorer.token_clouds(ref_units, "ref", all(b > a for a, b in ref_spans))  # sentence movers: units
-            ref_self = self._reference_self_terms(ref_texts, refs, sent) if self.cache_size else None
-            if keep and isinstance(refs, TokenCloud) and refs.empty is None:
-                self._clouds.add([ref_texts[i] for i in keep], refs.select(keep_rows), [ref_spans[i] for i in keep])
-                self._known_clouds.update(ref_texts[i] for i in keep)
-            return self._scorer.score_pairs(hyp_units, refs, PairIndex(hyp_index, ref_index, owner), n_hyps,
+            ref_self = None
+            if call.self_terms is not None:
+                ref_self = self.cache.self_terms(ref_texts, refs, call.self_terms, self._scorer.self_similarities)
+            if isinstance(refs, TokenCloud):
+                self.cache.store_clouds(ref_texts, refs, host.keep, call.keep, ref_spans)
+            return self._scorer.score_pairs(hyp_units, refs, call.pairs, n_hyps,
                                             ref_self, nonempty=all(b > a for a, b in hyp_spans))  # [B]
 
 
@@ -522,10 +356,10 @@ class SelfCriticalReward(MoverReward):
 
     def __call__(self, sampled: Sequence[str], greedy: Sequence[str],
                  refs: Sequence[str] | Sequence[Sequence[str]]) -> SelfCriticalResult:
-        sampled, greedy = _check_texts("sampled", sampled), _check_texts("greedy", greedy)
+        sampled, greedy = check_texts("sampled", sampled), check_texts("greedy", greedy)
         if len(sampled) != len(greedy):
             raise ValueError(f"sampled and greedy must have the same length, got {len(sampled)} and {len(greedy)}")
-        groups = _check_references(sampled, refs)
+        groups = check_references(sampled, refs)
         rewards = self.score(sampled + greedy, groups + groups)
         r_sampled, r_greedy = rewards[:len(sampled)], rewards[len(sampled):]
         return SelfCriticalResult(r_sampled, r_greedy, r_sampled - r_greedy)
@@ -556,8 +390,8 @@ class GroupReward(MoverReward):
 
     def __call__(self, completions: Sequence[Sequence[str]],
                  refs: Sequence[str] | Sequence[Sequence[str]]) -> GroupRewardResult:
-        completions = _as_list("completions", completions, "lists of strings", ndim=2)
-        groups = [_check_texts(f"completions[{i}]", c) for i, c in enumerate(completions)]
+        completions = as_list("completions", completions, "lists of strings", ndim=2)
+        groups = [check_texts(f"completions[{i}]", c) for i, c in enumerate(completions)]
         sizes = {len(c) for c in groups}
         if len(sizes) > 1:
             raise ValueError(f"every prompt needs the same number of completions G, got sizes {sorted(sizes)}")
@@ -566,7 +400,7 @@ class GroupReward(MoverReward):
             raise ValueError("completions has empty groups: G must be at least 1")
         if self.baseline == "leave_one_out" and n and g < 2:
             raise ValueError(f"baseline='leave_one_out' needs at least 2 completions per prompt, got G={g}")
-        ref_groups = _check_references(groups, refs)
+        ref_groups = check_references(groups, refs)
         rewards = self.score([c for group in groups for c in group],
                              [rg for rg in ref_groups for _ in range(g)]).view(n, g)  # [N, G]
         return group_advantages(rewards, self.baseline, self.normalize_std, self.eps)

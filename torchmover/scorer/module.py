@@ -1,7 +1,8 @@
 """``Scorer``: encoder + token policy + centering + a member of the TWMD family, as one ``nn.Module``.
 
 ``scorer(hyps, refs)`` returns ``Tensor[B]`` with autograd intact (a loss for fine-tuning the metric,
-or a reward); ``scorer.score(...)`` scores large lists without a graph, in length-sorted batches.
+or a reward); ``scorer.score(...)`` scores large lists without a graph, in length-sorted batches
+(:mod:`torchmover.scorer.corpus`).
 
 The pipeline has three stages, each a method that other shells (rewards, metrics) reuse:
 :meth:`Scorer.embed` (texts -> token units: vectors, mask, IDF weights), centering
@@ -10,317 +11,28 @@ references combined).
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import itertools
 import os
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor, nn
 
 from .. import functional as F
-from .._internal.arena import TokenArena
-from .._internal.transfer import to_device
-from ..functional.centering import MODULE_MODES, Centering, token_sum
+from ..functional.centering import Centering
 from ..functional.compiled import check_compile, compiled_member_term
+from ..functional.family import TokenCloud, pair_similarity, self_similarity, token_cloud
+from ..functional.members import get_member, member_term
 from ..runtime.devices import resolve_device, resolve_dtype
-from ..runtime.distributed import all_reduce_sum, shard
-from ..text.encoder import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES, Encoder
-from ..functional.family import (DIRECTIONS, UNNORMALIZED, WMD_TEMPERATURE, TokenCloud, member_term, pair_similarity,
-                     self_similarity, token_cloud)
-from .signature import format_signature, tensor_digest
+from ..runtime.distributed import shard
 from ..text.documents import encode_documents
-from .serialization import load_scorer, save_scorer
-from ..functional.transport import check_converged_temperature, check_temperature
-from ..text.weights import ENGLISH_STOPWORDS, IDF, fit_idf_over_ranks, PUNCTUATION_POLICIES, SUBWORD_POLICIES, keep_mask, ngrams, pool_subwords
-
-SENTENCE_METHODS = ("sms", "s+wms", "wms")
-METHODS = ("twmd", "trwmd", "wmd", "moverscore", "bertscore", "sbert", "cka") + SENTENCE_METHODS
-DIRECTED_METHODS = ("twmd", "trwmd", "bertscore")  # the members with a precision and a recall term
-MATCHING_METHODS = ("bertscore", "trwmd")  # members whose plan ignores one side's masses: zero-mass targets matter
-MULTI_REF = ("max", "mean")
-CENTER_SCOPES = ("joint", "separate")
-NAMED_STOPWORDS = {"english": ENGLISH_STOPWORDS}
-SCORE_CHUNK = 8192  # hypotheses whose distinct texts Scorer.score encodes and holds at once
-
-# Defaults for any model: the TWMD paper's choices (batch centering; T = 0.10 for TWMD-b and 0.15 for
-# TRWMD-b, tuned on WMT15-16 for roberta-base).
-DEFAULT_CENTERING = "batch"
-DEFAULT_TEMPERATURES = {"twmd": 0.10, "trwmd": 0.15}
-
-# Defaults measured for a model on WMT15-16 DA (bench/select_defaults.py; numbers in
-# bench/results/select_defaults.md): they override the ones above for that model.
-# all-MiniLM-L6-v2, layer 4, TWMD recall, average Pearson r over the 10 language pairs × years:
-# no centering 0.6887 (T=0.10) / 0.6884 (T=0.15); fixed 0.6840; batch 0.6805 (T=0.15) / 0.6784 (T=0.10);
-# sentence 0.6663. A paired bootstrap puts none − batch at +0.0083 [+0.0059, +0.0108]: this
-# contrastively trained sentence encoder gains nothing from centering (BERT/RoBERTa do, per the paper).
-MODEL_DEFAULTS = {
-    DEFAULT_MODEL: {"centering": "none", "temperatures": {"twmd": 0.10, "trwmd": 0.15}},
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class ScorerConfig:
-    """Every choice of a :class:`Scorer` that changes a score (serialised with the model).
-
-    Token policy (all explicit, see :mod:`torchmover.text.weights`): ``special_tokens`` (``target``: special
-    tokens weigh 0 but stay matching targets, and so do tokens of IDF 0 — bert_score's rule; for
-    ``bertscore`` and ``trwmd``), ``power_mean_layers`` (encoder), ``subwords``, ``stopwords`` (a tuple
-    of words, or ``"english"``), ``punctuation`` (``keep``/``drop``/``ascii``), ``idf`` (weights from
-    :meth:`Scorer.fit_idf`) and ``ngram``.
-    ``center_scope``: ``joint`` centers hypotheses and references together (the paper), ``separate``
-    each side on its own batch mean (the TWMD authors' released code).
-    ``rescale``: map every score ``s`` to ``(s − b) / (1 − b)`` with the baseline ``b`` of unrelated
-    pairs (:meth:`Scorer.fit_baseline`).
-    """
-
-    model: str = DEFAULT_MODEL
-    layer: int | None = None
-    method: str = "twmd"
-    direction: str = "recall"
-    temperature: float | None = None
-    n_iter: int | None = 1
-    centering: str = "batch"
-    center_scope: str = "joint"
-    multi_ref: str = "max"
-    max_length: int | None = None
-    revision: str | None = None
-    special_tokens: str = "drop"
-    power_mean_layers: int = 1
-    subwords: str = "all"
-    stopwords: tuple[str, ...] = ()
-    punctuation: str = "keep"
-    idf: bool = False
-    ngram: int = 1
-    rescale: bool = False
-
-    def __post_init__(self):
-        _check_choice("method", self.method, METHODS)
-        _check_choice("direction", self.direction, DIRECTIONS)
-        _check_choice("centering", self.centering, MODULE_MODES)
-        _check_choice("center_scope", self.center_scope, CENTER_SCOPES)
-        _check_choice("multi_ref", self.multi_ref, MULTI_REF)
-        _check_choice("special_tokens", self.special_tokens, SPECIAL_TOKEN_POLICIES)
-        _check_choice("subwords", self.subwords, SUBWORD_POLICIES)
-        _check_choice("punctuation", self.punctuation, PUNCTUATION_POLICIES)
-        if self.temperature is not None:
-            if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
-                raise ValueError(f"temperature must be a positive number, got {self.temperature!r}")
-            check_temperature(self.temperature)
-        if self.n_iter is not None and (type(self.n_iter) is not int or self.n_iter < 1):
-            raise ValueError(f"n_iter must be a positive int or None (converged), got {self.n_iter!r}")
-        if self.method == "twmd" and self.n_iter is None and self.temperature is not None:
-            check_converged_temperature(self.temperature)
-        if type(self.ngram) is not int or self.ngram < 1:
-            raise ValueError(f"ngram must be a positive int, got {self.ngram!r}")
-        for name in ("idf", "rescale"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.center_scope == "separate" and self.centering != "batch":
-            raise ValueError("center_scope='separate' needs centering='batch' (each side's own batch mean)")
-        if self.method in SENTENCE_METHODS and not (self.token_policy_is_identity and not self.idf and self.ngram == 1):
-            raise ValueError(f"method={self.method!r} moves words and sentences of whole documents: it takes no "
-                             "subwords/stopwords/punctuation/idf/ngram options")
-        if self.special_tokens == "target" and (self.method not in MATCHING_METHODS or self.subwords == "mean"
-                                                or self.ngram > 1):
-            raise ValueError(f"special_tokens='target' (zero-mass matching targets) is defined for the methods "
-                             f"{MATCHING_METHODS} on tokens (not subwords='mean', not ngram > 1), got "
-                             f"method={self.method!r}, subwords={self.subwords!r}, ngram={self.ngram!r}")
-        if self.temperature is None and self.method in DEFAULT_TEMPERATURES:
-            object.__setattr__(self, "temperature", DEFAULT_TEMPERATURES[self.method])
-        object.__setattr__(self, "stopwords", _stopword_tuple(self.stopwords))
-
-    @property
-    def token_policy_is_identity(self) -> bool:
-        return self.subwords == "all" and not self.stopwords and self.punctuation == "keep"
-
-
-def _stopword_tuple(stopwords) -> tuple[str, ...]:
-    if isinstance(stopwords, str):
-        if stopwords not in NAMED_STOPWORDS:
-            raise ValueError(f"stopwords must be a list of words or one of {tuple(NAMED_STOPWORDS)}, got {stopwords!r}")
-        return NAMED_STOPWORDS[stopwords]
-    if stopwords is None:
-        return ()
-    words = list(stopwords)
-    if not all(isinstance(w, str) for w in words):
-        raise TypeError("stopwords must be strings")
-    return tuple(sorted({w.lower() for w in words}))
-
-
-def _check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-
-
-def _as_list(name: str, values, what: str, ndim: int = 1) -> list:
-    """``values`` as a list: any sequence but a str, or an array with ``ndim`` dimensions or fewer
-    that has ``tolist`` (a NumPy array of ``str`` or ``object``, a pandas Series; ``ndim`` 2 gives
-    a list of rows)."""
-    if isinstance(values, Sequence) and not isinstance(values, (str, bytes)):
-        return list(values)
-    if hasattr(values, "tolist") and isinstance(getattr(values, "ndim", None), int) and not isinstance(values, Tensor):
-        if not 1 <= values.ndim <= ndim:
-            raise ValueError(f"{name} must be a {'1-D' if ndim == 1 else f'1-D to {ndim}-D'} array of {what}, "
-                             f"got shape {tuple(values.shape)}")
-        return values.tolist()
-    raise TypeError(f"{name} must be a list of {what}, got {type(values).__name__}")
-
-
-def _check_texts(name: str, texts) -> list[str]:
-    """``texts`` (any sequence of str, or a 1-D array of them) as a list of str."""
-    texts = _as_list(name, texts, "strings")
-    for i, t in enumerate(texts):
-        if not isinstance(t, str):
-            raise TypeError(f"{name}[{i}] must be a str, got {type(t).__name__}")
-    return texts
-
-
-def _check_references(hyps: list[str], refs) -> list[list[str]]:
-    """``refs`` as one list of references per hypothesis (a plain list = one reference each; a 2-D
-    array = one row of references each)."""
-    refs = _as_list("refs", refs, "strings or of lists of strings", ndim=2)
-    if len(refs) != len(hyps):
-        raise ValueError(f"hyps and refs must have the same length, got {len(hyps)} and {len(refs)}")
-    if all(map(isinstance, refs, itertools.repeat(str))):  # one reference each, checked without a loop
-        return [[r] for r in refs]
-    groups = []
-    for i, group in enumerate(refs):
-        group = [group] if isinstance(group, str) else _check_texts(f"refs[{i}]", group)
-        if not group:
-            raise ValueError(f"refs[{i}] is an empty list: every hypothesis needs a reference")
-        groups.append(group)
-    return groups
-
-
-class Units(NamedTuple):
-    """What is moved: padded unit vectors ``[N, L, D]``, ``mask`` ``[N, L]``, each unit's IDF weight
-    under the hypothesis and the reference dictionaries (``None`` without IDF), and for the sentence
-    movers the sentence each token belongs to (``[N, L]``, ``None`` otherwise)."""
-
-    vectors: Tensor
-    mask: Tensor
-    hyp_weights: Tensor | None = None
-    ref_weights: Tensor | None = None
-    sentence_ids: Tensor | None = None
-
-    def select(self, index: Tensor | slice) -> "Units":
-        """The rows ``index``: views for a slice, else one ``index_select`` per field (on the CPU about
-        twice as fast as ``t[index]``, which goes through advanced indexing)."""
-        if isinstance(index, slice):
-            return Units(*(None if t is None else t[index] for t in self))
-        return Units(*(None if t is None else t.index_select(0, index) for t in self))
-
-    def unpad(self) -> list["Units"]:
-        """Per-text units with their padding removed (each field ``[n_i, ...]``)."""
-        keep = self.mask
-        return [Units(*(None if t is None else t[i][keep[i]] for t in self)) for i in range(keep.shape[0])]
-
-    @staticmethod
-    def pad(rows: Sequence["Units"]) -> "Units":
-        """Stack per-text units (``[n_i, ...]``, non-empty list) into padded ``Units`` (``L = max n_i``,
-        padding masked)."""
-        return Units(*(None if rows[0][k] is None else nn.utils.rnn.pad_sequence([r[k] for r in rows], batch_first=True)
-                       for k in range(len(Units._fields))))
-
-
-class PRF(NamedTuple):
-    """Precision, recall and F1 (each ``Tensor[B]``, or a float for a :attr:`Scorer.baseline`), in
-    BERTScore's order and sense (recall: every reference token ships exactly its mass)."""
-
-    precision: Tensor
-    recall: Tensor
-    f1: Tensor
-
-
-class PairIndex(NamedTuple):
-    """One row per (hypothesis, reference) pair: ``hyp`` / ``ref`` rows into the hypothesis / reference
-    units, and ``owner``, the hypothesis each pair belongs to (each None where pair ``p`` is simply
-    row ``p`` of all the rows: nothing to gather; an ``owner`` of None means one reference per
-    hypothesis, nothing to combine)."""
-
-    hyp: Tensor | None
-    ref: Tensor | None
-    owner: Tensor | None
-
-
-def _distinct_texts(hyps: list[str], groups: list[list[str]]) -> list[str]:
-    """Every distinct text of a call, hypotheses first, in order of appearance."""
-    return list(dict.fromkeys(hyps + [r for g in groups for r in g]))
-
-
-def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Batches of the positions of ``lengths``, longest first: consecutive, at most ``batch_size``
-    each, and a batch closes early at the first item shorter than ``1/√2`` of its first (longest) one.
-    Padded to its batch's longest, an item's square problem ``L × L`` is then at most twice its own
-    area; a fixed count alone pads the short end of a batch that spans the long tail of the lengths
-    (on 1,000 WMT pairs: 1.79× the real transported area in 16 batches of 64, 1.39× in 18)."""
-    batches: list[list[int]] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        if not batches or len(batches[-1]) == batch_size or 2 * lengths[i] ** 2 < lengths[batches[-1][0]] ** 2:
-            batches.append([])
-        batches[-1].append(i)
-    return batches
-
-
-def pair_lists(hyps: list[str], groups: list[list[str]], hyp_row: dict[str, int],
-               ref_row: dict[str, int]) -> PairIndex:
-    """:func:`pair_index` as host lists (``None`` where the rows are simply ``0, 1, …``). With one
-    reference per hypothesis (the owners are ``0, 1, …``) the rows are looked up by ``map``, without
-    a Python loop over the pairs (0.5x the time for 64 pairs)."""
-    def rows(values, n_rows):
-        return None if len(values) == n_rows and values == list(range(n_rows)) else values
-    refs = list(itertools.chain.from_iterable(groups))
-    if len(refs) == len(groups):
-        owner, pair_hyps = None, hyps
-    else:
-        owner = [i for i, g in enumerate(groups) for _ in g]
-        pair_hyps = [hyps[i] for i in owner]
-    return PairIndex(rows(list(map(hyp_row.__getitem__, pair_hyps)), len(hyp_row)),
-                     rows(list(map(ref_row.__getitem__, refs)), len(ref_row)), owner)
-
-
-def pair_index(hyps: list[str], groups: list[list[str]], hyp_row: dict[str, int], ref_row: dict[str, int],
-               device=None) -> PairIndex:
-    """Index every (hypothesis, reference) pair into rows of distinct texts (built on the host, sent to
-    ``device`` in one transfer)."""
-    return PairIndex(*to_device(pair_lists(hyps, groups, hyp_row, ref_row), device))
-
-
-class CallPlan(NamedTuple):
-    """Where the texts of a call's pairs are, in the units of its distinct texts (hypotheses first):
-    the first ``n_hyp_texts`` rows are the distinct hypotheses, ``ref_rows`` the distinct references,
-    ``index`` the pairs (into those two), ``n_hyps`` the hypotheses. Built on the host and sent to the
-    device in one transfer before the encoder runs (:meth:`Scorer.plan`)."""
-
-    n_hyp_texts: int
-    ref_rows: Tensor
-    index: PairIndex
-    n_hyps: int
-
-
-def plan_lists(hyps: list[str], groups: list[list[str]], texts: list[str]) -> list[list[int] | None]:
-    """The host lists of a :class:`CallPlan` (``ref_rows`` and the :class:`PairIndex`) of ``texts``:
-    every distinct text of the call, the distinct hypotheses first (in any order; :func:`_distinct_texts`)."""
-    row = {t: i for i, t in enumerate(texts)}
-    ref_texts = list(dict.fromkeys(itertools.chain.from_iterable(groups)))
-    return [[row[t] for t in ref_texts], *pair_lists(hyps, groups, {t: row[t] for t in dict.fromkeys(hyps)},
-                                                     {t: i for i, t in enumerate(ref_texts)})]
-
-
-def call_plan(hyps: list[str], sent: Sequence[Tensor | None]) -> CallPlan:
-    """The :class:`CallPlan` of ``hyps`` from the sent :func:`plan_lists`."""
-    return CallPlan(len(dict.fromkeys(hyps)), sent[0], PairIndex(*sent[1:4]), len(hyps))
-
-
-def center_units(centering: Centering, units: Units, mean: Tensor | None = None) -> Units:
-    """Apply a centering module to the units' vectors (``none``: the units as they are, padding
-    included: the family masks it; ``mean``: an explicit batch mean, see
-    :meth:`Centering.forward <torchmover.Centering.forward>`)."""
-    if centering.mode == "none":
-        return units
-    return units._replace(vectors=centering(units.vectors, units.mask, mean))
+from ..text.encoder import DEFAULT_MODEL, Encoder
+from ..text.weights import IDF, fit_idf_over_ranks, keep_mask, ngrams, pool_subwords
+from . import corpus, serialization
+from .config import ScorerConfig
+from .inputs import check_references, check_texts, distinct_texts
+from .plan import CallPlan, PairIndex, call_plan
+from .signature import scorer_signature
+from .units import PRF, Units
 
 
 class Scorer(nn.Module):
@@ -336,7 +48,7 @@ class Scorer(nn.Module):
             documents, split into sentences; ``temperature=None`` = exact, a float = tempered).
         direction: ``recall`` (default), ``precision`` or ``f1`` (twmd, trwmd, bertscore).
         temperature: for twmd / trwmd, and the tempered sentence movers (default: the model's
-            measured value in ``MODEL_DEFAULTS``, else ``DEFAULT_TEMPERATURES``). Any ``T > 0``: the
+            measured value in ``MODEL_DEFAULTS``, else the member's). Any ``T > 0``: the
             unrolled iterations are exact down to the ``T → 0`` limit; ``n_iter=None`` needs
             ``T >= 1e-5`` (``transport.MIN_CONVERGED_TEMPERATURE``).
         n_iter: Sinkhorn iterations for twmd (1 = the paper's default; ``None`` = converged).
@@ -367,13 +79,17 @@ class Scorer(nn.Module):
             such as ``"bf16"`` / ``"float16"`` (:func:`torchmover.runtime.devices.resolve_dtype`). The
             centering mean, the centering and the transport stay in float32 or wider.
         compile: run the transport terms through ``torch.compile`` (twmd with a fixed ``n_iter``,
-            trwmd, bertscore, sbert, cka; :mod:`torchmover.functional.compiled`). Off by default: on this project's
-            CPU it saved little against its compile time (README, "Devices, precision and
-            compilation"); meant for GPUs, where it is not measured yet.
+            trwmd, bertscore, sbert, cka; :mod:`torchmover.functional.compiled`). Off by default: a
+            compile costs seconds for little gain where the encoder dominates the call.
+
+    Every option is a field of :class:`~torchmover.ScorerConfig` (or of
+    :class:`~torchmover.scorer.config.RunOptions`); :meth:`from_config` builds a scorer from a config.
 
     Example:
-        >>> scorer = Scorer()  # doctest: +SKIP
-        >>> scorer(["the cat sat"], [["a cat sat", "the dog sat"]])  # doctest: +SKIP
+        >>> scorer = Scorer(device="cpu")  # the default model, read from the offline package
+        >>> scores = scorer(["the cat sat"], [["a cat sat", "the dog sat"]])  # autograd intact
+        >>> [round(s, 4) for s in scores.tolist()]  # one score per hypothesis, its best reference
+        [0.9168]
     """
 
     def __init__(self, model: str | Encoder = DEFAULT_MODEL, *, layer: int | None = None,
@@ -387,38 +103,45 @@ class Scorer(nn.Module):
                  compile: bool = False):
         super().__init__()
         device, dtype = resolve_device(device), resolve_dtype(dtype)  # fail before loading the model
+        if not isinstance(model, (str, Encoder)):
+            raise TypeError(f"model must be a model name, a path or an Encoder, got {type(model).__name__}")
+        config = ScorerConfig(  # validated before the model is loaded
+            model=model if isinstance(model, str) else model.name, layer=layer, method=method, direction=direction,
+            temperature=temperature, n_iter=n_iter, centering=centering, center_scope=center_scope,
+            multi_ref=multi_ref, max_length=max_length, revision=revision, special_tokens=special_tokens,
+            power_mean_layers=power_mean_layers, subwords=subwords, stopwords=stopwords, punctuation=punctuation,
+            idf=idf, ngram=ngram, rescale=rescale)
         if isinstance(model, Encoder):
             for option, value in (("layer", layer), ("special_tokens", special_tokens),
                                   ("power_mean_layers", power_mean_layers), ("max_length", max_length), ("name", name)):
                 if value is not None and value != getattr(model, option):
                     raise ValueError(f"{option}={value!r} differs from the given encoder's {getattr(model, option)!r}")
             encoder = model
-        elif isinstance(model, str):
+        else:
             encoder = Encoder.from_pretrained(model, layer=layer, revision=revision, max_length=max_length,
                                               special_tokens=special_tokens or "drop",
                                               power_mean_layers=power_mean_layers or 1, model_name=name)
-        else:
-            raise TypeError(f"model must be a model name, a path or an Encoder, got {type(model).__name__}")
-        tuned = MODEL_DEFAULTS.get(encoder.name, {})
-        if centering is None:
-            centering = tuned.get("centering", DEFAULT_CENTERING)
-        if temperature is None:
-            temperature = tuned.get("temperatures", DEFAULT_TEMPERATURES).get(method)
-        self.config = ScorerConfig(
-            model=encoder.name, layer=encoder.layer, method=method, direction=direction,
-            temperature=temperature, n_iter=n_iter, centering=centering, center_scope=center_scope,
-            multi_ref=multi_ref, max_length=encoder.max_length, revision=encoder.revision,
-            special_tokens=encoder.special_tokens, power_mean_layers=encoder.power_mean_layers,
-            subwords=subwords, stopwords=stopwords, punctuation=punctuation, idf=idf, ngram=ngram,
-            rescale=rescale,
-        )
+        self.config = config.resolve(encoder)
         self.encoder = encoder
-        self.centering = Centering(centering, dim=encoder.hidden_size)
+        self.centering = Centering(self.config.centering, dim=encoder.hidden_size)
         self.idf: dict[str, IDF] = {}  # "hyp" / "ref" dictionaries, from fit_idf
         self.baseline = None  # scores of unrelated pairs, from fit_baseline
         self.compile_transport = check_compile(compile, self.config.method, self.config.n_iter)
         self.to(device=device, dtype=dtype)  # the centering mean stays float32 (Centering._apply)
         self.eval()  # like a loaded Hugging Face model: call .train() to fine-tune (dropout on)
+
+    @classmethod
+    def from_config(cls, config: ScorerConfig, encoder: Encoder | None = None, *, name: str | None = None,
+                    device: str | torch.device | None = "auto", dtype: str | torch.dtype | None = None,
+                    compile: bool = False) -> "Scorer":
+        """The scorer of ``config`` (:class:`~torchmover.ScorerConfig`), on ``encoder`` if given (it
+        must agree with the config's encoder fields that are set), else on ``config.model`` loaded
+        from the hub or a local path. ``name``, ``device``, ``dtype``, ``compile``: as in
+        :class:`Scorer`."""
+        if not isinstance(config, ScorerConfig):
+            raise TypeError(f"config must be a ScorerConfig, got {type(config).__name__}")
+        return cls(config.model if encoder is None else encoder, **config.options(), name=name, device=device,
+                   dtype=dtype, compile=compile)
 
     def extra_repr(self) -> str:
         return self.signature
@@ -443,31 +166,7 @@ class Scorer(nn.Module):
     def signature(self) -> str:
         """One line pinning model, revision, layer, token policy, method, direction, T, iterations,
         centering, weights, reference pooling, window and library versions (:mod:`torchmover.scorer.signature`)."""
-        c = self.config
-        fields = {"model": c.model + (f"@{c.revision}" if c.revision else ""), "layer": c.layer}
-        if c.power_mean_layers > 1:
-            fields["pmeans"] = c.power_mean_layers
-        stop = "none" if not c.stopwords else next(
-            (name for name, words in NAMED_STOPWORDS.items() if words == c.stopwords),
-            f"custom-{hashlib.sha256(' '.join(c.stopwords).encode()).hexdigest()[:10]}")
-        fields.update({"special": c.special_tokens, "subwords": c.subwords, "stop": stop, "punct": c.punctuation})
-        weights = "uniform"
-        if c.idf:
-            weights = f"idf-{self.idf['ref'].digest()}-{self.idf['hyp'].digest()}" if self.idf else "idf-unfitted"
-        fields.update({"weights": weights, "ngram": c.ngram})
-        if c.method in ("twmd", "trwmd", "bertscore"):
-            fields["direction"] = c.direction
-        if c.method in ("twmd", "trwmd", "wmd", "moverscore") + SENTENCE_METHODS:
-            fields["T"] = WMD_TEMPERATURE if c.method in ("wmd", "moverscore") else (c.temperature or "exact")
-        if c.method == "twmd" or (c.method in SENTENCE_METHODS and c.temperature):
-            fields["iter"] = "converged" if c.n_iter is None else c.n_iter
-        center = c.centering + ("-separate" if c.center_scope == "separate" else "")
-        if c.centering in ("fixed", "running") and self.centering.fitted:
-            center += f"-{tensor_digest(self.centering.mean)}"
-        fields.update({"center": center, "refs": c.multi_ref, "maxlen": c.max_length})
-        if c.rescale:  # the three baselines, P/R/F1 (one value thrice for members without directions)
-            fields["rescale"] = "b=" + "/".join(f"{b:.6f}" for b in self.baseline) if self.baseline else "unfitted"
-        return format_signature(c.method, fields)
+        return scorer_signature(self.config, self.idf, self.centering, self.baseline)
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "Scorer":
@@ -500,8 +199,8 @@ class Scorer(nn.Module):
         as one process on the whole corpus. A collective: every rank must call it."""
         if not self.config.idf:
             raise ValueError("fit_idf needs a scorer built with idf=True")
-        references = _check_texts("references", references)
-        hypotheses = None if hypotheses is None else _check_texts("hypotheses", hypotheses)
+        references = check_texts("references", references)
+        hypotheses = None if hypotheses is None else check_texts("hypotheses", hypotheses)
         tokenizer, device = self.encoder.tokenizer, self.encoder.device
 
         def fit(texts):
@@ -524,7 +223,7 @@ class Scorer(nn.Module):
 
         if self.config.centering not in ("fixed", "running"):
             raise ValueError(f"fit_centering needs centering='fixed' or 'running', this scorer uses {self.config.centering!r}")
-        texts = _check_texts("texts", texts)
+        texts = check_texts("texts", texts)
         if distributed:
             texts = shard(texts, self.encoder.device)
         was_training = self.encoder.training
@@ -548,7 +247,7 @@ class Scorer(nn.Module):
         """
         if not self.config.rescale:
             raise ValueError("fit_baseline needs a scorer built with rescale=True")
-        texts = list(dict.fromkeys(t for t in _check_texts("corpus", corpus) if t.strip()))
+        texts = list(dict.fromkeys(t for t in check_texts("corpus", corpus) if t.strip()))
         if len(texts) < 2:
             raise ValueError(f"corpus must hold at least two distinct non-empty texts, got {len(texts)}")
         if type(n_pairs) is not int or n_pairs < 1:
@@ -584,7 +283,7 @@ class Scorer(nn.Module):
         c = self.config
         if c.idf and not self.idf:
             raise RuntimeError("this scorer uses idf=True: call fit_idf(references, hypotheses) first")
-        if c.method in SENTENCE_METHODS:  # whole documents, per sentence when longer than the window
+        if get_member(c.method).documents:  # whole documents, per sentence when longer than the window
             documents = encode_documents(self.encoder, texts)
             units = Units(documents.embeddings, documents.mask, sentence_ids=documents.sentence_ids)
             return units, [(0, units.mask.shape[1])] * len(texts)
@@ -610,8 +309,9 @@ class Scorer(nn.Module):
                          stopwords=c.stopwords, punctuation=c.punctuation)
 
     def center(self, units: Units, mean: Tensor | None = None) -> Units:
-        """:func:`center_units` with the scorer's centering module."""
-        return center_units(self.centering, units, mean)
+        """``units`` centered by the scorer's centering module (:meth:`Units.centered
+        <torchmover.scorer.units.Units.centered>`)."""
+        return units.centered(self.centering, mean)
 
     def score_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int,
                     ref_self: Tensor | None = None, *, nonempty: bool = False) -> Tensor:
@@ -633,7 +333,7 @@ class Scorer(nn.Module):
         the three come from the reference of best F1 (as bert_score does); with ``mean`` each is
         averaged."""
         c = self.config
-        if c.method in DIRECTED_METHODS:
+        if get_member(c.method).directed:
             pairs = PRF(*(self._pair_scores(hyp, ref, index, d, nonempty=nonempty) for d in PRF._fields))
         else:
             pairs = PRF(*[self._pair_scores(hyp, ref, index, c.direction, nonempty=nonempty)] * 3)
@@ -653,15 +353,15 @@ class Scorer(nn.Module):
     def _pair_scores(self, hyp: Units, ref: Units | TokenCloud, index: PairIndex, direction: str,
                      ref_self: Tensor | None = None, *, nonempty: bool = False) -> Tensor:
         """``[P]`` scores of the pairs of ``index`` in ``direction`` (before combining references)."""
-        c = self.config
-        if c.method in SENTENCE_METHODS:
+        c, member = self.config, get_member(self.config.method)
+        if member.documents:
             h = hyp if index.hyp is None else hyp.select(index.hyp)
             r = ref if index.ref is None else ref.select(index.ref)
             return F.sentence_movers(h.vectors, r.vectors, h.mask, r.mask, h.sentence_ids, r.sentence_ids,
                                      variant=c.method, temperature=c.temperature, n_iter=c.n_iter or 1)
         return pair_similarity(self._member_term(), self.token_clouds(hyp, "hyp", nonempty),
                                ref if isinstance(ref, TokenCloud) else self.token_clouds(ref, "ref", nonempty),
-                               index.hyp, index.ref, normalize=c.method not in UNNORMALIZED,
+                               index.hyp, index.ref, normalize=member.normalized,
                                direction=direction, ref_self=ref_self)
 
     def _rescale(self, scores: Tensor, direction: str) -> Tensor:
@@ -694,14 +394,14 @@ class Scorer(nn.Module):
         normaliser of its scores, or None for the members that have none (``moverscore``,
         ``bertscore`` and the sentence movers)."""
         c = self.config
-        if c.method in SENTENCE_METHODS or c.method in UNNORMALIZED:
+        if not get_member(c.method).normalized:
             return None
         cloud = units if isinstance(units, TokenCloud) else self.token_clouds(units, side)
         return self_similarity(self._member_term(), cloud, c.direction)
 
     def _member_term(self):
-        c = self.config  # the temperature is a parameter of twmd / trwmd only (wmd, moverscore: WMD_TEMPERATURE)
-        temperature = c.temperature if c.method in DEFAULT_TEMPERATURES else None
+        c = self.config  # the temperature is a parameter of the tuned members only (wmd, moverscore: their own)
+        temperature = c.temperature if get_member(c.method).temperature == "tuned" else None
         if self.compile_transport:
             return compiled_member_term(c.method, temperature, c.n_iter)
         return member_term(c.method, temperature, c.n_iter)
@@ -730,18 +430,18 @@ class Scorer(nn.Module):
         real token of the call's distinct texts is centered on their mean (the paper's per-batch
         centering; in training under ``torch.distributed``, on the mean over all ranks' calls).
         """
-        hyps = _check_texts("hyps", hyps)
-        groups = _check_references(hyps, refs)
+        hyps = check_texts("hyps", hyps)
+        groups = check_references(hyps, refs)
         if not hyps:
             empty = torch.zeros(0, device=self.encoder.device)
             return PRF(empty, empty, empty) if return_all else empty
-        texts = _distinct_texts(hyps, groups)
-        plan = call_plan(hyps, to_device(plan_lists(hyps, groups, texts), self.encoder.device))  # before the encoder
+        texts = distinct_texts(hyps, groups)
+        plan = call_plan(hyps, groups, texts).to_device(self.encoder.device)  # before the encoder
         units, spans = self.embed_with_spans(texts)
-        return self._score_embedded(plan, units, return_all=return_all, nonempty=all(b > a for a, b in spans))
+        return self.score_call(plan, units, return_all=return_all, nonempty=all(b > a for a, b in spans))
 
-    def _score_embedded(self, plan: CallPlan, units: Units, *, return_all: bool = False,
-                        means: tuple[Tensor, ...] | None = None, nonempty: bool = False) -> Tensor | PRF:
+    def score_call(self, plan: CallPlan, units: Units, *, return_all: bool = False,
+                   means: tuple[Tensor, ...] | None = None, nonempty: bool = False) -> Tensor | PRF:
         """Center ``units`` (one row per distinct text of the call, hypotheses first) and score every
         pair of ``plan`` (``[B]``, or ``PRF``). ``means``: explicit batch-centering means (one, joint;
         or the hypotheses' and the references', separate) instead of those of ``units`` (see :meth:`score`).
@@ -765,110 +465,19 @@ class Scorer(nn.Module):
         """Score large lists: no graph, eval mode, a progress bar; returns a CPU ``Tensor[B]`` in input
         order (``return_all=True``: ``PRF(precision, recall, f1)`` of them, from the same encoding).
 
-        As the peers do it: every distinct text of the list (of each chunk of ``SCORE_CHUNK``
-        hypotheses) is encoded once, in batches of ``batch_size`` texts of similar length (trimmed to
-        their longest) kept on the device in a :class:`~torchmover._internal.arena.TokenArena`; then the pairs
-        are scored in batches of at most ``batch_size`` hypotheses of similar length, by the length
-        of their longest text in units (its span in the arena: no padding, no dropped tokens; see
-        :func:`length_batches`), each gathered from it by indices built on the host and sent in one
-        transfer per chunk. The scores stay on the device until the end: nothing in the loop waits
-        for it.
+        Every distinct text is encoded once, and the pairs are scored in batches of similar length
+        gathered from the encoded texts on the device (:mod:`torchmover.scorer.corpus`).
 
         Scores do not depend on ``batch_size`` nor on the other pairs of a batch: ``batch`` centering
         uses the mean of every real token of the call's distinct texts (``center_scope="separate"``:
         the hypotheses' mean over all hypotheses, the references' over all references), computed
         from the encoded texts before any pair is scored — the set that ``forward`` on the whole list
-        centers on, so both give the same scores. (A call of more than ``SCORE_CHUNK`` hypotheses
-        encodes all but its last chunk twice, once for the mean, to bound memory.)
+        centers on, so both give the same scores.
         ``centering_group``: a ``torch.distributed`` process group whose ranks all call ``score``:
         the mean is then over every rank's texts (one all-reduce of token sums and counts).
         """
-        from tqdm.auto import tqdm
-
-        hyps = _check_texts("hyps", hyps)
-        groups = _check_references(hyps, refs)
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        order = sorted(range(len(hyps)), key=lambda i: -(len(hyps[i]) + max(map(len, groups[i]))))
-        chunks = [order[start:start + SCORE_CHUNK] for start in range(0, len(order), SCORE_CHUNK)]
-        device = self.encoder.device
-        out = torch.zeros(3 if return_all else 1, len(hyps), device=device)
-        was_training = self.training
-        self.eval()
-        try:
-            means, kept = None, None  # kept: the units of the last chunk, encoded by the first pass
-            if self.config.centering == "batch":
-                means, kept = self._call_means(hyps, groups, chunks, batch_size, progress, centering_group)
-            with tqdm(total=len(hyps), desc="scoring", unit="pair", disable=not progress) as bar:
-                for c in reversed(range(len(chunks))):
-                    chunk = chunks[c]
-                    arena = kept if kept is not None and c == len(chunks) - 1 else self._embed_distinct(
-                        [hyps[i] for i in chunk], [groups[i] for i in chunk], batch_size, progress)
-                    kept = None
-                    n_units = arena.widths()  # each pair's longest text in units (known on the host)
-                    longest = [max(n_units[hyps[i]], *map(n_units.__getitem__, groups[i])) for i in chunk]
-                    batches, lists = [], []  # every batch's indices, built on the host, sent in one transfer
-                    for positions in length_batches(longest, batch_size):
-                        idx = [chunk[k] for k in positions]
-                        batch_hyps, batch_groups = [hyps[i] for i in idx], [groups[i] for i in idx]
-                        texts = _distinct_texts(batch_hyps, batch_groups)
-                        n_hyp_texts = len(dict.fromkeys(batch_hyps))  # first; each side in storage order
-                        texts = [*arena.in_storage_order(texts[:n_hyp_texts]),
-                                 *arena.in_storage_order(texts[n_hyp_texts:])]
-                        where = arena.index(texts)
-                        batches.append((batch_hyps, where, arena.all_have_units(texts)))
-                        lists += [idx, where.rows, *plan_lists(batch_hyps, batch_groups, texts)]
-                    sent = to_device(lists, device)
-                    for k, (batch_hyps, where, nonempty) in enumerate(batches):
-                        idx, rows, *plan = sent[6 * k:6 * k + 6]
-                        scores = self._score_embedded(call_plan(batch_hyps, plan), arena.gather(rows, where),
-                                                      return_all=return_all, means=means, nonempty=nonempty)
-                        out.index_copy_(1, idx, torch.stack(list(scores) if return_all else [scores]).float())
-                        bar.update(len(batch_hyps))
-        finally:
-            self.train(was_training)
-        out = out.cpu()
-        return PRF(*out) if return_all else out[0]
-
-    def _call_means(self, hyps: list[str], groups: list[list[str]], chunks: list[list[int]], batch_size: int,
-                    progress: bool, group) -> tuple[tuple[Tensor, ...], TokenArena | None]:
-        """First pass of :meth:`score` under ``batch`` centering: the mean unit vector of the call's
-        distinct texts — ``μ = Σ_texts Σ_tokens x / Σ_texts n_tokens`` (float64 sums), one mean
-        (``joint``) or the hypotheses' and the references' (``separate``) — summed over the ranks of
-        ``group`` if given. Returns the means and the arena of the last chunk (to be reused)."""
-        sides = (None,) if self.config.center_scope == "joint" else ("hyp", "ref")
-        dim, device = self.encoder.hidden_size, self.encoder.device
-        stats = torch.zeros(len(sides), dim + 1, dtype=torch.float64, device=device)  # per side (Σ x, n)
-        seen = {side: set() for side in sides}
-        arena = None
-        for chunk in chunks:
-            chunk_hyps, chunk_groups = [hyps[i] for i in chunk], [groups[i] for i in chunk]
-            arena = self._embed_distinct(chunk_hyps, chunk_groups, batch_size, progress)
-            side_texts = {None: _distinct_texts(chunk_hyps, chunk_groups), "hyp": chunk_hyps,
-                          "ref": [r for g in chunk_groups for r in g]}
-            for k, side in enumerate(sides):
-                new = [t for t in dict.fromkeys(side_texts[side]) if t not in seen[side]]
-                seen[side].update(new)
-                if new:
-                    where = arena.index(arena.in_storage_order(new))
-                    units = arena.gather(to_device([where.rows], device)[0], where)
-                    stats[k, :-1] += token_sum(units.vectors, units.mask, torch.float64)
-                    stats[k, -1] += units.mask.sum()
-        if group is not None:
-            stats = all_reduce_sum(stats, group)  # one collective for every side
-        means = tuple((s[:-1] / s[-1].clamp_min(1)).float() for s in stats)
-        return means, arena
-
-    def _embed_distinct(self, hyps: list[str], groups: list[list[str]], batch_size: int,
-                        progress: bool) -> TokenArena:
-        """Units of every distinct text (keyed by text), encoded in batches of texts of similar length
-        (in characters: a free proxy of the token count, which the encoder trims each batch to)."""
-        from tqdm.auto import tqdm
-
-        texts = sorted(_distinct_texts(hyps, groups), key=len)
-        batches = [texts[start:start + batch_size] for start in range(0, len(texts), batch_size)]
-        return TokenArena.of([(batch, *self.embed_with_spans(batch)) for batch in
-                              tqdm(batches, desc="encoding", unit="batch", disable=not progress, leave=False)])
+        return corpus.score_corpus(self, hyps, refs, batch_size, progress, return_all=return_all,
+                                   centering_group=centering_group)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Save to the directory ``path``: ``encoder/`` (weights as safetensors, cut at ``layer``,
@@ -877,7 +486,7 @@ class Scorer(nn.Module):
         ``path``, then moved in file by file, ``torchmover.json`` last, with the SHA-256 of every file.
         Never deletes a file it did not write: files already in ``path`` are kept (a file at a name the
         save writes that an earlier save did not write raises ``FileExistsError`` naming it)."""
-        save_scorer(self, path)
+        serialization.save_scorer(self, path)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, device: str | torch.device | None = "auto",
@@ -891,4 +500,9 @@ class Scorer(nn.Module):
         the SHA-256 recorded at save time and names the file that differs; ``verify=False`` skips the
         hashing (for a huge model on trusted storage).
         """
-        return load_scorer(cls, ScorerConfig, path, device=device, dtype=dtype, verify=verify)
+        saved = serialization.load_saved(path, dtype=dtype, verify=verify)
+        scorer = cls.from_config(saved.config, saved.encoder, device=device)
+        if scorer.config != saved.config:
+            raise ValueError(f"the scorer rebuilt from {str(path)!r} has config {scorer.config}, saved {saved.config}")
+        saved.restore(scorer)
+        return scorer

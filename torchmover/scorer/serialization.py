@@ -42,18 +42,22 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import json
 import os
 import shutil
 import tempfile
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from .._version import __version__
 from ..runtime.checkpoint import atomic_write_text
+from ..runtime.devices import resolve_dtype
+from ..text.encoder import Encoder
+from ..text.weights import IDF
+from .config import ScorerConfig
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "torchmover.json"
@@ -221,35 +225,55 @@ def verify_files(root: Path, meta: dict) -> None:
                              "was changed after saving (verify=False loads it anyway)")
 
 
-def load_scorer(cls, config_type, path: str | os.PathLike, device="auto", dtype: str | torch.dtype | None = None,
-                verify: bool = True):
-    """Rebuild a ``cls`` (a :class:`~torchmover.Scorer`, whose options are the dataclass ``config_type``,
-    :class:`~torchmover.ScorerConfig`) saved by :func:`save_scorer`.
+class SavedScorer(NamedTuple):
+    """What a saved scorer holds, read and checked (:func:`load_saved`): its config, its encoder, and
+    the statistics fitted on a corpus (centering buffers, rescaling baseline, IDF dictionaries)."""
 
-    ``dtype`` defaults to the dtype the encoder was saved in; ``device`` (``"auto"``, a name or a
-    ``torch.device``, :func:`torchmover.runtime.devices.resolve_device`) to ``"auto"``. ``verify`` checks
-    every saved file against the SHA-256 recorded in ``torchmover.json`` first (:func:`verify_files`).
+    config: ScorerConfig
+    encoder: Encoder
+    centering: dict[str, torch.Tensor]
+    baseline: list[float] | None
+    idf: dict[str, IDF]
+    root: Path
+
+    def restore(self, scorer) -> None:
+        """Put the fitted statistics into ``scorer`` (built from :attr:`config` on :attr:`encoder`)."""
+        missing = {name for name, _ in scorer.centering.named_buffers()} - set(self.centering)
+        if missing:
+            raise ValueError(f"{CENTERING_FILE} in {str(self.root)!r} lacks {sorted(missing)}")
+        scorer.centering.load_state_dict(self.centering)
+        if self.baseline is not None:
+            try:
+                scorer.baseline = self.baseline
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"corrupt baseline in {str(self.root / CONFIG_FILE)!r}: {e}") from e
+        if self.idf:
+            scorer.idf = self.idf
+
+
+def load_saved(path: str | os.PathLike, dtype: str | torch.dtype | None = None, verify: bool = True) -> SavedScorer:
+    """Read a scorer saved by :func:`save_scorer` (JSON and safetensors only, no network):
+    :class:`SavedScorer`, whose encoder is in ``dtype`` (default: the dtype it was saved in) on the CPU.
+
+    ``verify`` checks every saved file against the SHA-256 recorded in ``torchmover.json`` first
+    (:func:`verify_files`).
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     from transformers import AutoModel, AutoTokenizer
 
-    from ..runtime.devices import resolve_device, resolve_dtype
-    from ..text.encoder import Encoder
-    from ..text.weights import IDF
-
-    device, dtype = resolve_device(device), resolve_dtype(dtype)
+    dtype = resolve_dtype(dtype)
     root = Path(path)
     meta = read_meta(root)
     if verify:
         verify_files(root, meta)
-    fields = {f.name for f in dataclasses.fields(config_type)}
+    fields = {f.name for f in dataclasses.fields(ScorerConfig)}
     unknown = sorted(set(meta["config"]) - fields)
     if unknown:
         raise ValueError(f"{str(root / CONFIG_FILE)!r} has unknown config fields {unknown} (saved by "
                          f"torchmover {meta.get('torchmover', 'unknown')}; a newer version?)")
     try:
-        config = config_type(**meta["config"])
+        config = ScorerConfig(**meta["config"])
     except (TypeError, ValueError) as e:
         raise ValueError(f"invalid config in {str(root / CONFIG_FILE)!r}: {e}") from e
     for name in (ENCODER_DIR, CENTERING_FILE):
@@ -268,31 +292,16 @@ def load_scorer(cls, config_type, path: str | os.PathLike, device="auto", dtype:
     encoder = Encoder(model.eval(), tokenizer, config.layer, name=config.model, revision=config.revision,
                       max_length=config.max_length, special_tokens=config.special_tokens,
                       power_mean_layers=config.power_mean_layers)
-    accepted = inspect.signature(cls.__init__).parameters
-    options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-               if f.name in accepted and f.name not in ("model", "max_length", "revision")}
-    scorer = cls(encoder, **options, device=device)
-    if scorer.config != config:
-        raise ValueError(f"the scorer rebuilt from {str(root)!r} has config {scorer.config}, saved {config}")
-
     try:
         buffers = load_file(str(root / CENTERING_FILE))
     except (SafetensorError, OSError) as e:
         raise ValueError(f"corrupt {CENTERING_FILE} in {str(root)!r}: {e}") from e
-    missing = {name for name, _ in scorer.centering.named_buffers()} - set(buffers)
-    if missing:
-        raise ValueError(f"{CENTERING_FILE} in {str(root)!r} lacks {sorted(missing)}")
-    scorer.centering.load_state_dict(buffers)
-    if meta.get("baseline") is not None:
-        try:
-            scorer.baseline = meta["baseline"]
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"corrupt baseline in {str(root / CONFIG_FILE)!r}: {e}") from e
+    idf = {}
     listed = meta.get("files")
     if IDF_FILE in listed if isinstance(listed, dict) else (root / IDF_FILE).is_file():
         try:
             saved = json.loads((root / IDF_FILE).read_text(encoding="utf-8"))
-            scorer.idf = {side: IDF.from_dict(saved[side]) for side in ("hyp", "ref")}
+            idf = {side: IDF.from_dict(saved[side]) for side in ("hyp", "ref")}
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"corrupt {IDF_FILE} in {str(root)!r}: {e}") from e
-    return scorer  # built on `device` above; loaded buffers keep their device
+    return SavedScorer(config, encoder, buffers, meta.get("baseline"), idf, root)

@@ -12,6 +12,10 @@ from importlib import metadata
 
 import torch
 
+from ..functional.family import WMD_TEMPERATURE
+from ..functional.members import get_member
+from .config import NAMED_STOPWORDS, ScorerConfig
+
 LIBRARIES = ("torchmover", "torch", "transformers", "geomloss")
 
 
@@ -29,6 +33,38 @@ def tensor_digest(t: torch.Tensor) -> str:
     """Short content hash of a tensor (pins a fitted centering mean)."""
     data = bytes(t.detach().to("cpu", torch.float32).contiguous().view(torch.uint8).tolist())
     return hashlib.sha256(data).hexdigest()[:10]
+
+
+def scorer_signature(config: ScorerConfig, idf: dict, centering, baseline) -> str:
+    """The signature of a scorer of (resolved) ``config``, with its fitted statistics: the ``idf``
+    dictionaries (``{"hyp": IDF, "ref": IDF}`` or empty), its ``centering`` module (a fitted mean is
+    pinned by a digest) and its rescaling ``baseline`` (``PRF`` or None). A member's traits decide
+    which of ``direction``, ``T`` and ``iter`` it has."""
+    c, member = config, get_member(config.method)
+    fields = {"model": c.model + (f"@{c.revision}" if c.revision else ""), "layer": c.layer}
+    if c.power_mean_layers > 1:
+        fields["pmeans"] = c.power_mean_layers
+    stop = "none" if not c.stopwords else next(
+        (name for name, words in NAMED_STOPWORDS.items() if words == c.stopwords),
+        f"custom-{hashlib.sha256(' '.join(c.stopwords).encode()).hexdigest()[:10]}")
+    fields.update({"special": c.special_tokens, "subwords": c.subwords, "stop": stop, "punct": c.punctuation})
+    weights = "uniform"
+    if c.idf:
+        weights = f"idf-{idf['ref'].digest()}-{idf['hyp'].digest()}" if idf else "idf-unfitted"
+    fields.update({"weights": weights, "ngram": c.ngram})
+    if member.directed:
+        fields["direction"] = c.direction
+    if member.temperature is not None:
+        fields["T"] = WMD_TEMPERATURE if member.temperature == "fixed" else (c.temperature or "exact")
+    if member.iterations and (member.temperature == "tuned" or c.temperature):
+        fields["iter"] = "converged" if c.n_iter is None else c.n_iter
+    center = c.centering + ("-separate" if c.center_scope == "separate" else "")
+    if c.centering in ("fixed", "running") and centering.fitted:
+        center += f"-{tensor_digest(centering.mean)}"
+    fields.update({"center": center, "refs": c.multi_ref, "maxlen": c.max_length})
+    if c.rescale:  # the three baselines, P/R/F1 (one value thrice for members without directions)
+        fields["rescale"] = "b=" + "/".join(f"{b:.6f}" for b in baseline) if baseline else "unfitted"
+    return format_signature(c.method, fields)
 
 
 def format_signature(method: str, fields: dict[str, object]) -> str:

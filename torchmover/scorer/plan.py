@@ -1,0 +1,101 @@
+"""Host-side planning of a call: which rows of the encoded texts each (hypothesis, reference) pair
+reads, built on the host from the texts before the encoder runs, then sent to the device in one
+transfer (``plan.to_device(device)``; many plans at once with
+:func:`~torchmover._internal.transfer.send_plans`). Nothing here reads device data.
+
+A plan is a ``NamedTuple`` whose index fields are host lists (or integer arrays) before it is sent
+and long tensors after; its other fields (counts, flags) are the same on both sides.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import NamedTuple, Sequence
+
+import numpy as np
+from torch import Tensor
+
+from .._internal.arena import Gather
+from .._internal.transfer import plan_to_device
+
+
+class PairIndex(NamedTuple):
+    """One row per (hypothesis, reference) pair: ``hyp`` / ``ref`` rows into the hypothesis / reference
+    units, and ``owner``, the hypothesis each pair belongs to (each None where pair ``p`` is simply
+    row ``p`` of all the rows: nothing to gather; an ``owner`` of None means one reference per
+    hypothesis, nothing to combine)."""
+
+    hyp: list[int] | Tensor | None
+    ref: list[int] | Tensor | None
+    owner: list[int] | Tensor | None
+
+    to_device = plan_to_device
+
+
+class CallPlan(NamedTuple):
+    """Where the texts of a call's pairs are, in the units of its distinct texts (hypotheses first):
+    the first ``n_hyp_texts`` rows are the distinct hypotheses, ``ref_rows`` the distinct references,
+    ``index`` the pairs (into those two), ``n_hyps`` the hypotheses."""
+
+    n_hyp_texts: int
+    ref_rows: list[int] | Tensor
+    index: PairIndex
+    n_hyps: int
+
+    to_device = plan_to_device
+
+
+class BatchPlan(NamedTuple):
+    """One batch of :meth:`Scorer.score <torchmover.Scorer.score>`: ``positions`` of its hypotheses in
+    the call (where its scores go), ``rows`` of its distinct texts in the call's arena (``where``, the
+    host side of that gather: runs and width), the :class:`CallPlan` of its pairs into them, and
+    whether every text has a unit (``nonempty``, known on the host)."""
+
+    positions: list[int] | Tensor
+    rows: np.ndarray | Tensor
+    where: Gather
+    call: CallPlan
+    nonempty: bool
+
+    to_device = plan_to_device
+
+
+def pair_index(hyps: list[str], groups: list[list[str]], hyp_row: dict[str, int],
+               ref_row: dict[str, int]) -> PairIndex:
+    """The host :class:`PairIndex` of every (hypothesis, reference) pair, from each text's row among the
+    distinct hypotheses (``hyp_row``) and references (``ref_row``); ``None`` where the rows are simply
+    ``0, 1, …``. With one reference per hypothesis (the owners are ``0, 1, …``) the rows are looked up
+    by ``map``, without a Python loop over the pairs."""
+    def rows(values, n_rows):
+        return None if len(values) == n_rows and values == list(range(n_rows)) else values
+    refs = list(itertools.chain.from_iterable(groups))
+    if len(refs) == len(groups):
+        owner, pair_hyps = None, hyps
+    else:
+        owner = [i for i, g in enumerate(groups) for _ in g]
+        pair_hyps = [hyps[i] for i in owner]
+    return PairIndex(rows(list(map(hyp_row.__getitem__, pair_hyps)), len(hyp_row)),
+                     rows(list(map(ref_row.__getitem__, refs)), len(ref_row)), owner)
+
+
+def call_plan(hyps: list[str], groups: list[list[str]], texts: list[str]) -> CallPlan:
+    """The host :class:`CallPlan` of the pairs ``(hyps[i], groups[i][k])`` into ``texts``: every distinct
+    text of the call, the distinct hypotheses first (in any order; see
+    :func:`~torchmover.scorer.inputs.distinct_texts`)."""
+    row = {t: i for i, t in enumerate(texts)}
+    ref_texts = list(dict.fromkeys(itertools.chain.from_iterable(groups)))
+    hyp_rows = {t: row[t] for t in dict.fromkeys(hyps)}
+    index = pair_index(hyps, groups, hyp_rows, {t: i for i, t in enumerate(ref_texts)})
+    return CallPlan(len(hyp_rows), [row[t] for t in ref_texts], index, len(hyps))
+
+
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Batches of the positions of ``lengths``, longest first: consecutive, at most ``batch_size``
+    each, and a batch closes early at the first item shorter than ``1/√2`` of its first (longest) one.
+    Padded to its batch's longest, an item's square problem ``L × L`` is then at most twice its own
+    area; a fixed count alone pads the short end of a batch that spans the long tail of the lengths."""
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if not batches or len(batches[-1]) == batch_size or 2 * lengths[i] ** 2 < lengths[batches[-1][0]] ** 2:
+            batches.append([])
+        batches[-1].append(i)
+    return batches
