@@ -12,30 +12,30 @@ reproduce its numbers, while ``twmd-b`` (the paper's definitions) uses ``recall`
 
 Presets:
 
-============== ===================================================================================
-``twmd-b``     the TWMD paper's defaults: roberta-base, layer 10, TWMD, T = 0.10, one iteration,
-               recall, batch centering of hypotheses and references together.
-``twmd-b-authors`` the released TWMD-b code's choices where they differ: [CLS] kept and the final
-               separator dropped, references and candidates centered separately on their own batch
-               means (their code centers each mini-batch of 32 pairs: call the scorer on slices
-               of 32 pairs to reproduce that; ``scorer.score`` centers on the whole call), and its
-               "recall" (= precision here).
-``trwmd-b``    TRWMD-b: the closed-form relaxation, T = 0.15.
-``twmd``       TWMD without centering at the paper's T = 0.02.
-``moverscore`` MoverScore v2: distilbert-base-uncased, last layer, [CLS]/[SEP] kept (IDF gives them
-               weight 0), ``##`` pieces and ASCII punctuation dropped, no stopwords, IDF dictionaries fitted
-               separately on references and hypotheses (call ``fit_idf``), Euclidean-cost EMD,
-               score ``1 − EMD``, no centering.
-``bertscore``  BERTScore F1 as the ``bert-score`` package computes it (roberta-large, layer 17, no
-               centering, no baseline rescaling): [CLS]/[SEP] weigh 0 but stay matching targets
-               (``special_tokens="target"``); with ``idf=True`` call ``fit_idf(references)`` (one
-               dictionary from the references, as ``bert_score.score(idf=True)``).
-``sbert``      cosine of mean-pooled token vectors (no centering).
-``cka``        Wordset-CKA (batch centering).
-``sms``        Sentence Mover's Similarity (Clark et al., 2019): sentences as mean word vectors,
-               masses ``|s|/|A|``, Euclidean cost, exact OT, ``exp(−WMD)``; no centering.
-``s+wms``      the union of words and sentences, masses ``count/2|A|`` and ``|s|/2|A|``.
-============== ===================================================================================
+==================== ===================================================================================
+``twmd-b``           the TWMD paper's defaults: roberta-base, layer 10, TWMD, T = 0.10, one iteration,
+                     recall, batch centering of hypotheses and references together.
+``twmd-b-authors``   the released TWMD-b code's choices where they differ: [CLS] kept and the final
+                     separator dropped, references and candidates centered separately on their own batch
+                     means (their code centers each mini-batch of 32 pairs: call the scorer on slices
+                     of 32 pairs to reproduce that; ``scorer.score`` centers on the whole call), and its
+                     "recall" (= precision here).
+``trwmd-b``          TRWMD-b: the closed-form relaxation, T = 0.15.
+``twmd``             TWMD without centering at the paper's T = 0.02.
+``moverscore``       MoverScore v2: distilbert-base-uncased, last layer, [CLS]/[SEP] kept (IDF gives them
+                     weight 0), ``##`` pieces and ASCII punctuation dropped, no stopwords, IDF dictionaries fitted
+                     separately on references and hypotheses (call ``fit_idf``), Euclidean-cost EMD,
+                     score ``1 − EMD``, no centering.
+``bertscore``        BERTScore F1 as the ``bert-score`` package computes it (roberta-large, layer 17, no
+                     centering, no baseline rescaling): [CLS]/[SEP] weigh 0 but stay matching targets
+                     (``special_tokens="target"``); with ``idf=True`` call ``fit_idf(references)`` (one
+                     dictionary from the references, as ``bert_score.score(idf=True)``).
+``sbert``            cosine of mean-pooled token vectors (no centering).
+``cka``              Wordset-CKA (batch centering).
+``sms``              Sentence Mover's Similarity (Clark et al., 2019): sentences as mean word vectors,
+                     masses ``|s|/|A|``, Euclidean cost, exact OT, ``exp(−WMD)``; no centering.
+``s+wms``            the union of words and sentences, masses ``count/2|A|`` and ``|s|/2|A|``.
+==================== ===================================================================================
 """
 from __future__ import annotations
 
