@@ -631,7 +631,7 @@ def _run(args, scorer) -> dict:
     if scorer is None:
         scorer = Scorer(args.scorer_model or DEFAULT_MODEL, layer=args.scorer_layer, method=args.scorer_method,
                         device=args.device)
-    reward = SelfCriticalReward(scorer).fit([r["summary"] for r in train])  # fixed centering on the references
+    reward = SelfCriticalReward(scorer).fit([r["summary"] for r in train], centering="fixed")  # on the references
 
     args.output_dir.mkdir(parents=True, exist_ok=True)
     budget = {"steps": -1 if args.stop_after_steps is None else args.stop_after_steps}

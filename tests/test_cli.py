@@ -93,7 +93,9 @@ def test_preset_with_overrides_and_a_stopword_file(tmp_path, tiny_model_dir, cap
 def test_all_prints_precision_recall_f1_per_line(tmp_path, tiny_model_dir, capsys):
     assert run(tmp_path, tiny_model_dir, "--all") == 0
     out, err = capsys.readouterr()
-    rows = [[float(v) for v in line.split()] for line in out.splitlines()]
+    header, *lines = out.splitlines()
+    rows = [[float(v) for v in line.split()] for line in lines]
+    assert header == "# precision recall f1"
     assert len(rows) == 3 and all(len(r) == 3 for r in rows) and rows[1] == [0.0, 0.0, 0.0]
     assert "mean P R F1: " in err
     assert run(tmp_path, tiny_model_dir) == 0

@@ -115,8 +115,11 @@ def call_texts(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
         if args.refs or not args.ref:
             raise CLIError("--hyp TEXT takes its references as --ref TEXT (one or more), not --refs FILE")
         return [args.hyp], [list(args.ref)]
-    if args.ref or not args.refs:
+    if args.ref:
         raise CLIError("--hyps FILE takes reference files as --refs FILE (one or more), not --ref TEXT")
+    if not args.refs:
+        raise CLIError("--hyps FILE needs its references: --refs FILE (one reference per hypothesis line; "
+                       "repeat --refs for several)")
     hyps = read_lines(args.hyps)
     ref_files = [read_lines(path) for path in args.refs]
     for path, lines in zip(args.refs, ref_files):
@@ -133,6 +136,8 @@ def run_score(args: argparse.Namespace) -> None:
     rows = list(zip(*(s.tolist() for s in scores))) if args.all else [(s,) for s in scores.tolist()]
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
+        if args.all and args.format == "text":
+            out.write("# precision recall f1\n")
         for i, row in enumerate(rows):
             out.write(json.dumps({"line": i + 1, **dict(zip(columns, row))}) + "\n" if args.format == "jsonl"
                       else " ".join(f"{v:.6f}" for v in row) + "\n")
@@ -141,7 +146,30 @@ def run_score(args: argparse.Namespace) -> None:
             out.close()
     means = " ".join(f"{sum(col) / len(col):.6f}" for col in zip(*rows)) if rows else "nan"
     print(f"mean{' P R F1' if args.all else ''}: {means} (n={len(rows)})", file=sys.stderr)
-    print(f"signature: {scorer.signature}", file=sys.stderr)
+    print(f"signature: {all_directions(scorer.signature) if args.all else scorer.signature}", file=sys.stderr)
+
+
+def all_directions(signature: str) -> str:
+    """The signature of ``--all``'s output: ``direction:all`` where the scorer has a direction, since the
+    columns are its precision, recall and F1 (a member without directions prints its score thrice)."""
+    return "|".join("direction:all" if field.startswith("direction:") else field for field in signature.split("|"))
+
+
+def require(module: str, extra: str, option: str) -> None:
+    """Refuse, before any work, an option whose optional dependency cannot be imported."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise CLIError(f"{option} needs {module}, which is not installed: pip install \"torchmover[{extra}]\"") from None
+
+
+def prepare_outputs(*paths: str | None) -> None:
+    """Create the folders of the output files given (before any work: a path that cannot be written
+    fails now, not after the scoring)."""
+    for path in filter(None, paths):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
 
 
 def add_ratings_arguments(parser: argparse.ArgumentParser) -> None:
@@ -166,6 +194,9 @@ def add_correlate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_correlate(args: argparse.Namespace) -> None:
     """Read ratings, score them, print the correlation table; write ``--json`` / ``--plot``."""
+    if args.plot:
+        require("matplotlib", "plot", "--plot")
+    prepare_outputs(args.json, args.plot)
     records = read_ratings(args.data, args.year)
     if not records:
         raise CLIError(f"no ratings in {args.data}")
@@ -200,6 +231,9 @@ def add_sensitivity_arguments(parser: argparse.ArgumentParser) -> None:
 def run_sensitivity_command(args: argparse.Namespace) -> None:
     """Read ratings, run :func:`~torchmover.evaluation.sensitivity.run_sensitivity` from the options' base Scorer,
     print the table and write ``--json`` / ``--plot``."""
+    if args.plot:
+        require("matplotlib", "plot", "--plot")
+    prepare_outputs(args.json, args.plot)
     records = select_per_group(read_ratings(args.data, args.year), args.max_per_group)
     if not records:
         raise CLIError(f"no ratings in {args.data}")

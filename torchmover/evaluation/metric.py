@@ -107,6 +107,7 @@ class MoverMetric(Metric):
         self.add_state("preds", default=[], dist_reduce_fx=None)
         self.add_state("targets", default=[], dist_reduce_fx=None)
         self.to(scorer.encoder.device)  # the metric follows the scorer's device (Scorer(device="auto"))
+        self.compute = self._with_1d_per_sample(self.compute)
 
     @property
     def _scores_at_compute(self) -> bool:
@@ -135,6 +136,17 @@ class MoverMetric(Metric):
             dim_zero_cat(self.scores) if len(self.scores) else torch.zeros(0, device=self.device))  # [N]
         mean = scores.mean() if scores.numel() else torch.tensor(float("nan"), device=scores.device)
         return {"score": mean, "per_sample": scores} if self.return_per_sample else mean
+
+    @staticmethod
+    def _with_1d_per_sample(compute):
+        """``compute`` with ``per_sample`` always 1-D: torchmetrics squeezes every one-element tensor of
+        a result, which would make the scores of a single prediction a 0-d tensor."""
+        def wrapped(*args, **kwargs):
+            value = compute(*args, **kwargs)
+            if isinstance(value, dict):
+                value["per_sample"] = value["per_sample"].reshape(-1)
+            return value
+        return wrapped
 
     def _scores_of_texts(self) -> Tensor:
         """``batch`` centering: the kept texts scored together. In ``forward`` (the batch's texts

@@ -178,7 +178,7 @@ class MoverReward:
             return self._centering
         scorer_centering = self._scorer.centering
         mode = scorer_centering.mode
-        if mode in BATCH_INDEPENDENT or (mode in ("fixed", "running") and scorer_centering.fitted):
+        if self._scorer_centering_is_independent():
             return scorer_centering
         if mode == "batch":
             raise RuntimeError(
@@ -193,10 +193,17 @@ class MoverReward:
         )
 
     @_synchronized
-    def fit(self, texts: Sequence[str], batch_size: int = 64, *, distributed: bool = True) -> "MoverReward":
-        """Center every reward on the mean of all real token vectors of ``texts`` (e.g. the training
-        references), instead of the scorer's centering; the scorer is not modified. Also fills the
-        reference cache. Returns ``self``.
+    def fit(self, texts: Sequence[str], batch_size: int = 64, *, centering: str | None = None,
+            distributed: bool = True) -> "MoverReward":
+        """Fit the reward on a corpus ``texts`` (e.g. the training references): fill the reference cache,
+        and center every reward on the mean of all real token vectors of ``texts`` where asked or
+        needed; the scorer itself is not modified. Returns ``self``.
+
+        ``centering``: ``None`` (default) fits that corpus mean only where the scorer's centering
+        depends on the batch (``batch``) or has no mean yet (an unfitted ``fixed`` / ``running``): a
+        scorer whose centering is already independent of the batch (``none``, ``sentence``,
+        ``dimension``, a fitted mean) keeps its scores. ``"fixed"`` centers on the corpus mean in any
+        case. A fitted mean is visible in :attr:`signature` (``center:fixed-<digest>``).
 
         Under ``torch.distributed`` (and ``distributed=True``) every rank passes the same ``texts``,
         encodes (and caches) its share ``texts[rank::world_size]``, and the (sum, count) is
@@ -205,16 +212,28 @@ class MoverReward:
         texts = check_texts("texts", texts)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if centering not in (None, "fixed"):
+            raise ValueError(f"centering must be None (only where needed) or 'fixed', got {centering!r}")
         if not texts:
             raise ValueError("texts is empty: fit needs at least one text with a real token")
         encoder = self._scorer.encoder
         if distributed:
             texts = shard(texts, encoder.device)
         chunks = (self._reference_units(texts[i:i + batch_size]) for i in range(0, len(texts), batch_size))
-        centering = Centering("fixed", dim=encoder.hidden_size).to(encoder.device)
-        centering.fit((units[:2] for units in chunks), distributed=distributed)
-        self._centering = centering.eval()
+        if centering is None and self._scorer_centering_is_independent():
+            for _ in chunks:  # the cache filled, the scores left alone
+                pass
+            return self
+        mean = Centering("fixed", dim=encoder.hidden_size).to(encoder.device)
+        mean.fit((units[:2] for units in chunks), distributed=distributed)
+        self._centering = mean.eval()
         return self
+
+    def _scorer_centering_is_independent(self) -> bool:
+        """Whether the scorer's own centering makes a text's reward independent of the other texts of
+        its call (a per-text rule, or a mean already fitted)."""
+        centering = self._scorer.centering
+        return centering.mode in BATCH_INDEPENDENT or (centering.mode in ("fixed", "running") and centering.fitted)
 
     # --- reference cache ---------------------------------------------------------------------------
 

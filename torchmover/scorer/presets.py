@@ -100,7 +100,7 @@ def signature_options(signature: str, stopwords=None) -> dict:
     options["stopwords"] = stopwords if stop.startswith("custom-") else (() if stop == "none" else stop)
     options["idf"] = f.get("weights", "uniform").startswith("idf")
     options["rescale"] = "rescale" in f  # the baseline itself is refitted: Scorer.fit_baseline
-    if "direction" in f:
+    if f.get("direction", "all") != "all":  # all: the command line's P/R/F1 columns of one scorer
         options["direction"] = f["direction"]
     if "T" in f and method not in ("wmd", "moverscore"):
         options["temperature"] = None if f["T"] == "exact" else float(f["T"])

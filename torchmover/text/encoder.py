@@ -208,6 +208,37 @@ def looks_like_path(name: str) -> bool:
             or name.count("/") > 1)
 
 
+HUB_PROBE_TIMEOUT = 5.0  # seconds to wait for the hub to answer before a model not in the cache is refused
+
+
+def check_hub_model_available(name: str, revision: str | None = None) -> None:
+    """Fail at once, in one line, when the hub model ``name`` is neither in the local Hugging Face cache
+    nor downloadable — ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set, or the hub does not
+    answer within ``HUB_PROBE_TIMEOUT`` seconds — instead of the hub client's retries and its
+    traceback. A cached model passes (it loads offline); any HTTP answer of the hub counts as
+    reachable (the hub client then reports what it says)."""
+    import urllib.error
+    import urllib.request
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(name, "config.json", revision=revision), str):
+        return
+    how = (f"download it where the hub can be reached (`huggingface-cli download {name}`) into the cache "
+           f"({constants.HF_HUB_CACHE}), or pass a local directory")
+    if constants.HF_HUB_OFFLINE or os.environ.get("TRANSFORMERS_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        raise OSError(f"model={name!r} is not in the local Hugging Face cache and the hub is switched off "
+                      f"(HF_HUB_OFFLINE): {how}")
+    try:
+        urllib.request.urlopen(urllib.request.Request(constants.ENDPOINT, method="HEAD"), timeout=HUB_PROBE_TIMEOUT)
+    except urllib.error.HTTPError:
+        return
+    except (OSError, ValueError) as error:  # URLError, timeouts, refused connections, a malformed endpoint
+        reason = getattr(error, "reason", error)
+        raise OSError(f"model={name!r} is not in the local Hugging Face cache and the hub ({constants.ENDPOINT}) "
+                      f"cannot be reached ({reason}): {how}") from None
+
+
 def check_max_length(max_length) -> None:
     """Raise ``ValueError`` naming ``max_length`` unless it is ``None`` or a positive int."""
     if max_length is not None and (type(max_length) is not int or max_length < 1):
@@ -348,8 +379,6 @@ class Encoder(nn.Module):
         weights (:func:`weights_digest`, whatever the layer); a ``revision`` given for a directory must
         equal it (e.g. from a printed signature: the weights are checked).
         """
-        from transformers import AutoModel, AutoTokenizer
-
         check_max_length(max_length)
         path = resolve_model_path(name)
         if looks_like_path(path):
@@ -361,6 +390,10 @@ class Encoder(nn.Module):
         if not local and model_name not in (None, name):
             raise ValueError(f"model_name={model_name!r} is for local directories; the hub model {name!r} is "
                              "named by its hub id")
+        if not os.path.isdir(path):  # a hub id (the default model's package resolves to a directory)
+            check_hub_model_available(path, revision)
+        from transformers import AutoModel, AutoTokenizer  # here: a slow import, after the checks
+
         tokenizer = AutoTokenizer.from_pretrained(path, revision=None if local else revision, use_fast=True)
         model = AutoModel.from_pretrained(path, revision=None if local else revision, **model_kwargs)
         recorded = (model_name or local_model_name(path, model.config.model_type)) if local else name
