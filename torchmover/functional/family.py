@@ -87,7 +87,7 @@ def _unit_vectors(x: Tensor, mask: Tensor, finite_padding: bool = False) -> Tens
 
     ``finite_padding``: the caller knows that padding holds finite values (an encoder's output, a
     centered or gathered batch), so zeroing it first (a select over all of ``x``, a scalar loop on
-    the CPU: 6x a multiplication) is not needed: the norms are divided by the mask instead, which
+    the CPU) is not needed: the norms are divided by the mask instead, which
     makes them ``inf`` at padding, where ``x / inf`` is then 0 (signed); real tokens are divided by
     the same norms, to the bit."""
     if not finite_padding:

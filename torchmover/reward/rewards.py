@@ -368,9 +368,14 @@ class SelfCriticalReward(MoverReward):
     the other's reward; where the two texts are equal the advantage is exactly 0.
 
     Example:
-        >>> reward = SelfCriticalReward(scorer).fit(train_references)  # doctest: +SKIP
-        >>> out = reward(sampled, greedy, refs)  # doctest: +SKIP
-        >>> loss = -(out.advantage * sampled_logprob).mean()  # doctest: +SKIP
+        >>> import torch
+        >>> from torchmover import Scorer
+        >>> reward = SelfCriticalReward(Scorer(device="cpu"))  # a centering scorer: .fit(train_references) first
+        >>> out = reward(["a cat sat on it"], ["the cat sat"], ["the cat sat on the mat"])
+        >>> [round(a, 4) for a in out.advantage.tolist()]
+        [0.0212]
+        >>> sampled_logprob = torch.tensor([-3.2], requires_grad=True)  # log p(sampled), from the policy
+        >>> loss = -(out.advantage * sampled_logprob).mean()
     """
 
     def __call__(self, sampled: Sequence[str], greedy: Sequence[str],

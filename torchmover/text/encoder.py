@@ -123,8 +123,8 @@ def pad_lists(ragged: Sequence[Sequence[Sequence[int]]], pads: Sequence[int]) ->
 
     One ``np.fromiter`` over every value as one stream (NumPy reads lists of ints several times
     faster than ``torch.tensor``, and a stream faster than ``np.array`` over nested lists), each
-    list's values put in row-major order where the mask is True by ``np.place`` (a third of the
-    time of a boolean-mask assignment ``padded[:, valid] = values`` on this CPU)."""
+    list's values put in row-major order where the mask is True by ``np.place`` (cheaper than a
+    boolean-mask assignment ``padded[:, valid] = values``)."""
     sizes = list(map(len, ragged[0]))  # the longest and the total in Python: a NumPy reduction costs more
     lengths = np.array(sizes, np.int64)
     valid = np.arange(max(sizes, default=0)) < lengths[:, None]  # [N, L]
@@ -435,13 +435,13 @@ class Encoder(nn.Module):
 
         ``word_ids=False``: the ``encodings`` need not carry word ids (nor offsets), so the texts go
         straight to the Rust tokenizer's ``encode_batch_fast`` (tokenizers 0.21 has it; without it,
-        the tokenizer's own call), which does not track offsets: 0.83x the time for 64 completions
-        on a 2-core CPU, where tokenization is the largest host cost of a reward call. The same ids,
+        the tokenizer's own call), which does not track offsets — tokenization is the largest host
+        cost of a reward call. The same ids,
         special-tokens mask, type ids and truncation as the tokenizer's own call (the backend set up
         as it sets it up on every call: :meth:`_configure_backend`); tested against it. The
         ``encodings`` are then not returned: freeing them (a Rust object per text, holding each token
         as a string) is the tokenizer's own cost, so it is paid here, not when the caller lets go of
-        the batch (in a reward call, 6% of the host work after the tokenizer on a 2-core CPU).
+        the batch.
         """
         stripped = [t.strip() for t in texts]
         backend = self.tokenizer.backend_tokenizer
