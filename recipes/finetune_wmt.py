@@ -112,7 +112,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
 import json
 import os
 import random
@@ -121,22 +120,25 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
 import torchmover as tm
-from torchmover.runtime.checkpoint import (
-    atomic_write_text, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state,
-)
-from torchmover.functional.centering import Centering
 from torchmover.evaluation.correlation import Report, correlate
 from torchmover.evaluation.data import Rating, read_ratings, split_dev
+from torchmover.functional.centering import Centering
+from torchmover.runtime.checkpoint import (
+    atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state,
+)
+from torchmover.runtime.distributed import all_reduce_sum
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # recipes/common.py, also when loaded from its path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRAIN = REPO.parent / "shared" / "data" / "wmt15-16"
 CHECKPOINT_FORMAT = 1
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-_OWN_PROCESS_GROUP = False  # whether main() initialised torch.distributed (torchrun launch)
 # Options that fix the data order, the schedule or the model: --resume refuses to change them.
 RESUME_FIXED = ("train", "year", "dev_fraction", "max_train_pairs", "model", "layer", "method", "direction",
                 "temperature", "centering", "centering_fit_size", "max_length", "freeze_below", "epochs",
@@ -316,105 +318,6 @@ def param_groups(scorer: tm.Scorer, calibration: Calibration, args) -> list[dict
     return out
 
 
-def lr_schedule(optimizer, warmup_steps: int, total_steps: int, kind: str):
-    """Linear warm-up from 0 over ``warmup_steps``, then linear decay to 0 at ``total_steps`` (or constant)."""
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / (warmup_steps + 1)
-        if kind == "constant":
-            return 1.0
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-# --- distributed helpers ---------------------------------------------------------------------------
-
-def setup_distributed(device_arg: str | None) -> tuple[int, int, torch.device]:
-    """``(rank, world_size, device)``; initialises the process group from torchrun's variables."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device_arg:
-        device = torch.device(device_arg)
-    else:
-        device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    global _OWN_PROCESS_GROUP
-    if world > 1 and not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=datetime.timedelta(hours=2))  # rank 0 evaluates alone
-        _OWN_PROCESS_GROUP = True  # ours to destroy at the end; a caller's group is left alone
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size(), device
-    return 0, 1, device
-
-
-def broadcast_int(value: int) -> int:
-    """Rank 0's ``value`` on every rank."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def all_reduce_(t: Tensor) -> Tensor:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return t
-
-
-def barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
-def sum_gradients_(params: list[nn.Parameter]) -> None:
-    """Sum the gradients of ``params`` over ranks (one flat all-reduce)."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
-
-
-def broadcast_parameters_(module: nn.Module) -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        for t in list(module.parameters()) + list(module.buffers()):
-            dist.broadcast(t.data, src=0)
-
-
-# --- RNG and checkpoints ---------------------------------------------------------------------------
-
-def gather_rng_states() -> list[dict]:
-    """Every rank's RNG state, on every rank (rank order)."""
-    state = rng_state()
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return [state]
-    states = [None] * dist.get_world_size()
-    dist.all_gather_object(states, state)
-    return states
-
-
-def resolve_checkpoint(resume: str, output: Path) -> Path:
-    if resume != "latest":
-        path = Path(resume)
-    else:
-        path = latest_checkpoint(output / "checkpoints")
-        if path is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {output / 'checkpoints'} (no 'latest' file)")
-    if not path.is_file():
-        raise FileNotFoundError(f"--resume: checkpoint {path} not found")
-    return path
-
-
 # --- data ------------------------------------------------------------------------------------------
 
 def read_all(paths: list[str], year: int | None) -> list[Rating]:
@@ -544,16 +447,6 @@ def plot_seeds(results: dict[int, dict], out: Path) -> Path | None:
     return out
 
 
-class JsonLog:
-    def __init__(self, path: Path, enabled: bool):
-        self.path, self.enabled = path, enabled
-
-    def __call__(self, event: str, **fields) -> None:
-        if self.enabled:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
-
-
 # --- training --------------------------------------------------------------------------------------
 
 def autocast_context(device: torch.device, precision: str):
@@ -575,29 +468,20 @@ def fit_calibration(scorer: tm.Scorer, records: list[Rating], args, rank: int, w
     subset = sorted(random.Random(args.seed).sample(range(len(records)), n_fit))
     steps = epoch_steps(len(subset), 0, args, rank, world)
     micro = [[subset[i] for i in batch] for step in steps for batch in step]
-    scorer.train()
-    scorer.encoder.eval()  # no dropout; centering stays in training mode (global batch mean)
+    scorer.train()  # centering in training mode: the global micro-batch's mean, as in training
     stats = torch.zeros(5, dtype=torch.float64)
     try:
-        for batch in tqdm(micro, desc="calibration fit", disable=not progress):
-            with autocast_context(device, args.precision):
-                x = scorer([records[i].hyp for i in batch], [records[i].ref for i in batch]).double().cpu()
-            y = torch.tensor([records[i].score for i in batch], dtype=torch.float64)
-            stats += torch.stack([x.sum(), y.sum(), (x * x).sum(), (x * y).sum(), torch.tensor(float(len(batch)))])
+        with common.eval_mode(scorer.encoder):  # no dropout
+            for batch in tqdm(micro, desc="calibration fit", disable=not progress):
+                with autocast_context(device, args.precision):
+                    x = scorer([records[i].hyp for i in batch], [records[i].ref for i in batch]).double().cpu()
+                y = torch.tensor([records[i].score for i in batch], dtype=torch.float64)
+                stats += torch.stack([x.sum(), y.sum(), (x * x).sum(), (x * y).sum(), torch.tensor(float(len(batch)))])
     finally:
         scorer.eval()
-    stats = all_reduce_(stats.to(device)).cpu().tolist()
+    stats = all_reduce_sum(stats.to(device)).cpu().tolist()
     a, b = least_squares(*stats)
     return a, b, int(stats[4])
-
-
-def gather(t: Tensor) -> Tensor:
-    """``t`` of every rank, concatenated in rank order; differentiable (one rank: ``t``)."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return t
-    from torch.distributed.nn.functional import all_gather
-
-    return torch.cat(all_gather(t))
 
 
 def correlation_loss(pred: Tensor, human: Tensor, kind: str) -> Tensor:
@@ -645,9 +529,8 @@ def main(argv: list[str] | None = None) -> dict:
     """Run the recipe (``--seeds``: once per seed, then the seed table); returns a summary dict
     (final calibration, correlations, paths, throughput; with ``--seeds``: the table's dict)."""
     args = build_parser().parse_args(argv)
-    if args.seeds:
-        return run_seeds(args)
-    return train(args)
+    with common.torchrun_process_group(common.local_device(args.device)):
+        return run_seeds(args) if args.seeds else train(args)
 
 
 def train(args: argparse.Namespace) -> dict:
@@ -661,7 +544,8 @@ def train(args: argparse.Namespace) -> dict:
         raise ValueError(f"--loss-weight must be non-negative, got {args.loss_weight}")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    rank, world, device = setup_distributed(args.device)
+    rank, world = common.rank_and_world()
+    device = common.local_device(args.device)
     if args.precision == "fp16" and device.type != "cuda":
         raise ValueError("--precision fp16 needs a GPU; use bf16 on the CPU")
     main_rank = rank == 0
@@ -669,8 +553,8 @@ def train(args: argparse.Namespace) -> dict:
     output = Path(args.output)
     if main_rank:
         output.mkdir(parents=True, exist_ok=True)
-    barrier()
-    log = JsonLog(output / "log.jsonl", main_rank)
+    common.barrier()
+    log = common.JsonLog(output / "log.jsonl", main_rank)
     say = (lambda *a: print(*a, flush=True)) if main_rank else (lambda *a: None)
 
     # Data: training ratings minus a stratified, seeded dev split; the test set by path.
@@ -699,7 +583,7 @@ def train(args: argparse.Namespace) -> dict:
     steps_per_epoch = len(epoch_steps(len(train), 0, args, rank, world))
     total_steps = steps_per_epoch * args.epochs
     warmup = int(round(args.warmup * total_steps)) if args.warmup < 1 else int(args.warmup)
-    scheduler = lr_schedule(optimizer, warmup, total_steps, args.schedule)
+    scheduler = common.warmup_schedule(optimizer, warmup, total_steps, args.schedule)
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
     trainable = [p for g in optimizer.param_groups for p in g["params"]]
 
@@ -707,7 +591,7 @@ def train(args: argparse.Namespace) -> dict:
     baseline, dev_history, resumed_losses = None, {}, []
     best = None  # {"epoch", "pearson", "scorer", "calibration"}: the best dev epoch so far (states on the CPU)
     if args.resume:
-        path = resolve_checkpoint(args.resume, output)
+        path = common.resume_path(args.resume, output / "checkpoints")
         state = load_checkpoint(path)
         if state.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"{path}: checkpoint format {state.get('format')!r}, expected {CHECKPOINT_FORMAT}")
@@ -744,7 +628,7 @@ def train(args: argparse.Namespace) -> dict:
                 if dev:
                     dev_history["0"] = summary(evaluate(scorer, dev, args, 0, progress)) if test is not dev else baseline
                     log("epoch", epoch=0, dev=dev_history["0"])
-        barrier()
+        common.barrier()
         if args.calibration_init == "lsq":
             a, b, n_fit = fit_calibration(scorer, train, args, rank, world, device, progress)
             with torch.no_grad():
@@ -754,11 +638,11 @@ def train(args: argparse.Namespace) -> dict:
             log("calibration_fit", a=a, b=b, n=n_fit)
         torch.manual_seed(args.seed + 1000 * rank)  # dropout streams differ between ranks
         random.seed(args.seed)
-    broadcast_parameters_(scorer)
-    broadcast_parameters_(calibration)
+    common.broadcast_parameters_(scorer)
+    common.broadcast_parameters_(calibration)
 
     def checkpoint(epoch: int, step_in_epoch: int) -> Path | None:
-        rngs = gather_rng_states()
+        rngs = common.all_rng_states()
         path = None
         if main_rank:
             state = {
@@ -770,7 +654,7 @@ def train(args: argparse.Namespace) -> dict:
                 "epoch_losses": list(losses) if step_in_epoch else [], "best": best,
             }
             path = save_checkpoint(output / "checkpoints", state, state["global_step"], args.keep_checkpoints)
-        barrier()
+        common.barrier()
         return path
 
     from tqdm.auto import tqdm
@@ -795,11 +679,12 @@ def train(args: argparse.Namespace) -> dict:
                 # Σ_r L_r is the mean over the global step: each rank divides by W · n_step.
                 loss = ((pred - human) ** 2).sum() / (n_step * world)
                 if args.loss != "mse":  # on the global micro-batch; all_gather's backward sums W copies
-                    term = correlation_loss(gather(pred), gather(human), args.loss.split("+")[1])
+                    term = correlation_loss(common.all_gather_cat(pred), common.all_gather_cat(human),
+                                            args.loss.split("+")[1])
                     loss = loss + args.loss_weight * term * len(batch) / (n_step * world)
                 scaler.scale(loss).backward()
                 step_loss += loss.detach().double().cpu()
-            sum_gradients_(trainable)
+            common.sum_gradients_(trainable)
             scaler.unscale_(optimizer)
             if args.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(trainable, args.max_grad_norm)
@@ -808,7 +693,7 @@ def train(args: argparse.Namespace) -> dict:
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             global_step += 1
-            step_loss = float(all_reduce_(step_loss.to(device)).cpu())
+            step_loss = float(all_reduce_sum(step_loss.to(device)).cpu())
             losses.append(step_loss)
             window.append(step_loss)
             dt = time.perf_counter() - t0
@@ -850,7 +735,7 @@ def train(args: argparse.Namespace) -> dict:
                         "scorer": {k: v.detach().cpu().clone() for k, v in scorer.state_dict().items()},
                         "calibration": {k: v.detach().cpu().clone() for k, v in calibration.state_dict().items()}}
         checkpoint(epoch + 1, 0)
-        best_epoch = broadcast_int(best["epoch"] if best else 0)  # rank 0 evaluates dev
+        best_epoch = common.broadcast_object(best["epoch"] if best else 0)  # rank 0 evaluates dev
         if args.patience and best_epoch and epoch + 1 - best_epoch >= args.patience and epoch + 1 < args.epochs:
             say(f"early stopping: no better dev Pearson r for {args.patience} epoch(s) after epoch {best_epoch}")
             log("early_stop", epoch=epoch + 1, best_epoch=best_epoch)
@@ -870,7 +755,7 @@ def train(args: argparse.Namespace) -> dict:
               "pairs_per_s": pairs_seen / train_time if train_time else None, "train_seconds": train_time,
               "baseline": baseline, "dev_history": dev_history, "output": str(output)}
     if stopped:
-        _finish_distributed()
+        common.barrier()
         return result
 
     final = output / "final"
@@ -894,7 +779,7 @@ def train(args: argparse.Namespace) -> dict:
         if not args.no_plot:
             plot_curves(output / "log.jsonl", output / "curves.png")
     result["final"] = str(final)
-    _finish_distributed()
+    common.barrier()
     return result
 
 
@@ -927,11 +812,11 @@ def run_seeds(args: argparse.Namespace) -> dict:
                                                  "resume": resume}))
             if result["stopped"]:
                 return {"stopped": True, "seed": seed}
-        if dist.is_initialized() and dist.get_rank() > 0:
+        if common.rank_and_world()[0] > 0:
             continue  # rank 0 writes the results and the table
         results[seed] = json.loads((out / "result.json").read_text(encoding="utf-8"))
         rows.append(seed_row(seed, results[seed]))
-    if dist.is_initialized() and dist.get_rank() > 0:
+    if common.rank_and_world()[0] > 0:
         return {"stopped": False}
     stats = {key: spread([r[key] for r in rows]) for key, _, _ in SEED_COLUMNS}
     table = {"seeds": rows, "stats": stats, "args": {k: v for k, v in vars(args).items() if k != "seed"}}
@@ -978,14 +863,6 @@ def seed_markdown(rows: list[dict], stats: dict) -> str:
         "–" if stats[key] is None else f"{cell(fmt, stats[key]['min'])} – {cell(fmt, stats[key]['max'])}"
         for key, _, fmt in SEED_COLUMNS) + " |")
     return "\n".join(lines) + "\n"
-
-
-def _finish_distributed() -> None:
-    global _OWN_PROCESS_GROUP
-    barrier()
-    if _OWN_PROCESS_GROUP and dist.is_initialized():
-        dist.destroy_process_group()
-        _OWN_PROCESS_GROUP = False
 
 
 def load_finetuned(path: str | os.PathLike) -> tuple[tm.Scorer, Calibration]:

@@ -65,7 +65,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -76,9 +75,11 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from torchmover.runtime.checkpoint import (
-    atomic_write, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state,
-)
+from torchmover.runtime.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # recipes/common.py, also when loaded from its path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TOY_DATA = REPO / "recipes" / "data" / "toy_summarization.jsonl"
@@ -278,21 +279,11 @@ class Batch:
         return self
 
 
-@contextlib.contextmanager
-def eval_mode(model: nn.Module):
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
-
-
 @torch.no_grad()
 def decode(model, tokenizer, inputs, max_new_tokens: int, sample: bool) -> tuple[Tensor, list[str]]:
     """Sampled or greedy summaries (dropout off): ids ``[B, T]`` starting with the decoder start
     token, and their texts."""
-    with eval_mode(model):
+    with common.eval_mode(model):
         ids = model.generate(**inputs, generation_config=generation_config(model, max_new_tokens, sample))
     return ids, tokenizer.batch_decode(ids, skip_special_tokens=True)
 
@@ -322,7 +313,7 @@ def training_loss(model, tokenizer, batch: Batch, reward, gamma: float, args) ->
         sampled_ids, sampled = decode(model, tokenizer, batch.inputs, args.max_target_length, sample=True)
         _, greedy = decode(model, tokenizer, batch.inputs, args.max_target_length, sample=False)
         r = reward(sampled, greedy, batch.references)  # no graph
-        with eval_mode(model):  # log p of the policy the samples were drawn from: dropout off, as in decode
+        with common.eval_mode(model):  # log p of the policy the samples were drawn from: dropout off, as in decode
             logp = sequence_logprob(model, batch.inputs, sampled_ids, tokenizer.eos_token_id, args.logprob)  # [B]
         l_rl = -(r.advantage.to(logp) * logp).mean()
         loss = loss + gamma * l_rl
@@ -353,46 +344,10 @@ def evaluate(model, tokenizer, rows: list[dict], reward, args) -> dict:
             "reward_greedy": sum(greedy_rewards) / len(greedy_rewards), "examples": shown}
 
 
-# --- checkpoints, RNG, log -----------------------------------------------------------------------------
-
-class JsonLog:
-    """Appends ``{"event": ..., "time": ..., **fields}`` lines to ``path``."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __call__(self, event: str, **fields) -> None:
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
-
-    def truncate_after(self, step: int) -> None:
-        """Drop events logged after ``step`` (written before an interruption, then redone on resume)."""
-        if not self.path.is_file():
-            return
-        lines = self.path.read_text(encoding="utf-8").splitlines()
-        kept = [l for l in lines if l.strip() and json.loads(l).get("step", -1) <= step]
-        atomic_write(self.path, lambda fh: fh.write("".join(l + "\n" for l in kept).encode()))
-
-    def events(self, kind: str) -> list[dict]:
-        if not self.path.is_file():
-            return []
-        return [e for e in map(json.loads, self.path.read_text(encoding="utf-8").splitlines()) if e["event"] == kind]
-
-
 # --- a training phase ----------------------------------------------------------------------------------
 
 class Interrupted(Exception):
     """Raised after ``--stop-after-steps`` optimiser steps (a simulated preemption)."""
-
-
-def lr_factor(kind: str, warmup: int, total: int):
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if kind == "linear":
-            return max(0.0, (total - step) / max(1, total - warmup))
-        return 1.0
-    return factor
 
 
 def batch_indices(n: int, batch_size: int, seed: int, step: int) -> list[int]:
@@ -412,7 +367,7 @@ def run_phase(name: str, model, tokenizer, train, evaluation, reward, args, gamm
     from tqdm.auto import tqdm
 
     run_dir = args.output_dir / name
-    ckpt_dir, log = run_dir / "checkpoints", JsonLog(run_dir / "log.jsonl")
+    ckpt_dir, log = run_dir / "checkpoints", common.JsonLog(run_dir / "log.jsonl")
     total = epochs * max(1, len(train) // args.batch_size)
     done = run_dir / "done.json"
     if not args.resume and run_dir.is_dir() and any(run_dir.iterdir()):
@@ -423,7 +378,7 @@ def run_phase(name: str, model, tokenizer, train, evaluation, reward, args, gamm
         return json.loads(done.read_text(encoding="utf-8"))
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=args.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(args.schedule, args.lr_warmup_steps, total))
+    scheduler = common.warmup_schedule(optimizer, args.lr_warmup_steps, total, args.schedule)
     step = 0
     path = latest_checkpoint(ckpt_dir) if args.resume else None
     if path is not None:
@@ -577,8 +532,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="learning rate of the warm start (default: %(default)s)")
     train.add_argument("--weight-decay", type=float, default=0.01)
     train.add_argument("--schedule", choices=("constant", "linear"), default="constant",
-                       help="learning rate after --lr-warmup-steps (default: %(default)s)")
-    train.add_argument("--lr-warmup-steps", type=int, default=0)
+                       help="learning rate after --lr-warmup-steps: kept, or decayed linearly to 0 at the end "
+                            "of each phase (default: %(default)s)")
+    train.add_argument("--lr-warmup-steps", type=int, default=0,
+                       help="linear warm-up of each phase: step s < N at (s + 1) / (N + 1) of the learning rate "
+                            "(default: %(default)s)")
     train.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (default: %(default)s)")
     train.add_argument("--seed", type=int, default=0)
     out = p.add_argument_group("output")
