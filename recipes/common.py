@@ -1,5 +1,5 @@
 """What the two training recipes share: the JSON-lines log, eval mode, the learning-rate schedule,
-checkpoints, and the few ``torch.distributed`` helpers that neither torch nor
+the run-directory rule, checkpoints, and the few ``torch.distributed`` helpers that neither torch nor
 :mod:`torchmover.runtime.distributed` offers.
 
 Not part of the library: each recipe puts its own directory on ``sys.path`` and imports this file as
@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -89,6 +90,34 @@ def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, total_s
 
 
 # --- run directory and checkpoints -----------------------------------------------------------------
+
+def claim_run_directory(directory: Path, outputs: Iterable[str], resume: bool, overwrite: bool,
+                        main: bool = True) -> list[str]:
+    """The rule of both recipes for a run directory that already holds a run (issue 32): never
+    overwrite it silently. ``outputs`` are the files and folders a run writes in ``directory``; the
+    ones found there are returned.
+
+    With ``resume`` nothing changes: the recipe continues the run. Otherwise, if any of ``outputs``
+    exists, raise ``SystemExit`` saying to pass ``--resume`` or ``--overwrite`` (before anything is
+    written), or with ``overwrite`` delete them: only them (other files in ``directory`` stay), and
+    only on the ``main`` process. Every process of a job may call it: the answer is the same on all,
+    as the main process deletes only when none refuses."""
+    directory = Path(directory)
+    existing = [name for name in outputs if (directory / name).exists() or (directory / name).is_symlink()]
+    if resume or not existing:
+        return existing
+    if not overwrite:
+        raise SystemExit(f"{directory} already holds a run ({', '.join(existing)}): pass --resume to continue "
+                         "it, --overwrite to delete its outputs and start over, or choose another output directory")
+    if main:
+        for name in existing:
+            path = directory / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    return existing
+
 
 def resume_path(resume: str, checkpoints: Path) -> Path:
     """The checkpoint that ``--resume [CHECKPOINT]`` names: a file, or ``"latest"`` in ``checkpoints``."""

@@ -23,7 +23,7 @@ and ``--patience P`` stops after P epochs without a better one. ``--seeds 0,1,2`
 once per seed (dev split, training subset, data order, dropout) in ``OUTPUT/seed-S`` and writes
 ``OUTPUT/seeds.md`` / ``seeds.json`` (before / after / Δ per seed and mean ± sd) and ``seeds.png``
 (test r per language pair, before and after); a finished seed is not rerun, an interrupted one
-resumes. ``--layer`` picks the layer read (default: the top one); the blocks above it are cut off
+resumes (one stopped before its first checkpoint starts over), and ``--overwrite`` reruns them all. ``--layer`` picks the layer read (default: the top one); the blocks above it are cut off
 (never computed, so never trained); ``--layer-decay γ`` gives block k of K the learning rate
 ``lr·γ^(K−k)`` (embeddings ``lr·γ^K``), ``--freeze-below K`` freezes the lowest blocks.
 
@@ -67,6 +67,10 @@ Outputs (``--output DIR``)
   scheduler, grad scaler, calibration, every rank's RNG states, epoch and step. ``--resume``
   continues exactly (same data order, dropout masks, optimiser state), read with
   ``torch.load(weights_only=True)``.
+- A directory that already holds a run (any of these outputs) is never overwritten silently: run
+  again without ``--resume`` and the recipe refuses before writing anything, naming the two choices,
+  ``--resume`` (continue it) and ``--overwrite`` (delete these outputs, other files stay, and start
+  over).
 - ``final/``: the fine-tuned scorer (``Scorer.from_pretrained("DIR/final")``: encoder safetensors,
   ``torchmover.json``, ``centering="fixed"`` with the training texts' mean) and
   ``final/calibration.json`` (``a``, ``b``); ``result.json``: the run's summary.
@@ -103,6 +107,7 @@ Examples::
         --test ../shared/data/wmt15-16/wmt16.cs-en.tsv ... --output runs/wmt15
     torchrun --nproc-per-node 4 recipes/finetune_wmt.py --output runs/ddp --precision bf16
     python recipes/finetune_wmt.py --output runs/wmt1516 --resume          # continue after a stop
+    python recipes/finetune_wmt.py --output runs/wmt1516 --overwrite       # discard it, start over
     # three seeds and their mean ± sd table; other members under the same protocol
     python recipes/finetune_wmt.py --seeds 0,1,2 --output runs/seeds
     python recipes/finetune_wmt.py --seeds 0,1,2 --method bertscore --direction f1 --output runs/bertscore
@@ -144,6 +149,8 @@ RESUME_FIXED = ("train", "year", "dev_fraction", "max_train_pairs", "model", "la
                 "temperature", "centering", "centering_fit_size", "max_length", "freeze_below", "epochs",
                 "batch_size", "grad_accum", "seed", "warmup", "schedule", "calibration_init", "loss",
                 "loss_weight", "layer_decay", "patience")
+# What a run writes in --output: a directory with any of them holds a run (common.claim_run_directory).
+RUN_OUTPUTS = ("checkpoints", "log.jsonl", "final", "result.json", "test_report.json", "table.txt", "curves.png")
 
 
 # --- command line ----------------------------------------------------------------------------------
@@ -212,8 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     r = p.add_argument_group("run")
     r.add_argument("--output", default="runs/finetune_wmt", help="run directory")
-    r.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
-                   help="continue from a checkpoint file, or from the run directory's latest one")
+    again = r.add_mutually_exclusive_group()
+    again.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
+                       help="continue from a checkpoint file, or from the run directory's latest one")
+    again.add_argument("--overwrite", action="store_true",
+                       help="delete the outputs of the run already in --output, then start over (without "
+                            "--resume or --overwrite, a directory that holds a run is refused)")
     r.add_argument("--save-every", type=int, default=0, help="also checkpoint every N optimiser steps")
     r.add_argument("--keep-checkpoints", type=int, default=2, help="checkpoints kept (the newest)")
     r.add_argument("--stop-after", type=int, default=0, metavar="STEPS",
@@ -605,7 +616,8 @@ class Run:
 # setup
 
 def setup(args: argparse.Namespace) -> Run:
-    """Everything before the first step: the options checked, the data read, the scorer, calibration,
+    """Everything before the first step: the options checked, the run directory claimed (a run already
+    there is refused unless ``--resume`` or ``--overwrite``), the data read, the scorer, calibration,
     optimiser and schedule built identically on every rank; then either the checkpoint of
     ``--resume`` loaded (:func:`resume`) or a new run started (:func:`start`)."""
     check_options(args)
@@ -616,6 +628,8 @@ def setup(args: argparse.Namespace) -> Run:
     if args.precision == "fp16" and device.type != "cuda":
         raise ValueError("--precision fp16 needs a GPU; use bf16 on the CPU")
     output = Path(args.output)
+    common.claim_run_directory(output, RUN_OUTPUTS, resume=bool(args.resume), overwrite=args.overwrite,
+                               main=rank == 0)
     if rank == 0:
         output.mkdir(parents=True, exist_ok=True)
     common.barrier()
@@ -946,7 +960,8 @@ def run_seeds(args: argparse.Namespace) -> dict:
     """One run per seed of ``--seeds`` in ``OUTPUT/seed-S``, then the seed table.
 
     Resumable: a seed whose ``result.json`` exists is read, not rerun; one with a checkpoint
-    continues from it (``--resume``). Writes ``OUTPUT/seeds.md`` and ``OUTPUT/seeds.json``: per seed
+    continues from it (``--resume``); one without starts over, as does every seed with
+    ``--overwrite``. Writes ``OUTPUT/seeds.md`` and ``OUTPUT/seeds.json``: per seed
     the best dev epoch and its dev r, test Pearson r and Kendall τ before and after fine-tuning, and
     their mean ± sample standard deviation and range over the seeds; and, unless ``--no-plot``,
     ``OUTPUT/seeds.png`` (:func:`plot_seeds`)."""
@@ -956,21 +971,23 @@ def run_seeds(args: argparse.Namespace) -> dict:
         raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds has repeated seeds: {args.seeds!r}")
-    output = Path(args.output)
+    output, rank = Path(args.output), common.rank_and_world()[0]
     rows, results = [], {}
     for seed in seeds:
         out = output / f"seed-{seed}"
-        if not (out / "result.json").is_file():
-            resume = "latest" if latest_checkpoint(out / "checkpoints") else None
+        if args.overwrite or not (out / "result.json").is_file():
+            resume = None if args.overwrite else "latest" if latest_checkpoint(out / "checkpoints") else None
+            if resume is None and not args.overwrite and out.is_dir() and any(out.iterdir()) and rank == 0:
+                print(f"{out} holds no checkpoint to resume: starting the seed over", flush=True)
             result = train(argparse.Namespace(**{**vars(args), "seeds": None, "seed": seed, "output": str(out),
-                                                 "resume": resume}))
+                                                 "resume": resume, "overwrite": resume is None}))
             if result["stopped"]:
                 return {"stopped": True, "seed": seed}
-        if common.rank_and_world()[0] > 0:
+        if rank > 0:
             continue  # rank 0 writes the results and the table
         results[seed] = json.loads((out / "result.json").read_text(encoding="utf-8"))
         rows.append(seed_row(seed, results[seed]))
-    if common.rank_and_world()[0] > 0:
+    if rank > 0:
         return {"stopped": False}
     stats = {key: spread([r[key] for r in rows]) for key, _, _ in SEED_COLUMNS}
     table = {"seeds": rows, "stats": stats, "args": {k: v for k, v in vars(args).items() if k != "seed"}}

@@ -49,6 +49,11 @@ Outputs (``--output-dir DIR``):
 - ``DIR/summary.json`` and ``DIR/reward_curves.png`` (matplotlib, if installed): the sampled and greedy
   rewards of every run over training.
 
+A directory that already holds a run (a phase directory, ``summary.json`` or the plot) is never
+overwritten silently: run again without ``--resume`` and the recipe refuses before writing anything,
+naming the two choices, ``--resume`` (continue it) and ``--overwrite`` (delete those outputs, other
+files stay, and start over).
+
 Examples::
 
     # the toy comparison (CPU, ~4 minutes; bench/results/self_critical_toy.md): 15 epochs of MLE at
@@ -56,6 +61,7 @@ Examples::
     python recipes/self_critical_summarization.py --model tiny --output-dir runs/toy_scst \\
         --compare-mle --max-target-length 24 --threads 1
     python recipes/self_critical_summarization.py ... --resume      # continue after a stop
+    python recipes/self_critical_summarization.py ... --overwrite   # discard the run, start over
     # a pretrained model on CNN/DailyMail
     python recipes/self_critical_summarization.py --model t5-small --dataset cnn_dailymail \\
         --dataset-config 3.0.0 --text-column article --summary-column highlights \\
@@ -83,6 +89,8 @@ import common  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TOY_DATA = REPO / "recipes" / "data" / "toy_summarization.jsonl"
+# What a run writes in --output-dir: a directory with any of them holds a run (common.claim_run_directory).
+RUN_OUTPUTS = ("warmstart", "mle", "mixed", "summary.json", "reward_curves.png")
 
 
 # --- the toy task ------------------------------------------------------------------------------------
@@ -368,8 +376,6 @@ def run_phase(name: str, model, tokenizer, train, evaluation, reward, args, gamm
     from tqdm.auto import tqdm
 
     run_dir = args.output_dir / name
-    if not args.resume and run_dir.is_dir() and any(run_dir.iterdir()):
-        raise SystemExit(f"{run_dir} is not empty: pass --resume to continue it, or another --output-dir")
     if (run_dir / "done.json").is_file():  # finished before: its final weights start the next phase
         model.load_state_dict(load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))["model"])
         return json.loads((run_dir / "done.json").read_text(encoding="utf-8"))
@@ -561,7 +567,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", type=Path, required=True)
-    out.add_argument("--resume", action="store_true", help="continue every unfinished phase from its latest checkpoint")
+    again = out.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue every unfinished phase from its latest checkpoint")
+    again.add_argument("--overwrite", action="store_true",
+                       help="delete the outputs of the run already in --output-dir, then start over (without "
+                            "--resume or --overwrite, a directory that holds a run is refused)")
     out.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (default: %(default)s)")
     out.add_argument("--keep-checkpoints", type=int, default=2)
     out.add_argument("--log-every", type=int, default=10, help="log the mean of every N steps (default: %(default)s)")
@@ -598,6 +609,7 @@ def main(argv: list[str] | None = None, scorer=None) -> dict:
 
 def _run(args, scorer) -> dict:
     started = time.perf_counter()
+    common.claim_run_directory(args.output_dir, RUN_OUTPUTS, resume=args.resume, overwrite=args.overwrite)
 
     from torchmover import Scorer
     from torchmover.text.encoder import DEFAULT_MODEL

@@ -1,6 +1,6 @@
 """recipes/common.py, the helpers both training recipes share: the JSON-lines log, eval mode, the
-warm-up schedule, checkpoint paths and RNG states, and the distributed helpers (one process and two
-gloo processes)."""
+warm-up schedule, the run-directory rule, checkpoint paths and RNG states, and the distributed helpers
+(one process and two gloo processes)."""
 import json
 import sys
 from pathlib import Path
@@ -81,6 +81,26 @@ def test_warmup_schedule():
     assert learning_rates(0, 3, "constant") == [1.0, 1.0, 1.0]
     with pytest.raises(ValueError, match="cosine"):
         learning_rates(1, 3, "cosine")
+
+
+def test_claim_run_directory(tmp_path):
+    outputs = ("checkpoints", "log.jsonl", "final")
+    assert common.claim_run_directory(tmp_path / "new", outputs, resume=False, overwrite=False) == []  # nothing yet
+    run = tmp_path / "run"
+    save_checkpoint(run / "checkpoints", {"step": 1}, 1)
+    (run / "log.jsonl").write_text("{}\n")
+    (run / "notes.txt").write_text("not the run's")
+    snapshot = lambda: sorted(str(p.relative_to(run)) for p in run.rglob("*"))  # noqa: E731
+    before = snapshot()
+    with pytest.raises(SystemExit, match=r"holds a run \(checkpoints, log.jsonl\): pass --resume .* --overwrite"):
+        common.claim_run_directory(run, outputs, resume=False, overwrite=False)
+    assert common.claim_run_directory(run, outputs, resume=True, overwrite=False) == ["checkpoints", "log.jsonl"]
+    assert common.claim_run_directory(run, outputs, resume=False, overwrite=True, main=False) == [
+        "checkpoints", "log.jsonl"]  # a rank other than 0: no refusal, nothing deleted
+    assert snapshot() == before
+    assert common.claim_run_directory(run, outputs, resume=False, overwrite=True) == ["checkpoints", "log.jsonl"]
+    assert snapshot() == ["notes.txt"]  # the run's outputs only
+    assert common.claim_run_directory(run, outputs, resume=False, overwrite=False) == []
 
 
 def test_resume_path(tmp_path):
