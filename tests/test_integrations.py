@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
+from conftest import configure_reward_env
 
 from torchmover import Scorer
 from torchmover.integrations import config as integration_config
@@ -31,15 +32,7 @@ ATOL = 1e-5
 def env(monkeypatch, tiny_model_dir, tmp_path):
     """The process-wide reward configured through the environment: the tiny model, fitted on REFS;
     rebuilt for each test. Returns the monkeypatch to set more variables before the first call."""
-    fit = tmp_path / "references.txt"
-    fit.write_text("\n".join(REFS) + "\n")
-    for name in [n for n in __import__("os").environ if n.startswith("TORCHMOVER_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("TORCHMOVER_MODEL", str(tiny_model_dir))
-    monkeypatch.setenv("TORCHMOVER_FIT_REFERENCES", str(fit))
-    monkeypatch.setenv("TORCHMOVER_MAX_WAIT_MS", "20")
-    monkeypatch.setenv("TORCHMOVER_OPTIONS", '{"layer": 2}')
-    reset_process_reward()
+    configure_reward_env(monkeypatch, tiny_model_dir, tmp_path / "references.txt", REFS)
     yield monkeypatch
     reset_process_reward()
 
