@@ -87,6 +87,38 @@ def test_the_guides_lines_load_compute_score(env, policy_tokenizer_dir):
         f"{'are' if legacy is not None else 'are not'} read; update the guide's table")
 
 
+# The guide's lines for a running Ray cluster (as the shell passes them: its quotes removed). Hydra reads
+# an unquoted 1 or true as a number or a boolean, which Ray refuses as an environment value: quoted.
+RAY_ENV_LINES = ["+ray_kwargs.ray_init.runtime_env.env_vars.TORCHMOVER_FIT_REFERENCES=/data/train_references.txt",
+                 '+ray_kwargs.ray_init.runtime_env.env_vars.TORCHMOVER_STRIP_REASONING="1"']
+
+
+class RayInitCalled(Exception):
+    pass
+
+
+def test_the_guides_ray_line_puts_a_setting_in_every_workers_environment(env, policy_tokenizer_dir, monkeypatch):
+    """On a running Ray cluster the workers do not see the driver's variables: the guide passes them in
+    Ray's runtime environment, which verl's run_ppo hands to ray.init."""
+    import ray
+
+    main_ppo = importlib.import_module("verl.trainer.main_ppo")
+    config = verl_config([*GUIDE_LINES, *RAY_ENV_LINES], policy_tokenizer_dir)
+    calls = []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        raise RayInitCalled
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(RayInitCalled):
+        main_ppo.run_ppo(config, None)
+    env_vars = calls[0]["runtime_env"]["env_vars"]
+    assert env_vars["TORCHMOVER_FIT_REFERENCES"] == "/data/train_references.txt"
+    assert env_vars["TORCHMOVER_STRIP_REASONING"] == "1"  # a str, as Ray requires
+
+
 def test_the_reward_loop_has_no_batch_manager(env, policy_tokenizer_dir):
     config = verl_config(GUIDE_LINES, policy_tokenizer_dir)
     assert config.reward.reward_manager.name == "naive"  # the default, which calls compute_score per sample
@@ -174,4 +206,4 @@ def test_a_sample_without_reference_fails_the_reward_step(env, policy_tokenizer_
     data = trainer_batch(chat_tokenizer(*PROMPTS, *RESPONSES), parquet, tmp_path / "cache")
     with pytest.raises(ValueError, match="data_source='summaries'.*no reference"):
         rm_scores(verl_config(GUIDE_LINES, policy_tokenizer_dir), data, env)
-    assert process_reward().failures == 2
+    assert process_reward().failures >= 1  # the step stops at the first failure; the other may not have run
