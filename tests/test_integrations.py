@@ -133,7 +133,7 @@ def test_verl_loads_the_file_as_verl_does(env, direct):
 
 
 @pytest.mark.parametrize("adapter, function", [(verl, "compute_score"), (openrlhf, "reward_func")])
-def test_the_reward_is_built_when_the_framework_fetches_the_function(env, adapter, function):
+def test_the_reward_is_built_when_the_framework_fetches_the_function(env, adapter, function, tiny_model_dir, tmp_path):
     """Loading the file builds nothing (docs, doctests, `python -m ...openrlhf`); fetching the function,
     as verl's reward worker and OpenRLHF's rollout actor do at their start, builds the reward, so a bad
     setting fails there, before any rollout."""
@@ -147,6 +147,11 @@ def test_the_reward_is_built_when_the_framework_fetches_the_function(env, adapte
     with pytest.raises(ValueError, match=r"unknown variable\(s\) \['TORCHMOVER_STRIP_REASONNG'\]"):
         getattr(module, function)
     env.delenv("TORCHMOVER_STRIP_REASONNG")
+    env.setenv("TORCHMOVER_MODEL", "/nonexistent/model")
+    env.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(OSError):
+        getattr(module, function)
+    configure_reward_env(env, tiny_model_dir, tmp_path / "references.txt", REFS)
     assert callable(getattr(module, function))
     with pytest.raises(AttributeError, match="no attribute 'compute_scores'"):
         module.compute_scores
@@ -330,10 +335,20 @@ def test_fit_references_fit_the_scorers_statistics_as_serve_does(tiny_model_dir,
         build_reward(RewardConfig(model=str(tiny_model_dir), fit_references=str(fit), options={"layer": 2}))
 
 
-def test_the_settings_table_names_every_setting_three_ways():
-    rows = {key: (var, flag) for key, var, flag, _, _ in settings_table()}
-    assert rows["strip_reasoning"] == ("TORCHMOVER_STRIP_REASONING", "--strip-reasoning")
-    assert set(rows) == {f for f in RewardConfig.__dataclass_fields__}
+def test_the_user_guide_lists_every_setting_as_it_is():
+    """docs/guide/rewards.md's table: one row per setting, with its variable and its serve flag."""
+    from pathlib import Path
+
+    guide = (Path(__file__).parents[1] / "docs" / "guide" / "rewards.md").read_text(encoding="utf-8")
+    documented = {cells[0].strip("` "): cells[1].strip("` ") for cells in
+                  (line.split("|")[1:-1] for line in guide.splitlines() if line.startswith("| `"))
+                  if cells[1].strip().startswith("`TORCHMOVER_")}
+    assert documented == {key: var for key, var, _, _, _ in settings_table()}
+    from torchmover.cli import build_parser
+
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    flags = {flag for action in serve._actions for flag in action.option_strings}
+    assert {flag for _, _, flag, _, _ in settings_table() if flag != "--options"} <= flags
 
 
 def test_process_reward_is_built_once(env):

@@ -139,8 +139,9 @@ def test_the_guides_flags_reach_the_executor():
     args = guide_args("http://10.0.0.1:8000/get_reward,http://10.0.0.2:8000/get_reward")
     assert args.reward.remote_url == ["http://10.0.0.1:8000/get_reward", "http://10.0.0.2:8000/get_reward"]
     assert args.data.label_key == "reference"
-    with pytest.raises(SystemExit):  # older guides' flags are not OpenRLHF 0.11's
-        train_ppo_ray_args(["--actor.model_name_or_path", "policy", "--remote_rm_url", "x.py"])
+    for old_flag in ("--remote_rm_url", "--label_key"):  # older guides' flags are not OpenRLHF 0.11's
+        with pytest.raises(SystemExit):
+            train_ppo_ray_args(["--actor.model_name_or_path", "policy", old_flag, "x"])
 
 
 def test_the_executor_loads_the_file_and_the_trainer_reads_torchmovers_rewards(env, tokenizer, direct):

@@ -252,7 +252,8 @@ def test_file_adapter_and_server_give_the_same_rewards(file_adapter_env, tiny_mo
     if configured_by == "environment":
         args, env = [], {**os.environ}
     else:
-        args, env = ["--model", str(tiny_model_dir), "--layer", "2", "--strip-reasoning", "--missing-score", "-0.5",
+        args, env = ["--model", str(tiny_model_dir), "--layer", "2", "--device", "cpu", "--strip-reasoning",
+                     "--missing-score", "-0.5",
                      "--fit-references", file_adapter_env["TORCHMOVER_FIT_REFERENCES"],
                      "--on-prompt-mismatch", "query"], None
     with serving(args, env) as url:

@@ -160,14 +160,15 @@ class InProcessActor:
             remote=lambda chunk: worker.reward_manager.loop.run_until_complete(worker.compute_score_batch(chunk)))
 
 
-def rm_scores(config, data: DataProto, monkeypatch, num_workers: int = 2):
-    """RewardLoopManager.compute_rm_score (verl's own: split across workers, gather, put each score at
-    its response's last valid token) with its workers in this process: no Ray cluster."""
+def rm_scores(config, data: DataProto, monkeypatch):
+    """RewardLoopManager.compute_rm_score (verl's own: split across ``reward.num_workers`` workers,
+    gather, put each score at its response's last valid token) with its workers in this process: no
+    Ray cluster."""
     manager = object.__new__(RewardLoopManager)  # its __init__ starts the workers as Ray actors
     manager.config, manager.reward_model_manager = config, None
     if hasattr(verl_reward, "resolve_reward_manager_cls"):  # verl >= 0.8
         manager.reward_manager_cls = verl_reward.resolve_reward_manager_cls(config)
-    manager.reward_loop_workers = [InProcessActor(RewardLoopWorker(config)) for _ in range(num_workers)]
+    manager.reward_loop_workers = [InProcessActor(RewardLoopWorker(config)) for _ in range(config.reward.num_workers)]
     monkeypatch.setattr(reward_loop.ray, "get", lambda refs: refs)
     return manager.compute_rm_score(data).batch["rm_scores"]
 
@@ -183,7 +184,7 @@ def test_the_reward_loop_puts_torchmovers_scores_at_the_last_response_token(
     }).to_parquet(parquet)
     tokenizer = chat_tokenizer(*PROMPTS, *RESPONSES)
     data = trainer_batch(tokenizer, parquet, tmp_path / "cache")
-    config = verl_config(GUIDE_LINES, policy_tokenizer_dir)
+    config = verl_config([*GUIDE_LINES, "reward.num_workers=2"], policy_tokenizer_dir)  # the guide's knob
 
     scores = rm_scores(config, data, env)
 
