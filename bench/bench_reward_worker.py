@@ -6,7 +6,8 @@ verl starts ``reward.num_workers`` reward-loop workers (default 8), each a proce
 This script measures one such process, in fresh processes (median of ``--repeats``): the resident
 memory (RSS) once torch is imported (every worker has it: verl imports torch), after importing the
 adapter, after building the reward (loading the encoder, fitting on ``--references`` WMT15-16
-references, as ``TORCHMOVER_FIT_REFERENCES`` does), and at the peak of ``--calls`` single-sample
+references, as ``TORCHMOVER_FIT_REFERENCES`` does: which encodes them only where the scorer's options
+need a corpus statistic, e.g. ``--options '{"centering": "batch"}'``), and at the peak of ``--calls`` single-sample
 ``compute_score`` calls from 16 threads (the reward loop's thread pool, one distinct WMT pair each);
 and the time of each step. The default model, on the CPU, ``--threads`` torch threads. Writes
 ``bench_reward_worker.md`` to ``--out``.
@@ -60,6 +61,7 @@ def main() -> None:
     parser.add_argument("--references", type=int, default=1000, help="references fitted at start (default: 1000)")
     parser.add_argument("--calls", type=int, default=256, help="single-sample calls after start (default: 256)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    parser.add_argument("--options", default="{}", help="TORCHMOVER_OPTIONS, a JSON object (default: {})")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--child", help="internal: measure one worker on this pairs file")
     args = parser.parse_args()
@@ -72,7 +74,8 @@ def main() -> None:
         fit.write_text("\n".join(r["ref"] for r in rows[:args.references]) + "\n", encoding="utf-8")
         pairs.write_text(json.dumps(rows[args.references:]), encoding="utf-8")
         env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHMOVER_")}
-        env.update(TORCHMOVER_FIT_REFERENCES=str(fit), PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+        env.update(TORCHMOVER_FIT_REFERENCES=str(fit), TORCHMOVER_OPTIONS=args.options, PYTHONPATH=str(REPO),
+                   HF_HUB_OFFLINE="1")
         runs = [json.loads(subprocess.run(
             [sys.executable, __file__, "--child", str(pairs), "--threads", str(args.threads)], env=env,
             capture_output=True, text=True, check=True).stdout.splitlines()[-1]) for _ in range(args.repeats)]
@@ -81,17 +84,18 @@ def main() -> None:
              f"| python + torch imported | — | {med['rss_torch']:.0f} | — |",
              f"| import torchmover.integrations.verl | {med['import_s']:.2f} | {med['rss_import']:.0f} | "
              f"{med['rss_import'] - med['rss_torch']:.0f} |",
-             f"| build: encoder loaded, fitted on {args.references} references | {med['build_s']:.2f} | "
+             f"| build: encoder loaded, TORCHMOVER_FIT_REFERENCES of {args.references} lines | {med['build_s']:.2f} | "
              f"{med['rss_built']:.0f} | {med['rss_built'] - med['rss_torch']:.0f} |",
              f"| {args.calls} compute_score calls from 16 threads (peak) | {med['calls_s']:.2f} | "
              f"{med['rss_peak']:.0f} | {med['rss_peak'] - med['rss_torch']:.0f} |"]
-    notes = [f"Default model on the CPU, torch threads: {args.threads or 'torch default'}; median of "
+    notes = [f"Default model on the CPU, TORCHMOVER_OPTIONS={args.options}, torch threads: "
+             f"{args.threads or 'torch default'}; median of "
              f"{args.repeats} fresh processes; whole process {med['total_s']:.1f} s.",
              "verl starts reward.num_workers (default 8) such processes: multiply the share by it."]
     command = (f"python bench/bench_reward_worker.py --references {args.references} --calls {args.calls} "
-               f"--threads {args.threads} --repeats {args.repeats}")
-    write_report(args.out, "bench_reward_worker.md", "One reward worker's start-up and memory", command, notes,
-                 table, load_before)
+               f"--threads {args.threads} --repeats {args.repeats} --options '{args.options}'")
+    name = "bench_reward_worker.md" if args.options == "{}" else "bench_reward_worker_options.md"
+    write_report(args.out, name, "One reward worker's start-up and memory", command, notes, table, load_before)
 
 
 if __name__ == "__main__":

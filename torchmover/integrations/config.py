@@ -40,8 +40,9 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
 def _setting(default, help: str, **extra):
-    return field(default=default, metadata={"help": help, **extra}) if not callable(default) else \
-        field(default_factory=default, metadata={"help": help, **extra})
+    """A field of :class:`RewardConfig` with its help text (a callable default is a factory)."""
+    metadata = {"help": help, **extra}
+    return field(default_factory=default, metadata=metadata) if callable(default) else field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,9 @@ class RewardConfig:
     options: dict = _setting(dict, 'other Scorer options, a JSON object, e.g. {"direction": "f1"}')
     device: str | None = _setting(None, "where the encoder runs, e.g. cuda:1 (default: the scorer's)")
     fit_references: str | None = _setting(
-        None, "a text file, one reference per line, on which the corpus statistics are fitted (centering "
-              "mean, IDF, rescaling baseline); required by batch-centered scorers such as the default")
+        None, "a text file, one reference per line, on which the statistics the scorer's options ask for are "
+              "fitted (a fixed centering mean, IDF, the rescaling baseline); required by batch-centered scorers, "
+              "whose reward is centered on their mean")
     cache_size: int = _setting(1024, "references kept encoded on the device")
     max_batch_size: int = _setting(256, "the most (completion, references) pairs scored in one batch")
     max_wait_ms: float = _setting(5.0, "how long a batch waits for more concurrent calls, in ms")
