@@ -103,7 +103,8 @@ class ConfiguredReward:
     def pending(self, texts: Sequence[str], refs: Sequence[list[str] | None],
                 no_reference: Callable[[int], str]) -> Pending:
         """``texts`` parsed and ready to score against ``refs``; a sample whose ``refs[i]`` is None gets
-        ``missing_score``, or raises a ValueError with the message ``no_reference(i)``."""
+        ``missing_score``, or raises a ValueError naming it by ``no_reference(i)``. The first call of the
+        instance with a reference nowhere raises even with ``missing_score`` (see the module docs)."""
         missing = [i for i, r in enumerate(refs) if r is None]
         if missing and self.config.missing_score is None:
             raise ValueError(f"{no_reference(missing[0])}: no reference to score against; set "
