@@ -51,6 +51,30 @@ def tiny_model(seed: int = 0, num_hidden_layers: int = 3):
     return BertModel(config).eval()
 
 
+# ChatML, as Qwen's tokenizers carry it (verl and TRL apply a tokenizer's chat template to prompts)
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def chat_tokenizer(*corpus: str):
+    """A byte-level BPE tokenizer with ChatML special tokens and template, trained in-process on
+    ``corpus`` and a little English (as Qwen/Llama-3 tokenizers are byte-level BPE)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    text = [*corpus, "A cat sat on the mat. The dog barked all day long; we ate food."] * 20
+    backend.train_from_iterator(text, trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                        additional_special_tokens=specials[1:])
+    tokenizer.chat_template = CHATML
+    return tokenizer
+
+
 @pytest.fixture
 def tiny_encoder():
     """A fresh tiny :class:`torchmover.Encoder` (layer 2 of 3) — safe to train or modify in a test."""
@@ -74,3 +98,24 @@ def tiny_model_dir(tmp_path_factory):
     tiny_model().save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
     return path
+
+
+def configure_reward_env(monkeypatch, model_dir, fit_path, references, **settings):
+    """The process-wide reward of the adapter files configured through TORCHMOVER_* variables, as a
+    user's job configures it: ``model_dir`` at layer 2, fitted on ``references`` (written to
+    ``fit_path``), plus ``settings`` (``strip_reasoning="1"`` sets TORCHMOVER_STRIP_REASONING); every
+    other TORCHMOVER_* variable removed. Returns the variables set."""
+    import os
+
+    from torchmover.integrations.configured import reset_process_reward
+
+    fit_path.write_text("\n".join(references) + "\n")
+    variables = {"TORCHMOVER_MODEL": str(model_dir), "TORCHMOVER_OPTIONS": '{"layer": 2}',
+                 "TORCHMOVER_FIT_REFERENCES": str(fit_path), "TORCHMOVER_MAX_WAIT_MS": "20",
+                 **{"TORCHMOVER_" + k.upper(): v for k, v in settings.items()}}
+    for name in [n for n in os.environ if n.startswith("TORCHMOVER_")]:
+        monkeypatch.delenv(name)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    reset_process_reward()
+    return variables

@@ -1,21 +1,26 @@
 """verl and OpenRLHF adapters, called exactly as the frameworks call them (argument layout copied from
-verl's reward managers and OpenRLHF's SingleTurnAgentExecutor), and the process-wide reward's config."""
+verl's reward managers and OpenRLHF's SingleTurnAgentExecutor), and the process-wide reward's config.
+tests/test_verl.py and tests/test_openrlhf.py drive them through the frameworks' own code."""
 from __future__ import annotations
 
 import asyncio
 import importlib.util
 import json
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import torch
+from conftest import configure_reward_env
 
 from torchmover import Scorer
 from torchmover.integrations import config as integration_config
+from torchmover.integrations import configured
 from torchmover.integrations import openrlhf, verl
-from torchmover.integrations.config import RewardConfig, build_reward, process_reward, reset_process_reward
+from torchmover.integrations.config import RewardConfig, build_reward, settings_table
+from torchmover.integrations.configured import FAILURES_LOG, process_reward, reset_process_reward
 from torchmover.reward.rewards import MoverReward
 
 REFS = ["the cat sat on the mat", "a dog barked in the house", "the sun is big and red", "we eat good food"]
@@ -27,15 +32,7 @@ ATOL = 1e-5
 def env(monkeypatch, tiny_model_dir, tmp_path):
     """The process-wide reward configured through the environment: the tiny model, fitted on REFS;
     rebuilt for each test. Returns the monkeypatch to set more variables before the first call."""
-    fit = tmp_path / "references.txt"
-    fit.write_text("\n".join(REFS) + "\n")
-    for name in [n for n in __import__("os").environ if n.startswith("TORCHMOVER_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("TORCHMOVER_MODEL", str(tiny_model_dir))
-    monkeypatch.setenv("TORCHMOVER_FIT_REFERENCES", str(fit))
-    monkeypatch.setenv("TORCHMOVER_MAX_WAIT_MS", "20")
-    monkeypatch.setenv("TORCHMOVER_OPTIONS", '{"layer": 2}')
-    reset_process_reward()
+    configure_reward_env(monkeypatch, tiny_model_dir, tmp_path / "references.txt", REFS)
     yield monkeypatch
     reset_process_reward()
 
@@ -72,25 +69,12 @@ def test_verl_numpy_ground_truths(env, direct):
         assert verl.compute_score("s", HYPS[0], truth, {}) == pytest.approx(two, abs=ATOL)
 
 
-def test_verl_batch_manager_layout(env, direct):
-    # verl/workers/reward_manager/batch.py: data_sources is the non_tensor_batch NumPy array, ground
-    # truths a list, extra_infos the object array of dicts
-    out = verl.compute_score_batch(
-        data_sources=np.array(["s"] * 4, dtype=object), solution_strs=HYPS,
-        ground_truths=[np.str_(r) for r in REFS],
-        extra_infos=np.array([{"rollout_reward_scores": {}} for _ in HYPS], dtype=object))
-    assert isinstance(out, list) and all(type(x) is float for x in out)
-    assert out == pytest.approx(direct.score(HYPS, REFS).tolist(), abs=ATOL)
-    with pytest.raises(ValueError, match="ground_truths has 3 values for 4"):
-        verl.compute_score_batch(data_sources=["s"] * 4, solution_strs=HYPS, ground_truths=REFS[:3])
-
-
 def test_verl_reference_field(env, direct):
     env.setenv("TORCHMOVER_REFERENCE_FIELD", "extra_info.summary.text")
     expected = direct.score([HYPS[1]], [REFS[1]]).item()
     got = verl.compute_score("s", HYPS[1], ground_truth="unused", extra_info={"summary": {"text": REFS[1]}})
     assert got == pytest.approx(expected, abs=ATOL)
-    with pytest.raises(ValueError, match=r"data_source='cnn'.*extra_info.summary.text.*TORCHMOVER_MISSING_SCORE"):
+    with pytest.raises(ValueError, match=r"data_source='cnn'.*TORCHMOVER_MISSING_SCORE.*TORCHMOVER_REFERENCE_FIELD"):
         verl.compute_score("cnn", HYPS[1], ground_truth=REFS[1], extra_info={"summary": {}})
 
 
@@ -99,14 +83,17 @@ def test_verl_missing_references(env, direct):
         verl.compute_score("s", HYPS[0], None, {})
     reset_process_reward()
     env.setenv("TORCHMOVER_MISSING_SCORE", "-1")
-    assert verl.compute_score("s", HYPS[0], None, {}) == -1.0
-    assert verl.compute_score("s", HYPS[0], np.array([], dtype=object), {}) == -1.0
-    out = verl.compute_score_batch(["s"] * 3, HYPS[:3], [REFS[0], None, [None]])
-    assert out[1:] == [-1.0, -1.0] and out[0] == pytest.approx(direct.score(HYPS[:1], REFS[:1]).item(), abs=ATOL)
+    # the first call of a process must have a reference: a wrong field would train on -1 everywhere
+    with pytest.raises(ValueError, match="first call of this process has no reference"):
+        verl.compute_score("s", HYPS[0], None, {})
+    assert verl.compute_score("s", HYPS[0], REFS[0], {}) == pytest.approx(direct.score(HYPS[:1], REFS[:1]).item(), abs=ATOL)
+    for missing in (None, np.array([], dtype=object), [None], "", "  "):
+        assert verl.compute_score("s", HYPS[0], missing, {}) == -1.0
     with pytest.raises(TypeError, match="solution_str must be a str"):
         verl.compute_score("s", None, REFS[0])
-    with pytest.raises(TypeError, match=r"ground_truth of sample 1 must be a list of strings \(or a str, or None\), got dict"):
-        verl.compute_score_batch(["s"] * 2, HYPS[:2], [REFS[0], {"target": REFS[1]}])
+    with pytest.raises(TypeError, match=r"ground_truth of the sample of data_source='s' must be a list of strings "
+                                        r"\(or a str, or None\), got dict"):
+        verl.compute_score("s", HYPS[1], {"target": REFS[1]})
 
 
 def test_verl_many_threads(env, direct):
@@ -129,14 +116,51 @@ def test_verl_many_threads(env, direct):
     assert stats["pairs"] == n and stats["batches"] < n
 
 
-def test_verl_loads_the_file_as_verl_does(env, direct):
-    """verl executes custom_reward_function.path as a standalone module ("custom_module"): the file
-    must not rely on relative imports, and shares the one process-wide reward."""
-    spec = importlib.util.spec_from_file_location("custom_module", verl.__file__)
+def load_file(path, name):
+    """What verl (a custom_reward_function.path file) and OpenRLHF (--reward.remote_url FILE.py) do."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_verl_loads_the_file_as_verl_does(env, direct):
+    """verl executes custom_reward_function.path as a standalone module ("custom_module_<hash>"): the
+    file must not rely on relative imports, and shares the one process-wide reward."""
+    module = load_file(verl.__file__, "custom_module_1")
     assert module.compute_score("s", HYPS[2], REFS[2]) == pytest.approx(direct.score(HYPS[2:3], REFS[2:3]).item(), abs=ATOL)
     assert module.process_reward() is verl.process_reward()
+
+
+@pytest.mark.parametrize("adapter, function", [(verl, "compute_score"), (openrlhf, "reward_func")])
+def test_the_reward_is_built_when_the_framework_fetches_the_function(env, adapter, function, tiny_model_dir, tmp_path):
+    """Loading the file builds nothing (docs, doctests, `python -m ...openrlhf`); fetching the function,
+    as verl's reward worker and OpenRLHF's rollout actor do at their start, builds the reward, so a bad
+    setting fails there, before any rollout."""
+    env.setenv("TORCHMOVER_OPTIONS", '{"layer": 2, "no_such_option": 1}')
+    module = load_file(adapter.__file__, "loaded")
+    assert configured._process_reward is None  # loaded, not built
+    with pytest.raises(TypeError, match="no_such_option"):
+        getattr(module, function)
+    env.setenv("TORCHMOVER_OPTIONS", '{"layer": 2}')
+    env.setenv("TORCHMOVER_STRIP_REASONNG", "1")
+    with pytest.raises(ValueError, match=r"unknown variable\(s\) \['TORCHMOVER_STRIP_REASONNG'\]"):
+        getattr(module, function)
+    env.delenv("TORCHMOVER_STRIP_REASONNG")
+    env.setenv("TORCHMOVER_MODEL", "/nonexistent/model")
+    env.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(OSError):
+        getattr(module, function)
+    configure_reward_env(env, tiny_model_dir, tmp_path / "references.txt", REFS)
+    assert callable(getattr(module, function))
+    with pytest.raises(AttributeError, match="no attribute 'compute_scores'"):
+        module.compute_scores
+
+
+def test_openrlhf_refuses_a_verl_only_reference_field_at_load(env):
+    env.setenv("TORCHMOVER_REFERENCE_FIELD", "extra_info.summary")
+    with pytest.raises(ValueError, match="reads verl's extra_info"):
+        load_file(openrlhf.__file__, "reward_func").reward_func
 
 
 def test_reasoning_traces_are_stripped(env, direct):
@@ -160,11 +184,8 @@ PROMPT = "<|im_start|>user\nSummarise the text.<|im_end|>\n<|im_start|>assistant
 
 
 def load_as_openrlhf():
-    """What SingleTurnAgentExecutor does with a --remote_rm_url ending in .py."""
-    spec = importlib.util.spec_from_file_location("reward_func", openrlhf.__file__)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.reward_func
+    """What SingleTurnAgentExecutor does with a --reward.remote_url ending in .py."""
+    return load_file(openrlhf.__file__, "reward_func").reward_func
 
 
 def test_openrlhf_reward_func_one_sample(env, direct):
@@ -175,8 +196,8 @@ def test_openrlhf_reward_func_one_sample(env, direct):
     torch.testing.assert_close(info["rewards"], expected, atol=ATOL, rtol=0)
     # what OpenRLHF's samples_generator does with it
     assert torch.tensor([info["rewards"]]).item() == pytest.approx(expected.item(), abs=ATOL)
-    assert [v.flatten()[0].item() for v in info["extra_logs"].values()] == pytest.approx([expected.item()], abs=ATOL)
-    assert list(info["extra_logs"]) == ["torchmover_twmd_recall"]
+    assert [v.flatten()[0].item() for v in info["extra_logs"].values()] == pytest.approx([expected.item(), 0.0], abs=ATOL)
+    assert list(info["extra_logs"]) == ["torchmover_twmd_recall", FAILURES_LOG]
 
 
 def test_openrlhf_many_threads_like_agent_executor(env, direct):
@@ -205,12 +226,31 @@ def test_openrlhf_labels_and_reasoning(env, direct):
     got = reward_func([query, query], [PROMPT, PROMPT], [[REFS[0], REFS[1]], np.array([REFS[0]])])["rewards"]
     expected = direct.score([HYPS[0]] * 2, [[REFS[0], REFS[1]], [REFS[0]]])
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
-    with pytest.raises(ValueError, match=r"labels\[0\] is None.*TORCHMOVER_MISSING_SCORE"):
+    with pytest.raises(ValueError, match=r"labels\[0\] is None: no reference.*TORCHMOVER_MISSING_SCORE"):
         reward_func([query], [PROMPT], [None])
+    with pytest.raises(ValueError, match=r"labels\[0\] is '': no reference"):  # OpenRLHF without --data.label_key
+        reward_func([query], [PROMPT], [""])
     with pytest.raises(ValueError, match="not a prefix of the query"):
         reward_func(["unrelated text"], [PROMPT], [REFS[0]])
     with pytest.raises(ValueError, match="labels has 1 values for 2 queries"):
         reward_func([query, query], [PROMPT, PROMPT], [REFS[0]])
+
+
+def test_openrlhf_failures_are_logged_at_warning_and_counted(env, direct, caplog):
+    """OpenRLHF logs a reward function's exception at INFO and goes on: each failure is logged at
+    WARNING with the running count, and every later answer carries the count in extra_logs."""
+    reward_func = load_as_openrlhf()
+    query = PROMPT + HYPS[0] + "<|im_end|>"
+    with caplog.at_level(logging.WARNING, logger="torchmover"):
+        for failing in (["unrelated text"], [query]):
+            with pytest.raises(ValueError):
+                reward_func(failing, [PROMPT], [None if failing == [query] else REFS[0]])
+    assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING"]
+    assert "(1 of 1 so far" in caplog.records[0].getMessage() and "not a prefix" in caplog.records[0].getMessage()
+    assert "(2 of 2 so far" in caplog.records[1].getMessage()
+    info = reward_func([query, query], [PROMPT] * 2, [REFS[0], REFS[0]])
+    assert info["extra_logs"][FAILURES_LOG].tolist() == [2.0, 2.0]
+    assert process_reward().stats() == {"samples": 4, "failures": 2}
 
 
 def test_openrlhf_missing_score_and_mismatch_fallback(env, direct):
@@ -228,11 +268,16 @@ def test_config_file_then_environment(tmp_path, tiny_model_dir):
     path = tmp_path / "reward.json"
     path.write_text(json.dumps({"model": str(tiny_model_dir), "options": {"direction": "f1", "centering": "none",
                                                                       "layer": 2}, "max_batch_size": 8, "strip_reasoning": ["[R]", "[/R]"],
-                                "special_tokens": ["<END>"]}))
+                                "query_special_tokens": ["<END>"]}))
     config = RewardConfig.from_env({"TORCHMOVER_CONFIG": str(path), "TORCHMOVER_MAX_BATCH_SIZE": "16",
-                                    "TORCHMOVER_OTHER": "ignored"})
-    assert config.max_batch_size == 16 and config.options == {"direction": "f1", "centering": "none", "layer": 2}
-    assert config.strip_reasoning == ("[R]", "[/R]") and config.special_tokens == ("<END>",)
+                                    "TORCHMOVER_OPTIONS": '{"layer": 1}', "OTHER": "ignored"})
+    assert config.max_batch_size == 16 and config.options == {"direction": "f1", "centering": "none", "layer": 1}
+    assert config.strip_reasoning == ("[R]", "[/R]") and config.query_special_tokens == ("<END>",)
+    # the command line (torchmover serve's flags) over both
+    flags = RewardConfig.from_env({"TORCHMOVER_CONFIG": str(path), "TORCHMOVER_MAX_BATCH_SIZE": "16"},
+                                  flags={"max_batch_size": "32", "options": {"layer": 2}, "strip_reasoning": "true"})
+    assert (flags.max_batch_size, flags.options["layer"], flags.options["direction"], flags.strip_reasoning) == (
+        32, 2, "f1", ("<think>", "</think>"))
     reward = build_reward(config)
     assert reward.scorer.config.direction == "f1" and reward.scorer.centering.mode == "none"
     toml = tmp_path / "reward.toml"
@@ -250,6 +295,9 @@ def test_config_file_then_environment(tmp_path, tiny_model_dir):
     ({"TORCHMOVER_ON_PROMPT_MISMATCH": "skip"}, "on_prompt_mismatch must be one of"),
     ({"TORCHMOVER_SCORER": "dir", "TORCHMOVER_PRESET": "twmd-b"}, "excludes model and preset"),
     ({"TORCHMOVER_CONFIG": "/nonexistent.json"}, "not a file"),
+    ({"TORCHMOVER_CACHE_SIZE": "0"}, "cache_size must be a positive int"),
+    ({"TORCHMOVER_SPECIAL_TOKENS": "<s>"}, r"unknown variable\(s\) \['TORCHMOVER_SPECIAL_TOKENS'\]"),
+    ({"TORCHMOVER_QUERY_SPECIAL_TOKENS": "[<s>"}, "query_special_tokens .*JSON list"),
 ])
 def test_config_errors(environ, error):
     with pytest.raises((ValueError, FileNotFoundError), match=error):
@@ -259,13 +307,48 @@ def test_config_errors(environ, error):
 def test_config_unknown_file_key(tmp_path):
     path = tmp_path / "reward.json"
     path.write_text(json.dumps({"modle": "x"}))
-    with pytest.raises(ValueError, match=r"unknown key\(s\) \['modle'\] in TORCHMOVER_CONFIG="):
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['modle'\] in TORCHMOVER_CONFIG="):
         RewardConfig.from_env({"TORCHMOVER_CONFIG": str(path)})
 
 
 def test_batch_centered_preset_without_fit_fails_on_build(tiny_model_dir):
-    with pytest.raises(RuntimeError, match="centering='batch'"):
+    with pytest.raises(ValueError, match="centers on the batch.*TORCHMOVER_FIT_REFERENCES, --fit-references"):
         build_reward(RewardConfig(model=str(tiny_model_dir), options={"centering": "batch", "layer": 2}))
+
+
+def test_fit_references_fit_the_scorers_statistics_as_serve_does(tiny_model_dir, tmp_path):
+    """One rule for every transport: IDF and a fixed centering mean fitted on the references (the
+    command line's fit_to_call), a batch-centered reward centered on their mean, nothing else touched."""
+    fit = tmp_path / "refs.txt"
+    fit.write_text("\n".join(REFS) + "\n\n")
+    fixed = build_reward(RewardConfig(model=str(tiny_model_dir), fit_references=str(fit),
+                                      options={"layer": 2, "centering": "fixed", "idf": True}))
+    expected = Scorer(str(tiny_model_dir), layer=2, centering="fixed", idf=True)
+    expected.fit_idf(REFS, REFS)
+    expected.fit_centering(REFS, progress=False)
+    torch.testing.assert_close(fixed.score(HYPS, REFS), MoverReward(expected).score(HYPS, REFS), atol=ATOL, rtol=0)
+    none = build_reward(RewardConfig(model=str(tiny_model_dir), fit_references=str(fit),
+                                     options={"layer": 2, "centering": "none"}))
+    assert none.centering.mode == "none"  # not re-centered behind the scorer's back
+    fit.write_text("\n \n")
+    with pytest.raises(ValueError, match="has no reference"):
+        build_reward(RewardConfig(model=str(tiny_model_dir), fit_references=str(fit), options={"layer": 2}))
+
+
+def test_the_user_guide_lists_every_setting_as_it_is():
+    """docs/guide/rewards.md's table: one row per setting, with its variable and its serve flag."""
+    from pathlib import Path
+
+    guide = (Path(__file__).parents[1] / "docs" / "guide" / "rewards.md").read_text(encoding="utf-8")
+    documented = {cells[0].strip("` "): cells[1].strip("` ") for cells in
+                  (line.split("|")[1:-1] for line in guide.splitlines() if line.startswith("| `"))
+                  if cells[1].strip().startswith("`TORCHMOVER_")}
+    assert documented == {key: var for key, var, _, _, _ in settings_table()}
+    from torchmover.cli import build_parser
+
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    flags = {flag for action in serve._actions for flag in action.option_strings}
+    assert {flag for _, _, flag, _, _ in settings_table() if flag != "--options"} <= flags
 
 
 def test_process_reward_is_built_once(env):

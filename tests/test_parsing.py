@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import chat_tokenizer
 
 from torchmover.integrations.parsing import (
     reference_list, response_from_query, strip_reasoning, strip_special_tokens,
@@ -73,28 +74,12 @@ def test_response_from_query_explicit_special_tokens():
     assert strip_special_tokens("a<|x|> b</s>") == "a b"
 
 
-def _chat_tokenizer():
-    """A byte-level BPE tokenizer with chat special tokens, trained in-process (as Qwen/Llama-3 are)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    corpus = [PROMPT, "A cat sat on the mat. The dog barked all day long; we ate food."] * 20
-    backend.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
-                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   additional_special_tokens=specials[1:])
-
-
 @pytest.mark.parametrize("max_prompt_tokens", [None, 20])
 def test_response_from_openrlhf_query(max_prompt_tokens):
     """The query exactly as OpenRLHF's SingleTurnAgentExecutor builds it: prompt tokens (without special
     tokens added, left-truncated), then the generated tokens with the end-of-turn token, decoded with
     skip_special_tokens=False."""
-    tok = _chat_tokenizer()
+    tok = chat_tokenizer(PROMPT)
     response = " The cat sat on the mat, all day long. "
     prompt_ids = tok(text=PROMPT, add_special_tokens=False)["input_ids"]
     if max_prompt_tokens:

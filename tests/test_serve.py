@@ -1,6 +1,8 @@
 """The reward server: real HTTP requests on 127.0.0.1 against MoverReward in-process, bad bodies, load."""
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +20,9 @@ pytest.importorskip("aiohttp")
 from torchmover import Scorer  # noqa: E402
 from torchmover.reward.batching import BatchedReward  # noqa: E402
 from torchmover.reward.rewards import MoverReward  # noqa: E402
+from torchmover.integrations import openrlhf  # noqa: E402
+from torchmover.integrations.config import RewardConfig  # noqa: E402
+from torchmover.integrations.configured import FAILURES_LOG, reset_process_reward  # noqa: E402
 from torchmover.integrations.server import RewardServer, response_from_query  # noqa: E402
 
 REFS = ["the cat sat on the mat", "a dog barked in the house", "the quick brown fox jumps over the lazy dog",
@@ -82,7 +87,8 @@ def test_openrlhf_protocol_equals_reward(server, reward, path):
     assert status == 200 and set(body) == {"rewards", "scores", "extra_logs"}
     want = reward.score([h for h, _ in pairs], [r for _, r in pairs])
     torch.testing.assert_close(torch.tensor(body["rewards"]), want, atol=ATOL, rtol=0)
-    assert body["scores"] == body["rewards"] == body["extra_logs"]["torchmover_reward"]
+    assert body["extra_logs"] == {"torchmover_twmd_recall": body["rewards"], FAILURES_LOG: [0.0] * len(pairs)}
+    assert body["scores"] == body["rewards"]
 
 
 def test_health(server, reward):
@@ -109,14 +115,38 @@ def test_malformed_score_requests_get_4xx_and_the_server_stays_up(server, reward
 
 @pytest.mark.parametrize("body, message", [
     ({"query": ["a"], "prompts": ["a"]}, "missing field 'labels'"),
-    ({"query": ["Q: a", "Q: b"], "prompts": ["Q:"], "labels": ["a"]}, "same length"),
-    ({"query": ["Q: a"], "prompts": ["P:"], "labels": ["a"]}, "query[0] does not contain prompts[0]"),
-    ({"query": ["Q: a"], "prompts": ["Q:"], "labels": [None]}, "labels[0] must be the reference"),
+    ({"query": ["Q: a", "Q: b"], "prompts": ["Q:"], "labels": ["a"]}, "prompts has 1 values for 2 queries"),
+    ({"query": ["Q: a"], "prompts": ["P:"], "labels": ["a"]}, "the prompt is not a prefix of the query"),
+    ({"query": ["Q: a"], "prompts": ["Q:"], "labels": [None]}, "labels[0] is None: no reference"),
+    ({"query": ["Q: a"], "prompts": ["Q:"], "labels": [{"x": "a"}]}, "must be a list of strings"),
     ({"query": [3], "prompts": ["Q:"], "labels": ["a"]}, "must be strings"),
 ])
 def test_malformed_openrlhf_requests(server, body, message):
     status, got = post(server.url + "/get_reward", body)
     assert status == 400 and message in got["error"]
+
+
+def test_failed_requests_are_counted(server):
+    """OpenRLHF logs a failed request at INFO only: the server logs each at WARNING and reports the count."""
+    post(server.url + "/get_reward", {"query": ["Q: a"], "prompts": ["P:"], "labels": ["a"]})
+    assert get(server.url + "/health")[1]["failures"] == 1
+    status, body = post(server.url + "/get_reward", {"query": ["Q: a"], "prompts": ["Q:"], "labels": ["a"]})
+    assert status == 200 and body["extra_logs"][FAILURES_LOG] == [1.0]
+
+
+def test_the_server_reads_the_shared_settings(reward):
+    """labels[i] = None gets missing_score, <think> traces are stripped, a dict label is read at
+    reference_field, query special tokens are the configured ones: as in the adapter file."""
+    config = RewardConfig(missing_score=-1.0, strip_reasoning=("<think>", "</think>"),
+                          reference_field="ground_truth.summary", query_special_tokens=("<END>",))
+    with BatchedReward(reward) as batched, RewardServer(batched, config=config) as server:
+        status, body = post(server.url + "/get_reward", {
+            "query": ["Q:<think>no idea</think> the cat sat<END>", "Q: a dog", "Q: the cat"],
+            "prompts": ["Q:", "Q:", "Q:"], "labels": [{"summary": REFS[0]}, {"summary": None}, {"other": REFS[0]}]})
+    assert status == 200
+    assert body["rewards"] == pytest.approx([reward.score(["the cat sat"], REFS[:1]).item(), -1.0, -1.0], abs=ATOL)
+    with pytest.raises(ValueError, match="reads verl's extra_info"):
+        RewardServer(BatchedReward(reward), config=RewardConfig(reference_field="extra_info.refs"))
 
 
 def test_unknown_path_and_method(server):
@@ -150,26 +180,89 @@ def test_load_every_response_matches_its_request(server, reward):
     assert stats["pairs"] == 32 * 50 + 0 and stats["batches"] < 32 * 50  # requests were coalesced
 
 
-def test_cli_serve(tiny_model_dir, tmp_path, reward):
-    refs = tmp_path / "refs.txt"
-    refs.write_text("\n".join(REFS) + "\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "torchmover", "serve", "--model", str(tiny_model_dir), "--layer", "2", "--port", "0",
-         "--centering", "batch", "--fit-references", str(refs), "--no-progress"],
-        stderr=subprocess.PIPE, text=True, env=env)
+@contextlib.contextmanager
+def serving(args, env=None):
+    """``torchmover serve ARGS --port 0`` in a subprocess (environment ``env``, default: ours without
+    TORCHMOVER_* variables); yields its URL once it listens."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHMOVER_")} if env is None else env
+    env = {**env, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([sys.executable, "-m", "torchmover", "serve", *args, "--port", "0", "--no-progress"],
+                               stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = ""
         while "serving on" not in line:
             line = process.stderr.readline()
             assert line, "the server exited before listening"
-        url = line.split("serving on ")[1].split()[0]
-        status, body = post(url + "/score", {"hyps": HYPS[:3], "refs": REFS[:3]})
-        assert status == 200 and len(body["rewards"]) == 3
-        assert get(url + "/health")[1]["signature"].startswith("twmd|model:")
+        yield line.split("serving on ")[1].split()[0]
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_cli_serve(tiny_model_dir, tmp_path, reward):
+    refs = tmp_path / "refs.txt"
+    refs.write_text("\n".join(REFS) + "\n")
+    with serving(["--model", str(tiny_model_dir), "--layer", "2", "--centering", "batch",
+                  "--fit-references", str(refs)]) as url:
+        status, body = post(url + "/score", {"hyps": HYPS[:3], "refs": REFS[:3]})
+        assert status == 200 and len(body["rewards"]) == 3
+        assert get(url + "/health")[1]["signature"].startswith("twmd|model:")
+
+
+PROMPT = "<|im_start|>user\nSummarise.<|im_end|>\n<|im_start|>assistant\n"
+SAME_REQUESTS = [  # (queries, prompts, labels), each one request / one reward_func call
+    ([PROMPT + "<think>a dog? no: " + REFS[1] + "</think>\n" + HYPS[0] + "<|im_end|>"], [PROMPT], [REFS[0]]),
+    ([PROMPT + HYPS[2] + "<|im_end|>", PROMPT + "<think>unfinished"], [PROMPT] * 2, [[REFS[2], REFS[3]], REFS[2]]),
+    ([PROMPT + HYPS[3] + "<|im_end|>"], [PROMPT], [None]),
+    (["<s>" + HYPS[4]], ["another prompt entirely, which the query does not start with"], [REFS[4]]),
+]
+
+
+@pytest.fixture
+def file_adapter_env(monkeypatch, tiny_model_dir, tmp_path):
+    """The environment of a user's job: the settings as TORCHMOVER_* variables."""
+    refs = tmp_path / "refs.txt"
+    refs.write_text("\n".join(REFS) + "\n")
+    settings = {"TORCHMOVER_MODEL": str(tiny_model_dir), "TORCHMOVER_OPTIONS": '{"layer": 2}',
+                "TORCHMOVER_FIT_REFERENCES": str(refs), "TORCHMOVER_STRIP_REASONING": "1",
+                "TORCHMOVER_MISSING_SCORE": "-0.5", "TORCHMOVER_ON_PROMPT_MISMATCH": "query"}
+    for name in [n for n in os.environ if n.startswith("TORCHMOVER_")]:
+        monkeypatch.delenv(name)
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    reset_process_reward()
+    yield settings
+    reset_process_reward()
+
+
+def file_adapter_answers():
+    spec = importlib.util.spec_from_file_location("reward_func", openrlhf.__file__)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    answers = [module.reward_func(*request) for request in SAME_REQUESTS]
+    return [(a["rewards"].tolist(), {k: v.tolist() for k, v in a["extra_logs"].items()}) for a in answers]
+
+
+@pytest.mark.parametrize("configured_by", ["environment", "flags"])
+def test_file_adapter_and_server_give_the_same_rewards(file_adapter_env, tiny_model_dir, configured_by):
+    """The same OpenRLHF requests through the adapter file (settings from the environment) and through
+    `torchmover serve` (the same environment, or the same settings as flags): identical rewards and
+    extra_logs, reasoning stripped, the missing label's fixed reward, the mismatched prompt's fallback."""
+    expected = file_adapter_answers()
+    if configured_by == "environment":
+        args, env = [], {**os.environ}
+    else:
+        args, env = ["--model", str(tiny_model_dir), "--layer", "2", "--device", "cpu", "--strip-reasoning",
+                     "--missing-score", "-0.5",
+                     "--fit-references", file_adapter_env["TORCHMOVER_FIT_REFERENCES"],
+                     "--on-prompt-mismatch", "query"], None
+    with serving(args, env) as url:
+        answers = [post(url + "/get_reward", {"query": q, "prompts": p, "labels": l}) for q, p, l in SAME_REQUESTS]
+    assert [status for status, _ in answers] == [200] * len(SAME_REQUESTS)
+    for (rewards, logs), (_, body) in zip(expected, answers):
+        assert body["rewards"] == pytest.approx(rewards, abs=ATOL)
+        assert set(body["extra_logs"]) == set(logs) and body["extra_logs"][FAILURES_LOG] == logs[FAILURES_LOG]
+    assert expected[2][0] == [-0.5] and expected[1][0][1] == 0.0  # the missing label; the unfinished trace
 
 
 def test_cli_serve_refuses_batch_centering_without_references(tiny_model_dir, capsys):

@@ -152,6 +152,40 @@ def test_one_real_trainer_step(reward, tmp_path, trainer_name):
     assert reward.cache_info().misses == len(REFS)  # references were all encoded by fit(), then cached
 
 
+def test_a_real_grpo_step_on_conversational_rows_with_missing_references(reward, tmp_path):
+    """Chat prompts, and a references column of list[str] in every row (Arrow holds one type per
+    column) where one row has none: its completions get None, which TRL turns into NaN and leaves out
+    of the logged mean; the conversational completions are scored by their assistant text."""
+    from datasets import Dataset
+
+    model, tokenizer = tiny_causal_lm()
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    calls = []
+    score = reward.score
+
+    def recording_score(hyps, refs):
+        out = score(hyps, refs)
+        calls.append((list(hyps), refs, out.tolist()))
+        return out
+
+    reward.score = recording_score
+    f = as_trl_reward(reward)
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in PROMPTS[:2]],
+                                 "reference": [[REFS[0], REFS[2]], None]})
+    assert dataset.features["reference"].feature.dtype == "string"
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, max_completion_length=4,
+        max_steps=1, learning_rate=1e-2, report_to="none", use_cpu=True, logging_steps=1, save_strategy="no",
+        dataloader_num_workers=0, seed=0, beta=0.0)
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=[f], args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer.train()
+
+    hyps, refs, rewards = calls[0]
+    assert len(hyps) == 2 and refs == [[REFS[0], REFS[2]]] * 2  # only the row with references was scored
+    logged = trainer.state.log_history[0][f"rewards/{f.__name__}" + ("/mean" if trl_version() >= (0, 17) else "")]
+    assert logged == pytest.approx(sum(rewards) / 2, abs=1e-5)
+
+
 def test_group_reward_matches_trl_advantages(reward):
     """GroupReward's baseline="mean" without std scaling is what GRPO does with scale_rewards="none"."""
     group = GroupReward(reward.scorer).fit(REFS)

@@ -15,7 +15,9 @@ import it.
 choice at a time and reports how much the correlation moves (:mod:`torchmover.evaluation.sensitivity`).
 
 ``torchmover serve [--port P] [--fit-references FILE] [options]`` serves the reward over HTTP
-(OpenRLHF's remote reward protocol and ``POST /score``; :mod:`torchmover.integrations.server`).
+(OpenRLHF's remote reward protocol and ``POST /score``; :mod:`torchmover.integrations.server`), with
+the settings the verl and OpenRLHF adapter files read (:mod:`torchmover.integrations.config`): the
+``TORCHMOVER_CONFIG`` file, the ``TORCHMOVER_*`` variables, then its flags.
 """
 from __future__ import annotations
 
@@ -30,8 +32,9 @@ from .evaluation.correlation import score_and_correlate
 from .evaluation.data import read_ratings
 from .evaluation.scoring import fit_to_call
 from .evaluation.sensitivity import FACTORS, STATISTICS, run_sensitivity, select_per_group
+from .integrations.config import RewardConfig, build_reward
 from .integrations.server import DEFAULT_MAX_REQUEST_BYTES, RewardServer, require_aiohttp
-from .reward import BatchedReward, MoverReward
+from .reward import BatchedReward
 from .scorer import PRESETS, Scorer, ScorerConfig
 from .scorer.config import SCORER_OPTIONS, RunOptions
 from .scorer.presets import preset_options, signature_options
@@ -86,16 +89,22 @@ def add_scorer_arguments(parser: argparse.ArgumentParser) -> None:
     groups["running"].add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def scorer_from_args(args: argparse.Namespace, references: list[str], hypotheses: list[str]):
-    """The Scorer the options describe (:meth:`Scorer.from_config <torchmover.Scorer.from_config>`), with
-    its corpus statistics fitted on the call's texts (:func:`torchmover.evaluation.scoring.fit_to_call`):
-    IDF on the references and hypotheses, a fixed/running centering mean on the references, the
-    rescaling baseline on ``--baseline-corpus`` or the references."""
+def given_scorer_options(args: argparse.Namespace) -> dict:
+    """The Scorer options given as flags (a ``--stopwords`` file read into its words)."""
     if args.preset and args.signature:
         raise CLIError("give --preset or --signature, not both")
     given = {k: getattr(args, k) for k in SCORER_OPTIONS if getattr(args, k, None) is not None}
     if isinstance(given.get("stopwords"), str) and given["stopwords"] != "english":
         given["stopwords"] = [w.strip() for w in read_lines(given["stopwords"]) if w.strip()]
+    return given
+
+
+def scorer_from_args(args: argparse.Namespace, references: list[str], hypotheses: list[str]):
+    """The Scorer the options describe (:meth:`Scorer.from_config <torchmover.Scorer.from_config>`), with
+    its corpus statistics fitted on the call's texts (:func:`torchmover.evaluation.scoring.fit_to_call`):
+    IDF on the references and hypotheses, a fixed/running centering mean on the references, the
+    rescaling baseline on ``--baseline-corpus`` or the references."""
+    given = given_scorer_options(args)
     options = (preset_options(args.preset, **given) if args.preset
                else {**signature_options(args.signature, given.get("stopwords")), **given} if args.signature
                else given)
@@ -248,20 +257,46 @@ def run_sensitivity_command(args: argparse.Namespace) -> None:
         report.plot(args.plot, statistic=args.statistic)
 
 
+# Reward settings given by the scorer's own flags (--model, --device, --preset, --layer, ...)
+_SCORER_SETTINGS = SCORER_OPTIONS | {"preset", "options"}
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``torchmover serve``: the server's, then the scorer's."""
+    """Options of ``torchmover serve``: the server's, the scorer's, then one flag per reward setting
+    (:class:`~torchmover.integrations.config.RewardConfig`) that the scorer's flags do not give."""
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0: all)")
     g.add_argument("--port", type=int, default=8000, help="default: 8000; 0: a free port (printed)")
-    g.add_argument("--max-batch-size", type=int, default=256, help="most pairs scored in one batch (default: 256)")
-    g.add_argument("--max-wait-ms", type=float, default=5.0,
-                   help="how long a batch waits for more requests (default: 5)")
     g.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                    help=f"larger bodies are refused with 413 (default: {DEFAULT_MAX_REQUEST_BYTES})")
-    g.add_argument("--fit-references", metavar="FILE",
-                   help="references, one per line, on which the centering mean (and IDF) are fitted")
-    g.add_argument("--cache-size", type=int, default=1024, help="references kept encoded (default: 1024)")
     add_scorer_arguments(parser)
+    r = parser.add_argument_group("reward settings", "each is also the variable TORCHMOVER_<NAME> or the key "
+                                  "<name> of the TORCHMOVER_CONFIG file, as for the verl and OpenRLHF adapters; "
+                                  "a flag wins over a variable, a variable over the file")
+    for setting in dataclasses.fields(RewardConfig):
+        if setting.name in _SCORER_SETTINGS:
+            continue
+        default = setting.default_factory() if setting.default is dataclasses.MISSING else setting.default
+        const = setting.metadata.get("flag_const")
+        r.add_argument("--" + setting.name.replace("_", "-"), dest=setting.name, nargs="?" if const else None,
+                       const=const, help=setting.metadata["help"] + ("" if default is None else f" (default: {default})"))
+
+
+def serve_config(args: argparse.Namespace) -> RewardConfig:
+    """The reward settings: the config file and variables (:meth:`RewardConfig.from_env`), then the flags."""
+    if args.baseline_corpus is not None:
+        raise CLIError("serve fits the rescaling baseline on --fit-references; --baseline-corpus does not apply")
+    options = given_scorer_options(args)
+    if args.signature:
+        options = {**signature_options(args.signature, options.get("stopwords")), **options}
+    flags = {name: options.pop(name) for name in ("model", "device") if name in options}
+    flags.update({s.name: getattr(args, s.name) for s in dataclasses.fields(RewardConfig)
+                  if s.name not in _SCORER_SETTINGS and getattr(args, s.name) is not None})
+    if args.preset:
+        flags["preset"] = args.preset
+    if options:
+        flags["options"] = options
+    return RewardConfig.from_env(flags=flags)
 
 
 def run_serve(args: argparse.Namespace) -> None:
@@ -269,18 +304,11 @@ def run_serve(args: argparse.Namespace) -> None:
         require_aiohttp()
     except ImportError as error:
         raise CLIError(str(error)) from None
-    references = [r for r in read_lines(args.fit_references) if r.strip()] if args.fit_references else []
-    if args.fit_references and not references:
-        raise CLIError(f"{args.fit_references} has no reference")
-    scorer = scorer_from_args(args, references, references)
-    reward = MoverReward(scorer, cache_size=args.cache_size)
-    if scorer.config.centering == "batch":
-        if not references:
-            raise CLIError("this scorer centers on the batch, which would make a reward depend on the other "
-                           "requests: give --fit-references FILE to center on their mean, or --centering none")
-        reward.fit(references, args.batch_size)
-    with BatchedReward(reward, max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms) as batched:
-        server = RewardServer(batched, host=args.host, port=args.port, max_request_bytes=args.max_request_bytes)
+    config = serve_config(args)
+    reward = build_reward(config, batch_size=args.batch_size, progress=not args.no_progress)
+    with BatchedReward(reward, max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms) as batched:
+        server = RewardServer(batched, config=config, host=args.host, port=args.port,
+                              max_request_bytes=args.max_request_bytes)
         with server:
             print(f"torchmover: serving on {server.url} (POST /get_reward, /score; GET /health)", file=sys.stderr, flush=True)
             print(f"signature: {reward.signature}", file=sys.stderr, flush=True)

@@ -1,42 +1,23 @@
-"""One process-wide reward for the verl and OpenRLHF adapters, configured by environment variables
-or a config file.
+"""The reward settings shared by every transport: the verl and OpenRLHF adapter files and
+``torchmover serve`` read the same :class:`RewardConfig`, from the same sources.
 
 Those frameworks import a *file* and call a plain function in it (verl: ``compute_score``, OpenRLHF:
-``reward_func``), so there is no constructor to pass a scorer to. The adapters therefore call
-:func:`process_reward`, which builds on its first call (thread-safe: concurrent first calls build it
-once) a :class:`~torchmover.reward.MoverReward` behind a
-:class:`~torchmover.reward.batching.BatchedReward`, from :class:`RewardConfig` read by
-:meth:`RewardConfig.from_env`: the JSON (``.json``) or TOML (``.toml``) file named by
-``TORCHMOVER_CONFIG``, whose keys are the field names below, then one ``TORCHMOVER_<FIELD>``
-environment variable per field, which overrides the file:
+``reward_func``), so there is no constructor to pass a scorer to; ``torchmover serve`` is started by
+a command. All three therefore read their settings from, in increasing precedence:
 
-=========================  ===============================================================================
-variable / key             meaning (default)
-=========================  ===============================================================================
-``MODEL`` / model          encoder name or path (the default model, or the preset's)
-``PRESET`` / preset        a named preset (:data:`torchmover.PRESETS`), e.g. ``twmd-b``
-``SCORER`` / scorer        a directory written by ``Scorer.save_pretrained`` (instead of model / preset)
-``OPTIONS`` / options      other ``Scorer`` options, a JSON object, e.g. ``{"direction": "f1"}``
-``DEVICE`` / device        where the encoder runs (the scorer's default)
-``FIT_REFERENCES``         a text file, one reference per line: ``reward.fit(lines)`` centers every
-                           reward on its mean (needed for batch-centered presets such as ``twmd-b``)
-``CACHE_SIZE``             references kept in the reward's cache (1024)
-``MAX_BATCH_SIZE``         the micro-batcher's largest batch, in pairs (256)
-``MAX_WAIT_MS``            how long the micro-batcher waits for more calls (5.0)
-``REFERENCE_FIELD``        verl: where a sample's reference is read: ``ground_truth`` (default),
-                           ``ground_truth.<key>...`` or ``extra_info.<key>...`` (dict lookups)
-``MISSING_SCORE``          the reward of a sample without a reference (unset: raise a ValueError)
-``STRIP_REASONING``        ``1`` / ``true``: drop ``<think>…</think>`` traces before scoring; or the two
-                           delimiters separated by a space, e.g. ``[R] [/R]`` (TOML / JSON: a pair)
-``PARSE``                  ``module:function``, a completion parser applied after ``STRIP_REASONING``
-``SPECIAL_TOKENS``         OpenRLHF: the special tokens to remove from ``query`` (space-separated or a
-                           JSON list; default: the common chat-template tokens)
-``ON_PROMPT_MISMATCH``     OpenRLHF: ``error`` (default) or ``query`` (score the whole query) when the
-                           prompt cannot be found at the start of ``query``
-=========================  ===============================================================================
+1. the JSON (``.json``) or TOML (``.toml``) file named by ``TORCHMOVER_CONFIG``, whose keys are the
+   field names below;
+2. one ``TORCHMOVER_<FIELD>`` environment variable per field (any other ``TORCHMOVER_*`` variable is
+   an error: a misspelt setting must not be ignored);
+3. for ``torchmover serve`` only, one ``--<field-name>`` flag per field (the scorer's own flags,
+   ``--model``, ``--preset``, ``--device``, ``--layer``, ... fill ``model``, ``preset``, ``device``
+   and ``options``).
 
-Every process builds its own reward (Ray workers are processes); the configuration is read once, on
-the first call. :func:`reset_process_reward` closes it so that the next call rebuilds it.
+A value given as a string (a variable, a flag) is read the same way whatever its source; ``options``
+are merged key by key across the sources, every other field is replaced. The fields, with the
+variable and the flag of each, are listed by :func:`settings_table` (the user guide prints it).
+An unknown key, an unparseable value or contradictory fields raise a ``ValueError`` naming the
+setting and where it came from, when the settings are read: before any sample is scored.
 """
 from __future__ import annotations
 
@@ -44,43 +25,60 @@ import dataclasses
 import importlib
 import json
 import os
-import threading
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, NamedTuple, Sequence
+from typing import Mapping
 
-from ..reward.batching import BatchedReward
+from ..evaluation.scoring import fit_to_call
 from ..reward.rewards import MoverReward
 from ..scorer import Scorer
-from .parsing import ON_MISMATCH, Parser, apply_parser, strip_reasoning
-from .trl import reward_name
+from .parsing import ON_MISMATCH, Parser, strip_reasoning
 
-__all__ = ["ENV_PREFIX", "ProcessReward", "RewardConfig", "build_parser", "build_reward", "process_reward",
-           "reset_process_reward"]
+__all__ = ["ENV_PREFIX", "RewardConfig", "build_parser", "build_reward", "setting_names", "settings_table"]
 
 ENV_PREFIX = "TORCHMOVER_"
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
+def _setting(default, help: str, **extra):
+    """A field of :class:`RewardConfig` with its help text (a callable default is a factory)."""
+    metadata = {"help": help, **extra}
+    return field(default_factory=default, metadata=metadata) if callable(default) else field(default=default, metadata=metadata)
+
+
 @dataclass(frozen=True)
 class RewardConfig:
-    """How the process-wide reward is built and how the adapters read what they are given (see the
-    module docs for each field)."""
+    """How the reward is built and how a framework's sample becomes the text and references it
+    scores. Every field is a setting: ``TORCHMOVER_<FIELD>``, the key ``<field>`` of the config file,
+    and ``torchmover serve --<field-name>``."""
 
-    model: str | None = None
-    preset: str | None = None
-    scorer: str | None = None
-    options: dict = field(default_factory=dict)
-    device: str | None = None
-    fit_references: str | None = None
-    cache_size: int = 1024
-    max_batch_size: int = 256
-    max_wait_ms: float = 5.0
-    reference_field: str = "ground_truth"
-    missing_score: float | None = None
-    strip_reasoning: tuple[str, str] | None = None
-    parse: str | None = None
-    special_tokens: tuple[str, ...] | None = None
-    on_prompt_mismatch: str = "error"
+    model: str | None = _setting(None, "encoder name or path (default: the default model, or the preset's)")
+    preset: str | None = _setting(None, "a named preset (torchmover.PRESETS), e.g. twmd-b")
+    scorer: str | None = _setting(None, "a directory written by Scorer.save_pretrained (instead of model / preset)")
+    options: dict = _setting(dict, 'other Scorer options, a JSON object, e.g. {"direction": "f1"}')
+    device: str | None = _setting(None, "where the encoder runs, e.g. cuda:1 (default: the scorer's)")
+    fit_references: str | None = _setting(
+        None, "a text file, one reference per line, on which the statistics the scorer's options ask for are "
+              "fitted (a fixed centering mean, IDF, the rescaling baseline); required by batch-centered scorers, "
+              "whose reward is centered on their mean")
+    cache_size: int = _setting(1024, "references kept encoded on the device")
+    max_batch_size: int = _setting(256, "the most (completion, references) pairs scored in one batch")
+    max_wait_ms: float = _setting(5.0, "how long a batch waits for more concurrent calls, in ms")
+    reference_field: str = _setting(
+        "ground_truth", "where a sample's references are read: ground_truth (verl: reward_model.ground_truth; "
+                        "OpenRLHF and the server: the label), ground_truth.KEY... (keys into a dict), or, in "
+                        "verl only, extra_info.KEY...")
+    missing_score: float | None = _setting(
+        None, "the reward of a sample without a reference (default: such a sample is an error)")
+    strip_reasoning: tuple[str, str] | None = _setting(
+        None, "true: drop <think>...</think> traces before scoring; or the two delimiters, space-separated, "
+              "e.g. '[R] [/R]' (a pair in a file)", flag_const="true")
+    parse: str | None = _setting(None, "module:function, a completion parser applied after strip_reasoning")
+    query_special_tokens: tuple[str, ...] | None = _setting(
+        None, "OpenRLHF and the server: the special tokens cut from the query, space-separated or a JSON list "
+              "(default: the common chat-template tokens)")
+    on_prompt_mismatch: str = _setting(
+        "error", "OpenRLHF and the server: what a query that does not start with its prompt gets: error, "
+                 "or query (score the whole query)")
 
     def __post_init__(self):
         if self.scorer is not None and (self.model is not None or self.preset is not None):
@@ -97,29 +95,61 @@ class RewardConfig:
             raise ValueError(f"on_prompt_mismatch must be one of {ON_MISMATCH}, got {self.on_prompt_mismatch!r}")
         if self.strip_reasoning is not None and len(self.strip_reasoning) != 2:
             raise ValueError(f"strip_reasoning must be an (open, close) pair, got {self.strip_reasoning!r}")
+        for name in ("cache_size", "max_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)}")
+        if self.max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object], source: str = "config") -> "RewardConfig":
-        """A config from a mapping of field names to values (strings are parsed as in environment
-        variables); an unknown key raises a ValueError naming ``source``."""
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - set(fields))
-        if unknown:
-            raise ValueError(f"unknown key(s) {unknown} in {source}; known: {sorted(fields)}")
-        return cls(**{name: _parse_value(name, value, source) for name, value in values.items()})
+        """A config from a mapping of field names to values (strings are read as environment variables
+        are); an unknown key raises a ValueError naming ``source``."""
+        return cls(**_parse_values(values, source))
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "RewardConfig":
-        """The file named by ``TORCHMOVER_CONFIG`` (JSON or TOML), then ``TORCHMOVER_<FIELD>`` variables."""
+    def from_env(cls, environ: Mapping[str, str] | None = None,
+                 flags: Mapping[str, object] | None = None) -> "RewardConfig":
+        """The file named by ``TORCHMOVER_CONFIG`` (JSON or TOML), then the ``TORCHMOVER_<FIELD>``
+        variables, then ``flags`` (``torchmover serve``'s, by field name), each over the one before."""
         environ = os.environ if environ is None else environ
-        values: dict[str, object] = {}
         path = environ.get(ENV_PREFIX + "CONFIG")
-        if path:
-            values.update(_read_file(path))
-        names = [f.name for f in dataclasses.fields(cls)]
-        values.update({name: environ[ENV_PREFIX + name.upper()] for name in names
-                       if ENV_PREFIX + name.upper() in environ})
-        return cls.from_mapping(values, f"{ENV_PREFIX}CONFIG={path}" if path else "the environment")
+        layers = [_parse_values(_read_file(path), f"{ENV_PREFIX}CONFIG={path}")] if path else []
+        variables = {name: environ[var] for name, var in _variables().items() if var in environ}
+        unknown = sorted(var for var in environ if var.startswith(ENV_PREFIX) and var != ENV_PREFIX + "CONFIG"
+                         and var not in _variables().values())
+        if unknown:
+            raise ValueError(f"unknown variable(s) {unknown}; the settings are "
+                             f"{sorted(_variables().values())} and {ENV_PREFIX}CONFIG")
+        layers.append(_parse_values(variables, "the environment"))
+        layers.append(_parse_values(flags or {}, "the command line"))
+        merged: dict[str, object] = {}
+        for layer in layers:
+            options = {**merged.get("options", {}), **layer.get("options", {})}
+            merged.update(layer)
+            if options:
+                merged["options"] = options
+        return cls(**merged)
+
+
+def _variables() -> dict[str, str]:
+    """``{field name: environment variable}``."""
+    return {f.name: ENV_PREFIX + f.name.upper() for f in dataclasses.fields(RewardConfig)}
+
+
+def setting_names(name: str) -> str:
+    """How a setting is given everywhere, for error messages: ``name (TORCHMOVER_NAME, --name)``."""
+    return f"{name} ({ENV_PREFIX}{name.upper()}, --{name.replace('_', '-')})"
+
+
+def settings_table() -> list[tuple[str, str, str, str, str]]:
+    """``(config key, environment variable, serve flag, default, meaning)`` of every setting."""
+    rows = []
+    for f in dataclasses.fields(RewardConfig):
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        rows.append((f.name, ENV_PREFIX + f.name.upper(), "--" + f.name.replace("_", "-"),
+                     "" if default is None else json.dumps(default), f.metadata["help"]))
+    return rows
 
 
 def _read_file(path: str) -> dict:
@@ -140,8 +170,17 @@ def _read_file(path: str) -> dict:
     return values
 
 
+def _parse_values(values: Mapping[str, object], source: str) -> dict[str, object]:
+    """Each value read by its field's type; an unknown key raises a ValueError naming ``source``."""
+    known = _variables()
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ValueError(f"unknown setting(s) {unknown} in {source}; known: {sorted(known)}")
+    return {name: _parse_value(name, value, source) for name, value in values.items()}
+
+
 def _parse_value(name: str, value, source: str):
-    """A field's value from a file value or an environment string (converted by the field's type)."""
+    """A field's value from a file value or a string (a variable, a flag), converted by the field's type."""
     where = f"{name} (from {source})"
     if name in ("cache_size", "max_batch_size"):
         try:
@@ -168,9 +207,12 @@ def _parse_value(name: str, value, source: str):
         if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(isinstance(d, str) for d in pair):
             raise ValueError(f"{where} must be true/false or two delimiters (open close), got {value!r}")
         return tuple(pair)
-    if name == "special_tokens":
+    if name == "query_special_tokens":
         if isinstance(value, str):
-            value = json.loads(value) if value.lstrip().startswith("[") else value.split()
+            try:
+                value = json.loads(value) if value.lstrip().startswith("[") else value.split()
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where} must be space-separated tokens or a JSON list: {e}") from None
         if not isinstance(value, (list, tuple)) or not all(isinstance(t, str) for t in value):
             raise ValueError(f"{where} must be a list of strings, got {value!r}")
         return tuple(value)
@@ -206,9 +248,23 @@ def build_parser(config: RewardConfig) -> Parser | None:
     return parse
 
 
-def build_reward(config: RewardConfig) -> MoverReward:
-    """The :class:`~torchmover.reward.MoverReward` that ``config`` describes (fitted on
-    ``fit_references`` if set)."""
+def _read_references(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        references = [line.rstrip("\n") for line in f if line.strip()]
+    if not references:
+        raise ValueError(f"{setting_names('fit_references')}: {path} has no reference")
+    return references
+
+
+def build_reward(config: RewardConfig, *, batch_size: int = 64, progress: bool = False) -> MoverReward:
+    """The :class:`~torchmover.reward.MoverReward` that ``config`` describes.
+
+    With ``fit_references``, the scorer's corpus statistics are fitted on those references by the
+    command line's rule (:func:`~torchmover.evaluation.scoring.fit_to_call`: IDF, a fixed centering
+    mean, the rescaling baseline), and a batch-centered scorer's reward is centered on their mean
+    (:meth:`MoverReward.fit <torchmover.reward.MoverReward.fit>`): a reward must not depend on the other
+    samples of its batch. A batch-centered scorer without them is refused here, before any sample.
+    """
     if config.scorer is not None:
         scorer = Scorer.from_pretrained(config.scorer)
     elif config.preset is not None:
@@ -220,65 +276,14 @@ def build_reward(config: RewardConfig) -> MoverReward:
         scorer = Scorer(**config.options)
     if config.device is not None:
         scorer.to(config.device)
+    references = _read_references(config.fit_references) if config.fit_references else []
+    if scorer.config.centering == "batch" and not references:
+        raise ValueError(f"this scorer centers on the batch, which would make a sample's reward depend on the "
+                         f"others: set {setting_names('fit_references')} to center on their mean, or pass "
+                         "centering='none' in options (--centering none)")
+    if references:
+        fit_to_call(scorer, references, references, batch_size=batch_size, progress=progress)
     reward = MoverReward(scorer, cache_size=config.cache_size)
-    if config.fit_references is not None:
-        with open(config.fit_references, encoding="utf-8") as f:
-            reward.fit([line.rstrip("\n") for line in f if line.strip()])
-    reward.centering  # a batch-centered scorer without fit: the error now, not at the first sample
+    if scorer.config.centering == "batch":
+        reward.fit(references, batch_size)
     return reward
-
-
-class ProcessReward(NamedTuple):
-    """The process-wide reward: its config, the micro-batched reward and the completion parser."""
-
-    config: RewardConfig
-    batched: BatchedReward
-    parse: Parser | None
-    name: str
-
-    def score(self, texts: Sequence[str], refs: Sequence[list[str] | None],
-              no_reference: Callable[[int], str]) -> list[float]:
-        """Rewards of ``texts[i]`` (parsed by ``parse`` first) against ``refs[i]``, in one micro-batched
-        call. A row whose ``refs[i]`` is None scores ``config.missing_score``; without one it raises a
-        ValueError with the message ``no_reference(i)``."""
-        out = [self._missing(i, no_reference) if r is None else 0.0 for i, r in enumerate(refs)]
-        rows = [i for i, r in enumerate(refs) if r is not None]
-        if rows:
-            parsed = [apply_parser(self.parse, texts[i], f"completion {i}") for i in rows]
-            for i, score in zip(rows, self.batched.score(parsed, [refs[i] for i in rows]).tolist()):
-                out[i] = score
-        return out
-
-    def _missing(self, i: int, no_reference: Callable[[int], str]) -> float:
-        if self.config.missing_score is None:
-            raise ValueError(no_reference(i))
-        return self.config.missing_score
-
-
-_lock = threading.Lock()
-_process_reward: ProcessReward | None = None
-
-
-def process_reward() -> ProcessReward:
-    """The process-wide reward, built from :meth:`RewardConfig.from_env` on the first call (once,
-    whatever the number of threads calling at the same time)."""
-    global _process_reward
-    current = _process_reward
-    if current is not None:
-        return current
-    with _lock:
-        if _process_reward is None:
-            config = RewardConfig.from_env()
-            reward = build_reward(config)
-            batched = BatchedReward(reward, max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms)
-            _process_reward = ProcessReward(config, batched, build_parser(config), reward_name(reward.scorer.config))
-        return _process_reward
-
-
-def reset_process_reward() -> None:
-    """Close the process-wide reward (its queued calls are scored first); the next call rebuilds it."""
-    global _process_reward
-    with _lock:
-        if _process_reward is not None:
-            _process_reward.batched.close()
-            _process_reward = None

@@ -1,22 +1,24 @@
-"""OpenRLHF adapter: pass this file as ``--remote_rm_url`` (a path ending in ``.py``).
+"""OpenRLHF adapter: pass this file as ``--reward.remote_url`` (a path ending in ``.py``; print it with
+``python -m torchmover.integrations.openrlhf``).
 
-OpenRLHF executes the file and calls its ``reward_func(queries, prompts, labels)``
-(``openrlhf/utils/agent.py``, ``SingleTurnAgentExecutor``): in current versions one sample at a time
-through ``asyncio.to_thread`` (so from many threads at once), in older ones
-(``openrlhf/utils/remote_rm_utils.py``) once per micro-batch as a Ray task. Each ``query`` is the
-prompt's tokens (left-truncated to ``max_prompt_length``) followed by the generated tokens, decoded
-with ``skip_special_tokens=False``; ``prompts`` are the prompt strings and ``labels`` the dataset's
-``--label_key`` values. It reads back a dict with ``"rewards"`` (used for the advantages), ``"scores"``
-(used by dynamic filtering; ``"rewards"`` when absent) and ``"extra_logs"`` (logged), tensors with one
-value per query, as in OpenRLHF's ``examples/python/reward_func.py``.
+OpenRLHF 0.11 loads the file in each rollout actor (``openrlhf/utils/agent.py``,
+``SingleTurnAgentExecutor.__init__``) and calls its ``reward_func(queries, prompts, labels)`` once
+per sample through ``asyncio.to_thread``, so from many threads at once. Each ``query`` is the
+prompt's tokens (left-truncated to fit ``--data.max_len``) followed by the generated tokens, decoded
+with ``skip_special_tokens=False``; ``prompts`` are the prompt strings and ``labels`` the values of
+the dataset's ``--data.label_key`` column (``""`` without one). It reads back a dict with
+``"rewards"`` (the advantages' input), ``"scores"`` (dynamic filtering's) and ``"extra_logs"``
+(logged), tensors with one value per query. Any exception is caught there and logged at INFO, and
+the sample goes on without a reward: :mod:`torchmover.integrations.configured` logs every failure at
+WARNING with a running count, also returned in ``extra_logs`` as ``torchmover_failures``.
 
-The response is cut out of the query by :func:`~torchmover.integrations.parsing.response_from_query`
-(``TORCHMOVER_SPECIAL_TOKENS``, ``TORCHMOVER_ON_PROMPT_MISMATCH``), then parsed
-(``TORCHMOVER_STRIP_REASONING``, ``TORCHMOVER_PARSE``) and scored by the process-wide micro-batched
-reward (:mod:`torchmover.integrations.config`), so the per-sample calls are scored in batches.
-A sample whose label is missing raises a ValueError, or scores ``TORCHMOVER_MISSING_SCORE`` when set.
-The HTTP form of ``--remote_rm_url`` is served by ``torchmover serve``. This file only uses absolute
-imports, because OpenRLHF executes it as a standalone module.
+The samples are read and scored exactly as ``torchmover serve`` reads and scores OpenRLHF's HTTP
+requests (:class:`~torchmover.integrations.configured.ConfiguredReward`: the same settings, rewards
+and ``extra_logs`` keys). OpenRLHF fetches ``reward_func`` right after loading the file; the reward
+is built then (module ``__getattr__``), so an unparseable setting, a ``reference_field`` OpenRLHF
+cannot serve or a model that cannot load fails the rollout actor's start. Importing this module
+builds nothing. This file only uses absolute imports, because OpenRLHF executes it as a standalone
+file.
 """
 from __future__ import annotations
 
@@ -24,30 +26,33 @@ from typing import Sequence
 
 import torch
 
-from torchmover.integrations.config import process_reward
-from torchmover.integrations.parsing import reference_list, response_from_query
+from torchmover.integrations.configured import process_reward
 
-__all__ = ["reward_func", "response_from_query"]
+__all__ = ["score_queries"]
 
 
-def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence, **kwargs) -> dict:
-    """``{"rewards": Tensor[B], "scores": Tensor[B], "extra_logs": {<reward name>: Tensor[B]}}`` for
-    ``B`` queries (prompt + response), their prompts and their labels (a str, a list of str, or None
-    each). Safe to call from many threads at once. Other keyword arguments are ignored."""
+def score_queries(queries: Sequence[str], prompts: Sequence[str], labels: Sequence, **kwargs) -> dict:
+    """``{"rewards": Tensor[B], "scores": Tensor[B], "extra_logs": {<reward name>: Tensor[B],
+    "torchmover_failures": Tensor[B]}}`` for ``B`` queries (prompt + response), their prompts and their
+    labels (a str, a list of str, or None each); what ``reward_func`` is. Safe to call from many threads
+    at once. Other keyword arguments are ignored."""
     shared = process_reward()
-    config = shared.config
-    n = len(queries)
-    for name, values in (("prompts", prompts), ("labels", labels)):
-        if len(values) != n:
-            raise ValueError(f"{name} has {len(values)} values for {n} queries")
-    responses = [response_from_query(query, prompt, special_tokens=config.special_tokens,
-                                     on_mismatch=config.on_prompt_mismatch)
-                 for query, prompt in zip(queries, prompts)]
-    refs = [reference_list(label, f"labels[{i}]") for i, label in enumerate(labels)]
+    with shared.counting(len(queries)):
+        values = shared.score(shared.openrlhf_pending(queries, prompts, labels))
+    answer = shared.openrlhf_answer(values)
+    rewards = torch.tensor(values, dtype=torch.float32)
+    return {"rewards": rewards, "scores": rewards,
+            "extra_logs": {key: torch.tensor(v, dtype=torch.float32) for key, v in answer["extra_logs"].items()}}
 
-    def no_reference(i: int) -> str:
-        return (f"labels[{i}] is {labels[i]!r}: no reference to score against. Set "
-                "TORCHMOVER_MISSING_SCORE to give such samples a fixed reward")
 
-    values = torch.tensor(shared.score(responses, refs, no_reference), dtype=torch.float32)
-    return {"rewards": values, "scores": values, "extra_logs": {shared.name: values}}
+def __getattr__(name: str):
+    """``reward_func`` (what OpenRLHF fetches after loading the file): :func:`score_queries`, once the
+    process-wide reward is built and checked, so that its errors surface when OpenRLHF loads the file."""
+    if name == "reward_func":
+        process_reward().check_labels_only()
+        return score_queries
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if __name__ == "__main__":  # python -m torchmover.integrations.openrlhf: the path for --reward.remote_url
+    print(__file__)

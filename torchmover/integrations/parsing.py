@@ -191,14 +191,13 @@ def response_from_query(query: str, prompt: str, *, special_tokens: Iterable[str
 
 def reference_list(value, where: str) -> list[str] | None:
     """One row's reference(s) as a list of str: a str (NumPy's ``str_`` included), any sequence or 1-D
-    array of them (None entries dropped), or None. None or no reference at all gives None; any other
-    type raises a TypeError naming ``where``."""
+    array of them, or None. None, empty and whitespace-only entries are dropped (an empty reference
+    would score every completion 0; OpenRLHF passes ``""`` as the label when no ``--data.label_key`` is
+    given), and no reference at all gives None; any other type raises a TypeError naming ``where``."""
     if value is None:
         return None
-    if isinstance(value, str):
-        return [str(value)]
-    refs = [r for r in as_list(where, value, "strings (or a str, or None)") if r is not None]
+    refs = [value] if isinstance(value, str) else as_list(where, value, "strings (or a str, or None)")
     for r in refs:
-        if not isinstance(r, str):
+        if r is not None and not isinstance(r, str):
             raise TypeError(f"{where} must hold strings, got {type(r).__name__}")
-    return [str(r) for r in refs] or None
+    return [str(r) for r in refs if r is not None and r.strip()] or None

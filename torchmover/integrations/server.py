@@ -2,12 +2,16 @@
 
 Endpoints (JSON in, JSON out):
 
-- ``POST /get_reward`` (and ``POST /``): OpenRLHF's remote reward model protocol (``--remote_rm_url
+- ``POST /get_reward`` (and ``POST /``): OpenRLHF's remote reward model protocol (``--reward.remote_url
   http://HOST:PORT/get_reward``). Body ``{"query": [...], "prompts": [...], "labels": [...]}``: each
-  query is the prompt followed by the response, decoded with special tokens; the response is the
-  query after its prompt (:func:`~torchmover.integrations.parsing.response_from_query`) and ``labels`` are the references (a str or a
-  list of str each). Answer ``{"rewards": [...], "scores": [...], "extra_logs": {"torchmover_reward":
-  [...]}}`` (``scores`` = ``rewards``, as OpenRLHF's own server).
+  query is the prompt followed by the response, decoded with special tokens. The samples are read and
+  scored by a :class:`~torchmover.integrations.configured.ConfiguredReward`, exactly as the OpenRLHF
+  adapter file reads and scores them, with the same settings
+  (:class:`~torchmover.integrations.config.RewardConfig`: reference field, completion parser, special
+  tokens, prompt-mismatch policy, missing-reference score). Answer ``{"rewards": [...], "scores":
+  [...], "extra_logs": {"torchmover_<method>[_<direction>]": [...], "torchmover_failures": [...]}}``
+  (``scores`` = ``rewards``, as OpenRLHF's own server); a sample that cannot be scored fails its
+  request with 400, logged at WARNING with the running count of failed samples.
 - ``POST /score``: ``{"hyps": [...], "refs": [...]}`` (a str or a list of str per hypothesis) ->
   ``{"rewards": [...]}``.
 - ``GET /health``: ``{"status": "ok", "signature": ..., "device": ..., ...}``.
@@ -27,6 +31,8 @@ import threading
 from typing import Sequence
 
 from ..reward.batching import BatchedReward
+from .config import RewardConfig
+from .configured import ConfiguredReward
 from .parsing import response_from_query
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "RewardServer", "require_aiohttp", "response_from_query"]
@@ -54,27 +60,11 @@ def _field(body: dict, name: str) -> list:
     return value
 
 
-def _openrlhf_pairs(body: dict) -> tuple[list[str], list]:
-    queries, prompts, labels = _field(body, "query"), _field(body, "prompts"), _field(body, "labels")
-    if not len(queries) == len(prompts) == len(labels):
-        raise _BadRequest(f"query, prompts and labels must have the same length, got "
-                          f"{len(queries)}, {len(prompts)} and {len(labels)}")
-    hyps = []
-    for i, (query, prompt) in enumerate(zip(queries, prompts)):
-        if not isinstance(query, str) or not isinstance(prompt, str):
-            raise _BadRequest(f"query[{i}] and prompts[{i}] must be strings")
-        try:
-            hyps.append(response_from_query(query, prompt))
-        except ValueError:
-            raise _BadRequest(f"query[{i}] does not contain prompts[{i}]") from None
-    for i, label in enumerate(labels):
-        if not (isinstance(label, str) or isinstance(label, list) and label and all(isinstance(r, str) for r in label)):
-            raise _BadRequest(f"labels[{i}] must be the reference (a str) or a non-empty list of references")
-    return hyps, labels
-
-
 class RewardServer:
-    """An HTTP server (``aiohttp``) in front of a :class:`~torchmover.reward.batching.BatchedReward`.
+    """An HTTP server (``aiohttp``) in front of a :class:`~torchmover.reward.batching.BatchedReward`,
+    reading OpenRLHF's requests as ``config`` says (default: the default
+    :class:`~torchmover.integrations.config.RewardConfig`; a ``reference_field`` into verl's
+    ``extra_info`` is refused).
 
     ``start()`` serves from a background thread and returns once the socket listens (``port=0``
     takes a free port: see :attr:`url`); ``stop()`` closes it (the batcher is left to its owner).
@@ -85,10 +75,10 @@ class RewardServer:
         ...     print(server.url)  # POST {"hyps": [...], "refs": [...]} to server.url + "/score"
     """
 
-    def __init__(self, batched: BatchedReward, *, host: str = "127.0.0.1", port: int = 0,
-                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
-        if not isinstance(batched, BatchedReward):
-            raise TypeError(f"batched must be a torchmover BatchedReward, got {type(batched).__name__}")
+    def __init__(self, batched: BatchedReward, *, config: RewardConfig | None = None, host: str = "127.0.0.1",
+                 port: int = 0, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
+        self.reward = ConfiguredReward(batched, RewardConfig() if config is None else config)
+        self.reward.check_labels_only()
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
             raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
         if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes < 1:
@@ -139,9 +129,14 @@ class RewardServer:
             return (await asyncio.wrap_future(future)).tolist()
 
         async def openrlhf(request):
-            hyps, labels = _openrlhf_pairs(await read_body(request))
-            values = await rewards(hyps, labels)
-            return web.json_response({"rewards": values, "scores": values, "extra_logs": {"torchmover_reward": values}})
+            body = await read_body(request)
+            queries, prompts, labels = _field(body, "query"), _field(body, "prompts"), _field(body, "labels")
+            try:
+                with self.reward.counting(len(queries)):
+                    values = await self.reward.ascore(self.reward.openrlhf_pending(queries, prompts, labels))
+            except (TypeError, ValueError) as error:
+                raise _BadRequest(str(error)) from None
+            return web.json_response(self.reward.openrlhf_answer(values))
 
         async def score(request):
             body = await read_body(request)
@@ -152,7 +147,8 @@ class RewardServer:
             return web.json_response({"status": "ok", "signature": reward.signature,
                                       "device": str(reward.scorer.encoder.device),
                                       "max_batch_size": self.batched.max_batch_size,
-                                      "max_wait_ms": self.batched.max_wait_ms, **self.batched.stats()})
+                                      "max_wait_ms": self.batched.max_wait_ms, **self.batched.stats(),
+                                      "failures": self.reward.failures})
 
         app = web.Application(middlewares=[json_errors], client_max_size=self.max_request_bytes)
         app.add_routes([web.post("/", openrlhf), web.post("/get_reward", openrlhf), web.post("/score", score),

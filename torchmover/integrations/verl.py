@@ -1,91 +1,59 @@
-"""verl adapter: point ``custom_reward_function.path`` at this file.
+"""verl adapter: ``reward.custom_reward_function.path=pkg://torchmover.integrations.verl`` with
+``reward.custom_reward_function.name=compute_score``.
 
-verl loads the function named by ``custom_reward_function.name`` (default ``compute_score``) from the
-file given as ``custom_reward_function.path`` (``verl/trainer/ppo/reward.py``, ``get_custom_reward_fn``;
-since verl 0.7 ``pkg://torchmover.integrations.verl`` works too) and calls it
+verl 0.7 to 0.9 load the function from ``reward.custom_reward_function`` (``path``: a file, or
+``pkg://`` and a module; ``name``, default ``compute_score``) in each reward-loop worker
+(``verl/experimental/reward_loop/reward_loop.py``, ``RewardLoopWorker`` → ``load_reward_manager`` →
+``get_custom_reward_fn``). The reward manager (``naive``, the default, ``dapo``, ``gdpo``,
+``rate_limited``) calls it once per sample, with keywords::
 
-- once per sample with keywords ``compute_score(data_source=..., solution_str=..., ground_truth=...,
-  extra_info=...)`` from the ``naive`` and ``dapo`` reward managers
-  (``verl/workers/reward_manager/naive.py``, ``dapo.py``), and from an executor thread pool in the
-  asynchronous reward loop (``verl/experimental/reward_loop/reward_manager/naive.py``), which may add
-  ``reward_router_address`` / ``reward_model_tokenizer``; ``custom_reward_function.reward_kwargs`` are
-  merged into every call. It expects a float, or a dict with ``"score"``.
-- once per batch from the ``batch`` reward manager (``verl/workers/reward_manager/batch.py``):
-  ``compute_score_batch(data_sources=..., solution_strs=..., ground_truths=..., extra_infos=...)``
-  expecting one score per sample (set ``custom_reward_function.name=compute_score_batch``).
+    compute_score(data_source=..., solution_str=..., ground_truth=..., extra_info=..., **reward_kwargs)
 
-``solution_str`` is the decoded response (special tokens skipped); ``ground_truth`` is the dataset's
-``reward_model.ground_truth``, which after the parquet round trip may be a str, a NumPy ``str_`` or
-a NumPy object array of references. Per-sample calls go through the process-wide micro-batcher
-(:func:`torchmover.integrations.config.process_reward`), which turns the thread pool's concurrent
-calls back into batches. verl's ``prime`` manager runs the function in a *process* pool, where every
-process would load its own encoder: use ``naive``, ``dapo`` or ``batch`` instead.
+from the worker's thread pool (``loop.run_in_executor``), every sample of the worker's share of the
+batch at once. ``solution_str`` is the response decoded without special tokens; ``ground_truth`` is
+the dataset's ``reward_model.ground_truth`` (after the parquet round trip a str, or a NumPy array of
+str); ``extra_info`` gains ``num_turns`` and ``rollout_reward_scores``. The float returned is put at
+the response's last valid token. The concurrent per-sample calls go through the process-wide
+micro-batcher (:func:`~torchmover.integrations.configured.process_reward`), which turns them back
+into batches.
 
-Configuration: environment variables ``TORCHMOVER_*`` or a config file (see
-:mod:`torchmover.integrations.config`). This file only uses absolute imports, because verl executes
-it as a standalone module.
+verl fetches ``compute_score`` when a reward-loop worker starts; the reward is built then (module
+``__getattr__``), so an unparseable setting or a model that cannot load fails the worker's start,
+before the first rollout. Importing this module builds nothing.
+
+Settings: ``TORCHMOVER_*`` environment variables or a config file
+(:mod:`torchmover.integrations.config`). This file only uses absolute imports, because verl may
+execute it as a standalone file (``path=/path/to/verl.py``).
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from torchmover.integrations.configured import process_reward
 
-from torchmover.integrations.config import ProcessReward, process_reward
-from torchmover.integrations.parsing import reference_list
-
-__all__ = ["compute_score", "compute_score_batch"]
+__all__ = ["score_sample"]
 
 
-def _references(shared: ProcessReward, ground_truth, extra_info, index: int | None) -> list[str] | None:
-    """The sample's references, read from the configured ``reference_field`` (None if absent)."""
-    field = shared.config.reference_field
-    head, *keys = field.split(".")
-    value = ground_truth if head == "ground_truth" else extra_info
-    for key in keys:
-        if not isinstance(value, dict) or key not in value:
-            return None
-        value = value[key]
-    return reference_list(value, field if index is None else f"{field} of sample {index}")
-
-
-def _no_reference(shared: ProcessReward, data_sources: Sequence, where: Callable[[int], str]) -> Callable[[int], str]:
-    """The error message for sample ``i`` without a reference (when no ``missing_score`` is set)."""
-    return lambda i: (f"{where(i)} (data_source={data_sources[i]!r}) has no reference in "
-                      f"{shared.config.reference_field}: set TORCHMOVER_MISSING_SCORE to give such samples a "
-                      "fixed reward, or TORCHMOVER_REFERENCE_FIELD to read the reference elsewhere")
-
-
-def _check_solutions(solution_strs: Sequence) -> list[str]:
-    for i, text in enumerate(solution_strs):
-        if not isinstance(text, str):
-            raise TypeError(f"solution_str{f's[{i}]' if len(solution_strs) > 1 else ''} must be a str, "
-                            f"got {type(text).__name__}")
-    return [str(t) for t in solution_strs]  # NumPy str_ -> str
-
-
-def compute_score(data_source, solution_str: str, ground_truth, extra_info=None, **kwargs) -> float:
-    """The reward of one response ``solution_str`` against its reference(s) (a float, as verl expects).
+def score_sample(data_source, solution_str: str, ground_truth, extra_info=None, **kwargs) -> float:
+    """The reward of one response ``solution_str`` against its reference(s) (a float, as verl expects);
+    what ``compute_score`` is.
 
     Safe to call from many threads at once: concurrent calls are scored together in one batch. A sample
-    without a reference raises a ValueError, or scores ``TORCHMOVER_MISSING_SCORE`` when set. Other
-    keyword arguments verl passes (``reward_router_address``, ``reward_kwargs``) are ignored.
+    without a reference raises a ValueError naming its ``data_source``, or scores ``missing_score`` when
+    set. The keywords verl may add (``reward_router_address``, ``reward_model_tokenizer``, the
+    ``reward_kwargs``) are ignored.
     """
     shared = process_reward()
-    texts = _check_solutions([solution_str])
-    refs = [_references(shared, ground_truth, extra_info, None)]
-    return shared.score(texts, refs, _no_reference(shared, [data_source], lambda i: "this sample"))[0]
+    with shared.counting(1):
+        if not isinstance(solution_str, str):
+            raise TypeError(f"solution_str must be a str, got {type(solution_str).__name__}")
+        refs = [shared.references(ground_truth, extra_info, f"the sample of data_source={data_source!r}")]
+        pending = shared.pending([str(solution_str)], refs, lambda i: f"the sample of data_source={data_source!r}")
+        return shared.score(pending)[0]
 
 
-def compute_score_batch(data_sources: Sequence, solution_strs: Sequence[str], ground_truths: Sequence,
-                        extra_infos: Sequence | None = None, **kwargs) -> list[float]:
-    """The rewards of a batch (verl's ``batch`` reward manager): one float per response, in order."""
-    shared = process_reward()
-    n = len(solution_strs)
-    extra_infos = [None] * n if extra_infos is None else extra_infos
-    for name, values in (("data_sources", data_sources), ("ground_truths", ground_truths),
-                         ("extra_infos", extra_infos)):
-        if len(values) != n:
-            raise ValueError(f"{name} has {len(values)} values for {n} solution_strs")
-    texts = _check_solutions(solution_strs)
-    refs = [_references(shared, truth, extra, i)
-            for i, (truth, extra) in enumerate(zip(ground_truths, extra_infos))]
-    return shared.score(texts, refs, _no_reference(shared, data_sources, lambda i: f"sample {i}"))
+def __getattr__(name: str):
+    """``compute_score`` (what verl fetches by name): :func:`score_sample`, once the process-wide
+    reward is built, so that its errors surface when verl loads the function."""
+    if name == "compute_score":
+        process_reward()
+        return score_sample
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
