@@ -111,9 +111,15 @@ def as_trl_reward(scorer_or_reward: Scorer | MoverReward, reference_column: str 
 
     Example:
         >>> from torchmover.integrations.parsing import strip_reasoning
-        >>> reward = MoverReward(Scorer()).fit(train_dataset["reference"])  # doctest: +SKIP
-        >>> f = as_trl_reward(reward, parse=strip_reasoning)  # doctest: +SKIP
-        >>> trainer = GRPOTrainer(model, reward_funcs=[f], ...)  # doctest: +SKIP
+        >>> reward = MoverReward(Scorer(device="cpu"))  # a centering scorer: .fit(train_references) first
+        >>> f = as_trl_reward(reward, parse=strip_reasoning)
+        >>> f.__name__
+        'torchmover_twmd_recall'
+        >>> f(prompts=["Summarise: ..."], completions=["<think>hm</think>a cat sat"], reference=[["the cat sat"]])
+        [0.9168...]
+
+    Then ``GRPOTrainer(model, reward_funcs=[f], train_dataset=dataset, ...)``, the dataset holding a
+    ``reference`` column (``list[str]`` in every row).
     """
     if isinstance(scorer_or_reward, Scorer):
         reward = MoverReward(scorer_or_reward)
