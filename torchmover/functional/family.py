@@ -8,6 +8,15 @@ defines its transport term ``C`` (:mod:`torchmover.functional.members`); the res
 (or keeps them as zero-mass matching targets, bert_score's rule),
 :func:`pair_similarity` normalises so that ``Sim(X, X) = 1`` (each text's self-term computed once,
 however many pairs it is in) and scores a pair with an empty text (all-False mask) exactly 0.
+
+Bounds. ``|Sim| ≤ 1`` holds mathematically for every member (a normalised score is a transport term
+over its two self-terms; an unnormalised one is a mass-weighted mean of cosines), but not always after
+float rounding: a self-term computed in another batch (e.g. cached by a reward from a call with other
+texts, so padded and summed differently) can come out one ulp below the cross term of an identical
+pair, and a unit vector's cosine with itself can round above 1. :func:`pair_similarity` therefore
+clamps every score to ``[-1, 1]``, so that ``Sim(X, X)`` never exceeds 1 on any path; the clamp only
+moves scores that rounding had pushed past the bound (by at most a few ulps), and their gradient
+there is 0, as is the true gradient at a maximum.
 :func:`family_similarity` is the two in one for aligned ``[B, L, D]`` batches.
 
 Directions: ``recall`` — every reference token ships exactly its mass (the plan's rows are exact);
@@ -194,7 +203,8 @@ def pair_similarity(
     are None) -> ``[P]``. Texts that take part in several pairs are moved onto themselves once: the
     self-terms ``C(X, X)`` are computed per text of ``hyp`` and ``ref`` and gathered, and
     ``ref_self`` ``[N_ref]`` may supply the references' (e.g. cached across calls, from
-    :func:`self_similarity`). Autocast is off inside: the matmuls run in the clouds' dtype.
+    :func:`self_similarity`). Autocast is off inside: the matmuls run in the clouds' dtype. Scores
+    are clamped to ``[-1, 1]`` against rounding (module docs).
     """
     term = _resolve(term, direction)
     with autocast_off(hyp.vectors.device):
@@ -209,6 +219,7 @@ def pair_similarity(
             if hyp_index is not None:
                 hyp_self = hyp_self.index_select(0, hyp_index)
             cross = cross * (ref_self * hyp_self).clamp_min(torch.finfo(cross.dtype).tiny).rsqrt()
+        cross = cross.clamp(-1.0, 1.0)  # rounding only (see the module docs)
         empty = [c.empty for c in (h, r) if c.empty is not None]
         if not empty:  # no text is empty
             return cross
