@@ -198,7 +198,7 @@ def test_missing_directory(tmp_path):
 
 
 @pytest.mark.parametrize("damage, error, match", [
-    (lambda p: (p / "torchmover.json").write_text("{not json"), ValueError, "corrupt torchmover.json"),
+    (lambda p: (p / "torchmover.json").write_text("{not json"), ValueError, r"corrupt '.*torchmover\.json'"),
     (lambda p: (p / "torchmover.json").write_text('{"format": 99, "config": {}}'), ValueError, "format 99"),
     (lambda p: _edit_config(p, method="nope"), ValueError, "invalid config.*method"),
     (lambda p: _edit_config(p, colour="red"), ValueError, "unknown config fields"),

@@ -462,3 +462,10 @@ def test_cli_serve_refuses_bad_sizes_at_start(tiny_model_dir, tmp_path, capsys, 
         main(["serve", "--model", str(tiny_model_dir), "--layer", "2", "--fit-references", str(tmp_path / "none"),
               option, value])
     assert exit_.value.code == 2 and f"argument {option}:" in capsys.readouterr().err
+
+
+def test_a_body_its_content_encoding_cannot_decode_is_400(server):
+    sock = connect(server)
+    sock.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\nContent-Length: 8\r\n\r\nnot gzip")
+    status, body = read_response(sock)
+    assert status == 400 and "the body cannot be read" in body["error"]

@@ -15,7 +15,7 @@ Endpoints (JSON in, JSON out):
 Every request goes through one :class:`~torchmover.reward.batching.BatchedReward`, so concurrent requests
 (OpenRLHF sends one sample per request) are scored together, on the scorer's device. A malformed
 request gets a 4xx answer ``{"error": "..."}`` naming what is wrong and never affects other requests:
-400 (not UTF-8 JSON, nested too deeply, a missing field, a wrong type, a text that is not valid
+400 (not UTF-8 JSON, nested too deeply, a body that its Content-Encoding cannot decode, a missing field, a wrong type, a text that is not valid
 Unicode, mismatched lengths), 404/405 (unknown path or method), 408 (the body did not arrive in time),
 413 (a body over ``max_request_bytes``, or more pairs than ``max_pairs_per_request``), 415 (a charset
 other than UTF-8). Needs the ``serve`` extra (``pip install "torchmover[serve]"``, which installs
@@ -318,6 +318,8 @@ class RewardServer:
             except asyncio.TimeoutError:
                 raise _ClientError(f"the body did not arrive within {limits.body_timeout} s (body_timeout)",
                                    status=408) from None
+            except web.RequestPayloadError as error:  # e.g. a Content-Encoding: gzip body that is not gzip
+                raise _ClientError(f"the body cannot be read: {error}") from None
             return _parse_json(data, request.charset)
 
         async def rewards(hyps: Sequence, refs: Sequence) -> list[float]:

@@ -234,10 +234,10 @@ def read_meta(path: str | os.PathLike) -> dict:
         raise FileNotFoundError(f"{str(root)!r} is not a saved torchmover scorer: {CONFIG_FILE} is missing")
     try:
         meta = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"corrupt {CONFIG_FILE} in {str(root)!r}: {e}") from e
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"corrupt {str(file)!r}: {e}") from e
     if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
-        raise ValueError(f"corrupt {CONFIG_FILE} in {str(root)!r}: expected an object with a 'config' object")
+        raise ValueError(f"corrupt {str(file)!r}: expected an object with a 'config' object")
     if meta.get("format") != FORMAT_VERSION:
         raise ValueError(f"{str(file)!r} has format {meta.get('format')!r}; this torchmover reads format "
                          f"{FORMAT_VERSION} (saved by torchmover {meta.get('torchmover', 'unknown')})")
