@@ -14,6 +14,7 @@ writes, and flipped bits in a saved scorer.
 
     python bench/probe_saves.py                    # every probe
     python bench/probe_saves.py --only kills --kills 30
+    python bench/probe_saves.py --repo ../old-checkout   # the same probes on another checkout's code
 """
 from __future__ import annotations
 
@@ -56,10 +57,11 @@ for step in range(1, 1000):
 """
 
 
-def spawn(code: str, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+def spawn(repo: Path, code: str, *args: str) -> subprocess.Popen:
+    """A Python process running ``code`` on the checkout ``repo``, once it printed "ready"."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
     process = subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True, env=env)
+                               stderr=subprocess.DEVNULL, text=True, env=env, cwd=repo)
     assert process.stdout.readline().strip() == "ready"
     return process
 
@@ -71,7 +73,7 @@ def leftovers(parent: Path, pattern: str) -> tuple[int, int]:
     return len(paths), size
 
 
-def probe_kills(kills: int, work: Path) -> dict:
+def probe_kills(kills: int, work: Path, repo: Path) -> dict:
     import torch
     from torchmover import Scorer
 
@@ -84,7 +86,7 @@ def probe_kills(kills: int, work: Path) -> dict:
     counts = {"kills": 0, "killed mid-save": 0, "after the kill: loads": 0, "after the kill: no torchmover.json": 0,
               "after the kill: other error": [], "clean recoveries": 0, "largest staging left by a kill (MiB)": 0.0}
     for _ in range(kills):
-        saver = spawn(SAVER, str(target))
+        saver = spawn(repo, SAVER, str(target))
         saver.stdin.write("go\n")
         saver.stdin.flush()
         time.sleep(random.uniform(0, 1.2 * save_seconds))
@@ -113,14 +115,14 @@ def probe_kills(kills: int, work: Path) -> dict:
     return counts
 
 
-def probe_checkpoints(kills: int, work: Path) -> dict:
+def probe_checkpoints(kills: int, work: Path, repo: Path) -> dict:
     import torch
     from torchmover.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
     directory = work / "checkpoints"
     counts = {"kills": 0, "temporaries left by the kill": 0, "left after the next save": 0, "latest loads": 0}
     for _ in range(kills):
-        writer = spawn(CHECKPOINTER, str(directory))
+        writer = spawn(repo, CHECKPOINTER, str(directory))
         time.sleep(random.uniform(0.2, 3.0))
         writer.send_signal(signal.SIGKILL)
         writer.wait()
@@ -173,7 +175,10 @@ def main(argv=None) -> None:
     parser.add_argument("--kills", type=int, default=30)
     parser.add_argument("--flips", type=int, default=30, help="flips per group and verify setting")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repo", type=Path, default=REPO, help="the checkout whose code is probed (default: this one)")
     args = parser.parse_args(argv)
+    repo = args.repo.resolve()
+    sys.path.insert(0, str(repo))  # torchmover from the probed checkout, here as in the subprocesses
     only = args.only.split(",")
     if set(only) - set(PROBES):
         parser.error(f"unknown probes {sorted(set(only) - set(PROBES))}")
@@ -183,10 +188,11 @@ def main(argv=None) -> None:
     transformers.logging.set_verbosity_error()
     print(f"load average before: {load_average()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="probe-saves-") as work:
-        for name, probe, count in (("kills", probe_kills, args.kills), ("checkpoints", probe_checkpoints, args.kills),
-                                   ("flips", probe_flips, args.flips)):
-            if name in only:
-                print(f"{name}: {json.dumps(probe(count, Path(work)), indent=1)}", flush=True)
+        probes = {"kills": lambda: probe_kills(args.kills, Path(work), repo),
+                  "checkpoints": lambda: probe_checkpoints(args.kills, Path(work), repo),
+                  "flips": lambda: probe_flips(args.flips, Path(work))}
+        for name in only:
+            print(f"{name}: {json.dumps(probes[name](), indent=1)}", flush=True)
     print(f"load average after: {load_average()}")
 
 

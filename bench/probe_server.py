@@ -21,6 +21,7 @@ requests can be sent as they are:
 
     python bench/probe_server.py                      # every probe
     python bench/probe_server.py --only malformed,sigterm
+    python bench/probe_server.py --repo ../old-checkout  # the same probes against another checkout's server
 """
 from __future__ import annotations
 
@@ -46,9 +47,9 @@ PROBES = ("malformed", "load", "slow", "idle", "abandoned", "large", "sigterm")
 
 # --- the server and raw HTTP ---------------------------------------------------------------------
 
-def start_server(*options: str, nofile: int | None = None) -> tuple[subprocess.Popen, int, Path]:
-    """``torchmover serve --port 0`` with ``options`` (stderr to a log file); its port."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+def start_server(repo: Path, *options: str, nofile: int | None = None) -> tuple[subprocess.Popen, int, Path]:
+    """``torchmover serve --port 0`` of the checkout ``repo`` with ``options`` (stderr to a log file); its port."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
     log = Path(tempfile.mkstemp(prefix="probe-serve-", suffix=".log")[1])
 
     def limit_descriptors():
@@ -56,8 +57,8 @@ def start_server(*options: str, nofile: int | None = None) -> tuple[subprocess.P
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
     process = subprocess.Popen([sys.executable, "-m", "torchmover", "serve", "--port", "0", "--no-progress",
-                                "--device", "cpu", *options], stderr=open(log, "w"), env=env,
-                               preexec_fn=limit_descriptors)
+                                "--device", "cpu", *options], stderr=open(log, "w"), env=env, cwd=repo,
+                               preexec_fn=limit_descriptors)  # cwd: "-m" imports from the working directory first
     deadline = time.monotonic() + 600
     while "serving on" not in log.read_text():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -209,14 +210,14 @@ async def probe_load(port: int, pairs: list[tuple[str, str]], clients: int, requ
             "max diff": max(diffs, default=float("nan")), "seconds": time.perf_counter() - start}
 
 
-async def dribble(port: int, raw: bytes, start_at: int) -> tuple[bool, float]:
-    """Send ``raw[:start_at]`` at once, then one byte a second: whether the server closed the
-    connection (or answered and closed) before the whole request was sent, and after how long."""
+async def dribble(port: int, raw: bytes, start_at: int, give_up: float) -> tuple[bool, float]:
+    """Send ``raw[:start_at]`` at once, then one byte a second for at most ``give_up`` seconds: whether
+    the server closed the connection (or answered and closed) first, and after how long."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     start = time.monotonic()
     try:
         writer.write(raw[:start_at])
-        for i in range(start_at, len(raw)):
+        for i in range(start_at, min(len(raw), start_at + int(give_up))):
             await writer.drain()
             try:
                 data = await asyncio.wait_for(reader.read(65536), 1.0)
@@ -232,10 +233,10 @@ async def dribble(port: int, raw: bytes, start_at: int) -> tuple[bool, float]:
         writer.close()
 
 
-async def probe_slow(port: int, n: int) -> dict:
+async def probe_slow(port: int, n: int, give_up: float = 120) -> dict:
     raw = json_request("/score", {"hyps": ["a cat sat on the mat"] * 20, "refs": ["the cat"] * 20})
     head_end = raw.index(b"\r\n\r\n") + 4
-    results = await asyncio.gather(*(dribble(port, raw, 0 if i % 2 else head_end) for i in range(n)))
+    results = await asyncio.gather(*(dribble(port, raw, 0 if i % 2 else head_end, give_up) for i in range(n)))
     times = [t for closed, t in results if closed]
     return {"clients": n, "disconnected": len(times), "slowest disconnect s": max(times, default=float("nan"))}
 
@@ -274,22 +275,29 @@ async def probe_abandoned(port: int, pairs: list[tuple[str, str]]) -> dict:
         status, _ = await exchange(port, raw, timeout=600)
         return status, time.perf_counter() - start
 
+    async def pairs_scored():
+        return json.loads((await exchange(port, http("/health", method="GET")))[1])["pairs"]
+
     _, idle_latency = await timed(request(0))
+    before = await pairs_scored()
     await asyncio.gather(*(exchange(port, request(i + 1), close_after_send=True) for i in range(50)))
     status, latency = await timed(request(51))
-    return {"next request status": status, "latency s": latency, "on an idle server s": idle_latency}
+    return {"next request status": status, "latency s": latency, "on an idle server s": idle_latency,
+            "abandoned pairs scored": await pairs_scored() - before - 32, "abandoned pairs sent": 50 * 32}
 
 
 async def probe_large(port: int, pairs: list[tuple[str, str]], n: int) -> dict:
     large = json_request("/score", {"hyps": [h for h, _ in pairs[:n]], "refs": [r for _, r in pairs[:n]]})
     small = json_request("/score", {"hyps": [pairs[-1][0]], "refs": [pairs[-1][1]]})
+    start = time.perf_counter()
     large_task = asyncio.ensure_future(exchange(port, large, timeout=1200))
     await asyncio.sleep(1.0)
-    start = time.perf_counter()
+    small_start = time.perf_counter()
     small_status, _ = await exchange(port, small, timeout=1200)
-    small_latency = time.perf_counter() - start
+    small_latency = time.perf_counter() - small_start
     large_status, _ = await large_task
-    return {"large status": large_status, "small status": small_status, "small latency s": small_latency}
+    return {"large status": large_status, "small status": small_status, "small latency s": small_latency,
+            "large latency s": time.perf_counter() - start}
 
 
 async def probe_sigterm(process: subprocess.Popen, port: int, pairs: list[tuple[str, str]]) -> dict:
@@ -317,6 +325,7 @@ def main(argv=None) -> None:
     parser.add_argument("--slow", type=int, default=400, help="slow clients")
     parser.add_argument("--large", type=int, default=1500, help="pairs of the large request")
     parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of the server")
+    parser.add_argument("--repo", type=Path, default=REPO, help="the checkout whose server is probed (default: this one)")
     args = parser.parse_args(argv)
     only = args.only.split(",")
     unknown = sorted(set(only) - set(PROBES))
@@ -331,7 +340,7 @@ def main(argv=None) -> None:
     def run(name, coroutine_factory, *options, nofile=None):
         if name not in only:
             return
-        process, port, log = start_server(*options, nofile=nofile)
+        process, port, log = start_server(args.repo, *options, nofile=nofile)
         try:
             results[name] = asyncio.run(coroutine_factory(process, port))
             if process.poll() is None:
