@@ -84,7 +84,7 @@ def probe_kills(kills: int, work: Path, repo: Path) -> dict:
     save_seconds = time.perf_counter() - start
     want = scorer(HYPS, REFS)
     counts = {"kills": 0, "killed mid-save": 0, "after the kill: loads": 0, "after the kill: no torchmover.json": 0,
-              "after the kill: other error": [], "clean recoveries": 0, "largest staging left by a kill (MiB)": 0.0}
+              "after the kill: other error": [], "clean recoveries": 0, "most staging on disk after a kill (MiB)": 0.0}
     for _ in range(kills):
         saver = spawn(repo, SAVER, str(target))
         saver.stdin.write("go\n")
@@ -95,7 +95,7 @@ def probe_kills(kills: int, work: Path, repo: Path) -> dict:
         counts["kills"] += 1
         staged, size = leftovers(work, ".scorer.tmp-*")
         counts["killed mid-save"] += bool(staged or (target / ".torchmover-saving.json").exists())
-        counts["largest staging left by a kill (MiB)"] = max(counts["largest staging left by a kill (MiB)"], size / 2**20)
+        counts["most staging on disk after a kill (MiB)"] = max(counts["most staging on disk after a kill (MiB)"], size / 2**20)
         try:
             Scorer.from_pretrained(target, device="cpu")
             counts["after the kill: loads"] += 1
