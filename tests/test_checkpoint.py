@@ -38,3 +38,40 @@ def test_rng_state_survives_a_safe_round_trip(tmp_path):
     set_rng_state(load_checkpoint(latest_checkpoint(tmp_path))["rng"])
     got = (random.random(), torch.rand(3))
     assert got[0] == expected[0] and torch.equal(got[1], expected[1])
+
+
+def killed_mid_write(directory, step: int) -> None:
+    """Run ``save_checkpoint(directory, ..., step)`` in a process that is killed (SIGKILL: no cleanup
+    runs) once half the checkpoint is written to its temporary file."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, torch\n"
+        "from torchmover.runtime import checkpoint\n"
+        "def half_then_killed(state, f):\n"
+        "    f.write(b'x' * 4096); f.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
+        "torch.save = half_then_killed\n"
+        f"checkpoint.save_checkpoint({str(directory)!r}, {{'w': torch.zeros(2)}}, {step})\n")
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == -9
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="flock: POSIX only")
+def test_the_next_checkpoint_removes_the_temporaries_of_killed_writes_and_only_those(tmp_path):
+    import os
+
+    save_checkpoint(tmp_path, {"w": torch.zeros(2)}, 1)
+    killed_mid_write(tmp_path, 2)
+    assert [p.name[:17] for p in tmp_path.glob(".step-*.pt.*.tmp")] == [".step-0000002.pt."]
+    killed_mid_write(tmp_path, 3)  # removed step 2's before it was killed too
+    assert [p.name[:17] for p in tmp_path.glob(".step-*.pt.*.tmp")] == [".step-0000003.pt."]
+    (tmp_path / "notes.tmp").write_text("mine")
+    held = tmp_path / ".step-0000009.pt.inprogress.tmp"  # a write in progress elsewhere: its writer holds it
+    with open(held, "wb") as writer:
+        from torchmover.runtime.checkpoint import hold
+
+        hold(writer.fileno())
+        save_checkpoint(tmp_path, {"w": torch.ones(2)}, 4)
+        assert sorted(os.listdir(tmp_path)) == sorted(
+            ["latest", "step-0000001.pt", "step-0000004.pt", "notes.tmp", held.name])
+    assert load_checkpoint(latest_checkpoint(tmp_path))["w"].tolist() == [1.0, 1.0]

@@ -57,9 +57,9 @@ def test_supplied_reference_self_terms_are_used(method, direction):
     index = torch.tensor([0, 1, 1])
     plain = pair_similarity(term, hyps, refs, index, index, direction=direction)
     supplied = pair_similarity(term, hyps, refs, index, index, direction=direction, ref_self=ref_self)
-    halved = pair_similarity(term, hyps, refs, index, index, direction=direction, ref_self=ref_self / 4)
+    halved = pair_similarity(term, hyps, refs, index, index, direction=direction, ref_self=ref_self * 4)
     torch.testing.assert_close(supplied, plain, atol=1e-12, rtol=0)
-    torch.testing.assert_close(halved, 2 * plain, atol=1e-12, rtol=0)  # Sim ∝ C(ref, ref)^(-1/2)
+    torch.testing.assert_close(halved, plain / 2, atol=1e-12, rtol=0)  # Sim ∝ C(ref, ref)^(-1/2) (inside [-1, 1])
 
 
 def test_gradient_through_shared_texts():

@@ -217,3 +217,16 @@ def test_ddp_batch_centering_compute_equals_one_process_on_the_union(tiny_encode
         torch.testing.assert_close(out["per_sample"], torch.cat([single[0::2], single[1::2]]))
         torch.testing.assert_close(out["score"], single.mean())
     assert [out["n_local"] for out in ranks] == [3, 2]  # each rank keeps only its own texts
+
+
+@pytest.mark.parametrize("centering", ["fixed", "batch"])
+def test_errors_name_preds_and_target(fixed_scorer, tiny_encoder, centering):
+    metric = MoverMetric(fixed_scorer if centering == "fixed" else Scorer(tiny_encoder, centering="batch"))
+    with pytest.raises(ValueError, match="preds and target must have the same length, got 2 and 1"):
+        metric.update(["a", "b"], ["a"])
+    with pytest.raises(TypeError, match=r"preds\[1\] must be a str"):
+        metric.update(["a", 3], ["a", "b"])
+    with pytest.raises(ValueError, match=r"target\[0\] is an empty list"):
+        metric.update(["a"], [[]])
+    with pytest.raises(ValueError, match=r"target\[1\] is not valid Unicode"):
+        metric.update(["a", "b"], ["a", "b\udc80"])

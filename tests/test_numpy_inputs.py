@@ -87,3 +87,26 @@ def test_metric_takes_arrays(tiny_scorer):
     metric = MoverMetric(tiny_scorer)
     metric.update(np.array(HYPS), np.array(REFS, dtype=object))
     torch.testing.assert_close(metric.compute(), tiny_scorer(HYPS, REFS).mean())
+
+
+def test_texts_that_are_not_valid_unicode_are_errors_in_every_api(reward, tiny_encoder):
+    """A lone surrogate (e.g. from a JSON "\\ud800" escape) is a ValueError naming the argument, the
+    index and the position, not a tokenizer TypeError from deep inside."""
+    bad = "a\ud800b"
+    scorer = reward.scorer
+    calls = {
+        r"hyps\[1\] is not valid Unicode: lone surrogate '\\ud800' at position 1": [
+            lambda: scorer(["a", bad], ["a", "b"]), lambda: scorer.score(["a", bad], ["a", "b"], progress=False),
+            lambda: reward.score(["a", bad], ["a", "b"]), lambda: BatchedReward(reward).submit(["a", bad], ["a", "b"])],
+        r"refs\[1\] is not valid Unicode": [lambda: scorer(["a", "b"], ["a", bad]), lambda: reward.score(["a", "b"], ["a", bad]),
+                                           lambda: reward.score(["a", "b"], [["a"], bad])],
+        r"refs\[1\]\[1\] is not valid Unicode": [lambda: scorer(["a", "b"], [["a"], ["b", bad]])],
+        r"texts\[0\] is not valid Unicode": [lambda: reward.fit([bad]), lambda: scorer.fit_centering([bad], progress=False)],
+        r"sampled\[0\] is not valid Unicode": [lambda: SelfCriticalReward(scorer)([bad], ["a"], ["a"])],
+        r"completions\[0\]\[1\] is not valid Unicode": [lambda: GroupReward(scorer)([["a", bad]], ["a"])],
+    }
+    for message, raising in calls.items():
+        for call in raising:
+            with pytest.raises(ValueError, match=message):
+                call()
+    assert reward.score(["a\U0001F600b"], ["a"]).shape == (1,)  # an astral character (a valid surrogate pair in UTF-16) is fine

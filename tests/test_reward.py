@@ -559,3 +559,25 @@ def test_fitted_reward_pickles_after_a_forward_pass(tiny_scorer, cls):
     torch.testing.assert_close(copy.score(HYPS, REFS), before, atol=ATOL, rtol=0)
     torch.testing.assert_close(reward.score(HYPS, REFS), before, atol=ATOL, rtol=0)  # the original still scores
     assert copy.cache_info().currsize == 5  # the copy refills its own cache
+
+
+@pytest.mark.parametrize("options", [dict(method="twmd", centering="none"), dict(method="twmd", centering="dimension"),
+                                     dict(method="trwmd", centering="none"), dict(method="bertscore", centering="none")])
+def test_identical_pairs_never_score_above_one(tiny_encoder, options):
+    """|Sim| <= 1 and Sim(X, X) = 1 on every path. The references' self-terms cached by calls with
+    two references each (other padding, other sums) used to round one ulp below the cross term of an
+    identical pair (1.0000001), and bertscore's cosine of a unit vector with itself above 1."""
+    from conftest import WORDS
+    from torchmover.reward.batching import BatchedReward
+
+    scorer = Scorer(tiny_encoder, **options)
+    reward = MoverReward(scorer)
+    for i in range(0, len(WORDS), 2):  # the issue's reproduction: r.score(["", ""], ["a", "b"])
+        reward.score(["", ""], WORDS[i:i + 2])
+    with BatchedReward(MoverReward(scorer), max_wait_ms=0) as batched:
+        paths = {"reward, cached self-terms": torch.tensor([reward.score([w], [w]).item() for w in WORDS]),
+                 "batcher": torch.tensor([batched.score_one(w, w) for w in WORDS]),
+                 "Scorer.score": scorer.score(WORDS, WORDS, progress=False), "Scorer.forward": scorer(WORDS, WORDS)}
+    for path, scores in paths.items():
+        assert (scores <= 1).all(), (path, scores.max().item())
+        torch.testing.assert_close(scores, torch.ones_like(scores), atol=1e-6, rtol=0, msg=path)

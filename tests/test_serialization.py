@@ -173,9 +173,9 @@ def test_a_flipped_byte_in_the_weights_is_an_error_naming_the_file(fitted, tmp_p
 def test_a_save_without_hashes_loads_only_with_verify_false(fitted, tmp_path):
     fitted.save_pretrained(tmp_path / "s")
     meta = json.loads((tmp_path / "s" / "torchmover.json").read_text())
-    del meta["files"]
+    del meta["files"], meta["manifest_sha256"]  # as an older torchmover wrote it
     (tmp_path / "s" / "torchmover.json").write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match="records no SHA-256.*verify=False"):
+    with pytest.raises(ValueError, match="records no SHA-256 of its own content.*verify=False"):
         Scorer.from_pretrained(tmp_path / "s")
     assert Scorer.from_pretrained(tmp_path / "s", verify=False).config == fitted.config
 
@@ -198,7 +198,7 @@ def test_missing_directory(tmp_path):
 
 
 @pytest.mark.parametrize("damage, error, match", [
-    (lambda p: (p / "torchmover.json").write_text("{not json"), ValueError, "corrupt torchmover.json"),
+    (lambda p: (p / "torchmover.json").write_text("{not json"), ValueError, r"corrupt '.*torchmover\.json'"),
     (lambda p: (p / "torchmover.json").write_text('{"format": 99, "config": {}}'), ValueError, "format 99"),
     (lambda p: _edit_config(p, method="nope"), ValueError, "invalid config.*method"),
     (lambda p: _edit_config(p, colour="red"), ValueError, "unknown config fields"),
@@ -214,23 +214,146 @@ def test_corrupt_directory_gives_a_clear_error(fitted, tmp_path, damage, error, 
         Scorer.from_pretrained(tmp_path / "s")
 
 
-@pytest.mark.parametrize("damage, error, match", [
-    (lambda p: (p / "centering.safetensors").write_bytes(b"\x00garbage"), ValueError, "corrupt centering"),
-    (lambda p: (p / "encoder" / "model.safetensors").write_bytes(b"garbage"), ValueError, "cannot load the encoder"),
-    (lambda p: (p / "encoder" / "model.safetensors").unlink(), ValueError, "cannot load the encoder"),
+def _set_json(file, key, value):
+    data = json.loads(file.read_text())
+    data[key] = value
+    file.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("damage, file, match", [
+    (lambda p: (p / "centering.safetensors").write_bytes(b"\x00garbage"), "centering.safetensors", "corrupt"),
+    (lambda p: (p / "encoder" / "model.safetensors").write_bytes(b"garbage"), "encoder/model.safetensors", "corrupt"),
+    (lambda p: (p / "encoder" / "model.safetensors").unlink(), "encoder/config.json", "cannot load the encoder"),
+    (lambda p: (p / "encoder" / "tokenizer.json").write_bytes(b"\x84" + (p / "encoder" / "tokenizer.json").read_bytes()),
+     "encoder/tokenizer.json", "corrupt .*'utf-8' codec can't decode byte 0x84"),  # the issue's message, now with its file
+    (lambda p: _set_json(p / "encoder" / "config.json", "hidden_size", 48), "encoder/config.json",
+     "cannot load the encoder"),  # weights of another size: transformers' ignore_mismatched_sizes error
+    (lambda p: _set_json(p / "encoder" / "tokenizer.json", "model", {"type": "nope"}), "encoder",
+     "cannot load the tokenizer .*tokenizer.json"),
+    (lambda p: _set_json(p / "encoder" / "config.json", "num_hidden_layers", 1), "encoder",
+     "does not fit the config in .*torchmover.json"),
+    (lambda p: _edit_config(p, layer=9), "torchmover.json", "does not fit the config in"),
 ])
-def test_corrupt_files_give_a_clear_error_without_verification(fitted, tmp_path, damage, error, match):
+def test_corrupt_files_give_errors_naming_the_file_without_verification(fitted, tmp_path, damage, file, match):
+    import re
+
     fitted.save_pretrained(tmp_path / "s")
     damage(tmp_path / "s")
-    with pytest.raises(error, match=match):
+    with pytest.raises(ValueError, match=match) as error:
         Scorer.from_pretrained(tmp_path / "s", verify=False)
+    assert str(tmp_path / "s" / file) in str(error.value), str(error.value)
+    with pytest.raises((ValueError, FileNotFoundError), match=re.escape(str(tmp_path / "s"))):
+        Scorer.from_pretrained(tmp_path / "s")  # and with verification (that names the file too)
+
+
+@pytest.mark.parametrize("old, new", [(b'"temperature": 0.2', b'"temperature": 0.3'), (b'"layer": 2', b'"layer": 3')])
+def test_a_changed_value_in_torchmover_json_is_an_error_naming_it(fitted, tmp_path, old, new):
+    fitted.save_pretrained(tmp_path / "s")
+    manifest = tmp_path / "s" / "torchmover.json"
+    assert manifest.read_bytes().count(old) == 1 and bin(old[-1] ^ new[-1]).count("1") == 1  # one flipped bit
+    manifest.write_bytes(manifest.read_bytes().replace(old, new))
+    with pytest.raises(ValueError, match=r"torchmover\.json' does not match its own SHA-256"):
+        Scorer.from_pretrained(tmp_path / "s")
+
+
+def test_a_flipped_bit_in_a_recorded_digest_blames_torchmover_json_not_the_intact_file(fitted, tmp_path):
+    fitted.save_pretrained(tmp_path / "s")
+    manifest = tmp_path / "s" / "torchmover.json"
+    digest = json.loads(manifest.read_text())["files"]["encoder/model.safetensors"]
+    flipped = format(int(digest[0], 16) ^ 1, "x") + digest[1:]
+    manifest.write_text(manifest.read_text().replace(digest, flipped))
+    with pytest.raises(ValueError, match=r"torchmover\.json' does not match its own SHA-256"):
+        Scorer.from_pretrained(tmp_path / "s")
+
+
+def test_reformatting_torchmover_json_keeps_it_valid(fitted, tmp_path):
+    fitted.save_pretrained(tmp_path / "s")
+    manifest = tmp_path / "s" / "torchmover.json"
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()), indent=7, sort_keys=True))
+    assert Scorer.from_pretrained(tmp_path / "s").config == fitted.config
+
+
+def test_refuses_to_overwrite_a_torchmover_json_no_save_wrote(fitted, tmp_path):
+    """A user's own torchmover.json is in the way, even one that lists files (which a save would
+    otherwise take for its own and delete)."""
+    import hashlib
+
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "data.csv").write_text("a,b\n1,2\n")
+    own = json.dumps({"format": 1, "files": {"data.csv": hashlib.sha256(b"a,b\n1,2\n").hexdigest()}})
+    (target / "torchmover.json").write_text(own)
+    with pytest.raises(FileExistsError, match=r"\['torchmover\.json'\]"):
+        fitted.save_pretrained(target)
+    assert (target / "torchmover.json").read_text() == own and (target / "data.csv").read_text() == "a,b\n1,2\n"
+    assert sorted(os.listdir(target)) == ["data.csv", "torchmover.json"]
+
+
+def test_a_save_over_an_earlier_save_whose_torchmover_json_was_changed_refuses(fitted, tmp_path):
+    fitted.save_pretrained(tmp_path / "s")
+    manifest = tmp_path / "s" / "torchmover.json"
+    manifest.write_text(manifest.read_text().replace('"temperature": 0.2', '"temperature": 0.3'))
+    with pytest.raises(FileExistsError, match="torchmover.json"):
+        fitted.save_pretrained(tmp_path / "s")
+
+
+@pytest.mark.parametrize("link", ["encoder", "."])
+def test_refuses_to_write_through_a_symlinked_folder(fitted, tmp_path, link):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    target = tmp_path / "s"
+    if link == ".":  # the target itself may be a link: the user named it
+        target.symlink_to(elsewhere, target_is_directory=True)
+        fitted.save_pretrained(target)
+        assert (elsewhere / "torchmover.json").is_file()
+        return
+    target.mkdir()
+    (target / "encoder").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(FileExistsError, match=r"\['encoder'\]"):
+        fitted.save_pretrained(target)
+    assert os.listdir(elsewhere) == [] and sorted(os.listdir(target)) == ["encoder"]
+
+
+def killed_while_saving(model_dir, target) -> None:
+    """Save a scorer to ``target`` in a process killed (SIGKILL: no cleanup runs) once every file is
+    staged, before any is moved into ``target``."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal\n"
+            "import torchmover.scorer.serialization as serialization\n"
+            "from torchmover import Scorer\n"
+            "serialization._install = lambda *args: os.kill(os.getpid(), signal.SIGKILL)\n"
+            f"Scorer(model={str(model_dir)!r}, layer=2, device='cpu').save_pretrained({str(target)!r})\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    assert subprocess.run([sys.executable, "-c", code], env=env, timeout=300).returncode == -9
+
+
+def test_the_next_save_removes_the_staging_directory_of_a_killed_save_and_only_that(fitted, tmp_path, tiny_model_dir):
+    from torchmover.runtime.checkpoint import staging_directory
+
+    killed_while_saving(tiny_model_dir, tmp_path / "s")
+    staged = [p.name for p in tmp_path.iterdir()]
+    assert len(staged) == 1 and staged[0].startswith(".s.tmp-")  # what the issue saw pile up
+    assert (tmp_path / staged[0] / "encoder" / "model.safetensors").is_file()
+    (tmp_path / ".s.tmp-mine").mkdir()  # a folder of that name that no save made: kept
+    (tmp_path / ".s.tmp-mine" / "notes.txt").write_text("keep me")
+    with staging_directory(tmp_path, ".s.tmp-") as in_progress:  # a save of s in progress elsewhere: kept
+        fitted.save_pretrained(tmp_path / "s")
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".s.tmp-mine", in_progress.name, "s"])
+    assert sorted(os.listdir(tmp_path)) == [".s.tmp-mine", "s"]
+    assert Scorer.from_pretrained(tmp_path / "s").config == fitted.config
 
 
 def _edit_config(path, files=None, **changes):
+    """Change torchmover.json and record its new digest (as a save would have written it)."""
+    from torchmover.scorer.serialization import manifest_digest
+
     meta = json.loads((path / "torchmover.json").read_text())
     meta["config"].update(changes)
     if files is not None:
         meta["files"] = files
+    meta["manifest_sha256"] = manifest_digest(meta)
     (path / "torchmover.json").write_text(json.dumps(meta))
 
 

@@ -5,8 +5,11 @@ import contextlib
 import importlib.util
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,7 +26,7 @@ from torchmover.reward.rewards import MoverReward  # noqa: E402
 from torchmover.integrations import openrlhf  # noqa: E402
 from torchmover.integrations.config import RewardConfig  # noqa: E402
 from torchmover.integrations.configured import FAILURES_LOG, reset_process_reward  # noqa: E402
-from torchmover.integrations.server import RewardServer, response_from_query  # noqa: E402
+from torchmover.integrations.server import DEFAULT_MAX_REQUEST_BYTES, RewardServer, response_from_query  # noqa: E402
 
 REFS = ["the cat sat on the mat", "a dog barked in the house", "the quick brown fox jumps over the lazy dog",
         "she eats good food", "the sun is big and red"]
@@ -40,13 +43,13 @@ def reward(tiny_encoder):
 @pytest.fixture
 def server(reward):
     with BatchedReward(reward, max_batch_size=64, max_wait_ms=5) as batched:
-        with RewardServer(batched, max_request_bytes=4096) as server:
+        with RewardServer(batched, max_request_bytes=2**20) as server:
             yield server
 
 
-def post(url: str, body, timeout: float = 60) -> tuple[int, dict]:
+def post(url: str, body, timeout: float = 60, content_type: str = "application/json") -> tuple[int, dict]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": content_type})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
@@ -105,7 +108,14 @@ def test_health(server, reward):
     ({"hyps": ["a", 3], "refs": ["a", "b"]}, 400, r"hyps[1] must be a str"),
     ({"hyps": ["a", "b"], "refs": ["a"]}, 400, "same length"),
     ({"hyps": ["a"], "refs": [[]]}, 400, "refs[0] is an empty list"),
-    ({"hyps": ["x" * 5000], "refs": ["a"]}, 413, "Maximum request body size"),
+    ({"hyps": ["x" * 2**20], "refs": ["a"]}, 413, f"at most {2**20} (max_request_bytes)"),
+    # the issue's 500s: deep nesting (RecursionError), lone surrogates (a tokenizer TypeError)
+    (b"[" * 100_000, 400, "nested too deeply"),
+    (b'{"a":' * 50_000, 400, "nested too deeply"),
+    ({"hyps": ["a\ud800b"], "refs": ["a"]}, 400, "hyps[0] is not valid Unicode: lone surrogate '\\ud800' at position 1"),
+    ({"hyps": ["a"], "refs": [["b", "\udfff"]]}, 400, "refs[0][1] is not valid Unicode"),
+    (b'{"hyps": ["\xff"], "refs": ["a"]}', 400, "not valid JSON"),  # not UTF-8
+    (b'{"hyps": [' + b"1" * 5000 + b'], "refs": ["a"]}', 400, "not valid JSON"),  # an int of too many digits
 ])
 def test_malformed_score_requests_get_4xx_and_the_server_stays_up(server, reward, body, status, message):
     got_status, got = post(server.url + "/score", body)
@@ -120,6 +130,8 @@ def test_malformed_score_requests_get_4xx_and_the_server_stays_up(server, reward
     ({"query": ["Q: a"], "prompts": ["Q:"], "labels": [None]}, "labels[0] is None: no reference"),
     ({"query": ["Q: a"], "prompts": ["Q:"], "labels": [{"x": "a"}]}, "must be a list of strings"),
     ({"query": [3], "prompts": ["Q:"], "labels": ["a"]}, "must be strings"),
+    ({"query": ["Q: a\ud800"], "prompts": ["Q:"], "labels": ["a"]}, "query[0] is not valid Unicode"),
+    ({"query": ["Q: a"], "prompts": ["Q:"], "labels": [["a", "\ud800"]]}, "labels[0][1] is not valid Unicode"),
 ])
 def test_malformed_openrlhf_requests(server, body, message):
     status, got = post(server.url + "/get_reward", body)
@@ -147,6 +159,14 @@ def test_the_server_reads_the_shared_settings(reward):
     assert body["rewards"] == pytest.approx([reward.score(["the cat sat"], REFS[:1]).item(), -1.0, -1.0], abs=ATOL)
     with pytest.raises(ValueError, match="reads verl's extra_info"):
         RewardServer(BatchedReward(reward), config=RewardConfig(reference_field="extra_info.refs"))
+
+
+@pytest.mark.parametrize("content_type, status", [
+    ("application/json; charset=no-such-charset", 415), ("application/json; charset=latin-1", 415),
+    ("application/json; charset=UTF8", 200), ("text/plain", 200)])
+def test_charsets(server, content_type, status):
+    got_status, got = post(server.url + "/score", {"hyps": ["a"], "refs": ["a"]}, content_type=content_type)
+    assert got_status == status and (status == 200 or "must be UTF-8 JSON" in got["error"])
 
 
 def test_unknown_path_and_method(server):
@@ -271,3 +291,274 @@ def test_cli_serve_refuses_batch_centering_without_references(tiny_model_dir, ca
     with pytest.raises(SystemExit) as exit_:
         main(["serve", "--model", str(tiny_model_dir), "--layer", "2", "--centering", "batch"])
     assert exit_.value.code == 2 and "--fit-references" in capsys.readouterr().err
+
+
+# --- limits, timeouts, abandoned work, slicing, drain ---------------------------------------------
+
+@contextlib.contextmanager
+def serving_in_process(reward, max_batch_size: int = 64, **limits):
+    with BatchedReward(reward, max_batch_size=max_batch_size, max_wait_ms=5) as batched:
+        with RewardServer(batched, **limits) as server:
+            yield server
+
+
+class Gate:
+    """Holds the batcher's worker inside ``reward.score`` until :meth:`release`; records each batch's
+    hypotheses."""
+
+    def __init__(self, reward):
+        self.batches, self.entered, self.opened = [], threading.Event(), threading.Event()
+        score = reward.score
+
+        def gated(hyps, refs):
+            self.batches.append(list(hyps))
+            self.entered.set()
+            assert self.opened.wait(60), "the gate was never released"
+            return score(hyps, refs)
+
+        reward.score = gated
+
+    def release(self):
+        self.opened.set()
+
+
+def connect(server, timeout: float = 20) -> socket.socket:
+    sock = socket.create_connection((server.host, server.port), timeout=timeout)
+    return sock
+
+
+def http_request(path: str, body: bytes, content_length: int | None = None) -> bytes:
+    length = len(body) if content_length is None else content_length
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+            ).encode() + body
+
+
+def read_response(sock) -> tuple[int, dict]:
+    """The status and JSON body of one response read from ``sock`` (raises on a closed connection)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed after {data!r}")
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return int(head.split()[1]), json.loads(body[:length])
+
+
+def closed_by_server(sock) -> bool:
+    """Whether the server closes ``sock`` before its timeout (20 s) passes (reads up to EOF)."""
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def wait_for(condition, what: str, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def health(server) -> dict:
+    return get(server.url + "/health")[1]
+
+
+def test_a_connection_that_sends_no_complete_head_in_time_is_closed(reward):
+    with serving_in_process(reward, header_timeout=0.5) as server:
+        silent, partial = connect(server), connect(server)
+        partial.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\n")
+        assert closed_by_server(silent) and closed_by_server(partial)
+        dribbler = connect(server)  # one header byte every 50 ms: the timer runs from the first byte
+        with pytest.raises(OSError):
+            for byte in b"POST /score HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: 0123456789abcdef\r\n" * 15:
+                dribbler.sendall(bytes([byte]))
+                time.sleep(0.05)
+        assert post(server.url + "/score", {"hyps": ["a"], "refs": ["a"]})[0] == 200
+
+
+def test_a_body_that_does_not_arrive_in_time_is_answered_408(reward):
+    with serving_in_process(reward, body_timeout=0.5) as server:
+        sock = connect(server)
+        sock.sendall(http_request("/score", b'{"hyps": ', content_length=100))
+        status, body = read_response(sock)
+        assert status == 408 and "body_timeout" in body["error"] and closed_by_server(sock)
+
+
+def test_an_announced_body_over_the_limit_is_refused_before_it_is_read(reward):
+    """The issue's client announced 9 MiB and sent 10 bytes: it held the connection forever."""
+    with serving_in_process(reward, body_timeout=600) as server:
+        sock = connect(server)
+        sock.sendall(http_request("/score", b'{"hyps": [', content_length=9437184))
+        status, body = read_response(sock)  # at once, not after body_timeout (the socket gives up after 20 s)
+        assert status == 413 and f"at most {DEFAULT_MAX_REQUEST_BYTES} (max_request_bytes)" in body["error"]
+        assert closed_by_server(sock)
+
+
+def test_an_idle_keep_alive_connection_is_closed(reward):
+    with serving_in_process(reward, idle_timeout=0.5) as server:
+        sock = connect(server)
+        sock.sendall(http_request("/score", json.dumps({"hyps": ["a"], "refs": ["a"]}).encode()))
+        assert read_response(sock)[0] == 200
+        assert closed_by_server(sock)
+
+
+def test_connections_over_the_cap_are_answered_503_and_the_server_recovers(reward):
+    with serving_in_process(reward, max_connections=3, header_timeout=60) as server:
+        idle = [connect(server) for _ in range(3)]
+        wait_for(lambda: len(server._connections) == 3, "three connections")
+        extra = connect(server)
+        extra.sendall(http_request("/score", json.dumps({"hyps": ["a"], "refs": ["a"]}).encode()))
+        try:
+            status, body = read_response(extra)
+            assert status == 503 and "max_connections" in body["error"]
+        except (ConnectionError, OSError):
+            pass  # the 503 may be lost to a reset: the request was sent before the close
+        assert closed_by_server(extra)
+        idle.pop().close()
+        wait_for(lambda: len(server._connections) < 3, "a free connection")
+        assert post(server.url + "/score", {"hyps": ["a"], "refs": ["a"]})[0] == 200
+        assert health(server)["limits"]["max_connections"] == 3
+
+
+def test_requests_whose_client_left_are_not_scored(reward):
+    gate = Gate(reward)
+    with serving_in_process(reward, max_batch_size=64) as server:
+        first = ThreadPoolExecutor(1).submit(post, server.url + "/score", {"hyps": ["the gate"], "refs": ["a"]})
+        assert gate.entered.wait(60)  # the worker is held: what comes next waits in the queue
+        leaving = [connect(server) for _ in range(10)]
+        for i, sock in enumerate(leaving):
+            sock.sendall(http_request("/score", json.dumps({"hyps": [f"left {i} {k}" for k in range(32)],
+                                                            "refs": ["a"] * 32}).encode()))
+        wait_for(lambda: health(server)["in_flight"] == 11, "ten queued requests")
+        for sock in leaving:
+            sock.close()
+        wait_for(lambda: health(server)["abandoned"] == 10, "ten abandoned requests")
+        gate.release()
+        assert first.result(60)[0] == 200
+        assert post(server.url + "/score", {"hyps": ["after"], "refs": ["a"]})[0] == 200
+        assert [h for batch in gate.batches for h in batch] == ["the gate", "after"]
+        assert health(server)["pairs"] == 2
+
+
+def test_a_large_request_is_scored_in_slices_that_let_small_requests_through(reward):
+    gate = Gate(reward)
+    large = {"hyps": [f"large {i}" for i in range(12)], "refs": ["a"] * 12}
+    with serving_in_process(reward, max_batch_size=4) as server, ThreadPoolExecutor(2) as pool:
+        large_answer = pool.submit(post, server.url + "/score", large)
+        assert gate.entered.wait(60)  # the first slice is being scored
+        small_answer = pool.submit(post, server.url + "/score", {"hyps": ["small"], "refs": ["a"]})
+        wait_for(lambda: health(server)["in_flight"] == 2, "the small request to be queued")
+        gate.release()
+        assert small_answer.result(60)[0] == 200 and large_answer.result(60)[0] == 200
+    assert gate.batches == [large["hyps"][:4], ["small"], large["hyps"][4:8], large["hyps"][8:]]
+    torch.testing.assert_close(torch.tensor(large_answer.result()[1]["rewards"]),
+                               reward.score(large["hyps"], large["refs"]), atol=ATOL, rtol=0)
+
+
+def test_more_pairs_than_the_limit_are_refused_naming_it(reward):
+    with serving_in_process(reward, max_pairs_per_request=16) as server:
+        status, body = post(server.url + "/score", {"hyps": ["a"] * 17, "refs": ["a"] * 17})
+        assert status == 413 and "17 pairs" in body["error"] and "at most 16 per request" in body["error"]
+        status, body = post(server.url + "/get_reward", openrlhf_body([("a", "b")] * 17))
+        assert status == 413 and "max_pairs_per_request" in body["error"]
+        assert post(server.url + "/score", {"hyps": ["a"] * 16, "refs": ["a"] * 16})[0] == 200
+
+
+def test_stop_answers_the_requests_in_flight_and_refuses_new_connections(reward):
+    gate = Gate(reward)
+    with serving_in_process(reward) as server, ThreadPoolExecutor(2) as pool:
+        answer = pool.submit(post, server.url + "/score", {"hyps": ["in flight"], "refs": ["a"]})
+        assert gate.entered.wait(60)
+        stopping = pool.submit(server.stop)
+        wait_for(lambda: _refused(server), "the server to stop listening")
+        gate.release()
+        stopping.result(60)
+        assert answer.result(60)[0] == 200
+
+
+def test_stop_cuts_off_what_is_still_running_at_the_drain_deadline(reward):
+    gate = Gate(reward)
+    with serving_in_process(reward, drain_timeout=0.5) as server, ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(post, server.url + "/score", {"hyps": ["in flight"], "refs": ["a"]})
+        assert gate.entered.wait(60)
+        server.stop()  # returns after the deadline, the request still held
+        with pytest.raises(OSError):  # the connection was closed without an answer
+            answer.result(60)
+        gate.release()
+
+
+def _refused(server) -> bool:
+    try:
+        socket.create_connection((server.host, server.port), timeout=5).close()
+        return False
+    except ConnectionRefusedError:
+        return True
+
+
+def test_limits_are_validated(reward):
+    with BatchedReward(reward) as batched:
+        for name, value in [("max_pairs_per_request", 0), ("max_connections", -1), ("header_timeout", 0),
+                            ("body_timeout", float("inf")), ("drain_timeout", True), ("max_request_bytes", 1.5)]:
+            with pytest.raises(ValueError, match=name):
+                RewardServer(batched, **{name: value})
+        with pytest.raises(TypeError, match="unknown RewardServer options"):
+            RewardServer(batched, max_pairs=3)
+
+
+def start_cli_server(model_dir, *options: str) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torchmover", "serve", "--model", str(model_dir), "--layer", "2", "--port", "0",
+         "--centering", "none", "--no-progress", *options], stderr=subprocess.PIPE, text=True, env=env)
+    line = ""
+    while "serving on" not in line:
+        line = process.stderr.readline()
+        assert line, "the server exited before listening"
+    return process, line.split("serving on ")[1].split()[0]
+
+
+def test_sigterm_finishes_the_requests_in_flight_then_exits_0(tiny_model_dir):
+    """The issue: 16 of 16 requests in flight got RemoteDisconnected, and the exit status was -15."""
+    process, url = start_cli_server(tiny_model_dir, "--max-batch-size", "32")
+    try:
+        body = {"hyps": [f"the cat {i} sat on the mat" for i in range(64)], "refs": ["a dog barked"] * 64}
+        with ThreadPoolExecutor(16) as pool:
+            answers = [pool.submit(post, url + "/score", body) for _ in range(16)]
+            wait_for(lambda: get(url + "/health")[1]["batches"] >= 1, "scoring to start")
+            process.send_signal(signal.SIGTERM)
+            results = [a.result(120) for a in answers]
+        assert [status for status, _ in results] == [200] * 16 and all(len(b["rewards"]) == 64 for _, b in results)
+        assert process.wait(timeout=120) == 0
+        assert "stopping" in process.stderr.read()
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.parametrize("option, value", [("--batch-size", "0"), ("--max-batch-size", "-3"), ("--max-wait-ms", "-1"),
+                                           ("--cache-size", "-1"), ("--max-request-bytes", "0"), ("--port", "70000"),
+                                           ("--max-pairs-per-request", "0"), ("--max-connections", "x"),
+                                           ("--header-timeout", "0"), ("--drain-timeout", "nan")])
+def test_cli_serve_refuses_bad_sizes_at_start(tiny_model_dir, tmp_path, capsys, option, value):
+    from torchmover.cli import main
+
+    with pytest.raises(SystemExit) as exit_:  # (a missing --fit-references file stops a run that accepts the option)
+        main(["serve", "--model", str(tiny_model_dir), "--layer", "2", "--fit-references", str(tmp_path / "none"),
+              option, value])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2 and option in error and "none" not in error  # the option, not the missing file
+
+
+def test_a_body_its_content_encoding_cannot_decode_is_400(server):
+    sock = connect(server)
+    sock.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\nContent-Length: 8\r\n\r\nnot gzip")
+    status, body = read_response(sock)
+    assert status == 400 and "the body cannot be read" in body["error"]

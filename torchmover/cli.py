@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import signal
 import sys
 from pathlib import Path
 
@@ -33,7 +35,7 @@ from .evaluation.data import read_ratings
 from .evaluation.scoring import fit_to_call
 from .evaluation.sensitivity import FACTORS, STATISTICS, run_sensitivity, select_per_group
 from .integrations.config import RewardConfig, build_reward
-from .integrations.server import DEFAULT_MAX_REQUEST_BYTES, RewardServer, require_aiohttp
+from .integrations.server import RewardServer, ServerLimits, require_aiohttp
 from .reward import BatchedReward
 from .scorer import PRESETS, Scorer, ScorerConfig
 from .scorer.config import SCORER_OPTIONS, RunOptions
@@ -50,6 +52,56 @@ def read_lines(path: str) -> list[str]:
     if not p.is_file():
         raise CLIError(f"no such file: {path}")
     return p.read_text(encoding="utf-8").splitlines()
+
+
+def positive_int(value: str) -> int:
+    """An argparse type: an int >= 1."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+    return n
+
+
+def non_negative_int(value: str) -> int:
+    """An argparse type: an int >= 0."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value!r}")
+    return n
+
+
+def positive_number(value: str) -> float:
+    """An argparse type: a finite float > 0."""
+    return _finite_number(value, positive=True)
+
+
+def non_negative_number(value: str) -> float:
+    """An argparse type: a finite float >= 0."""
+    return _finite_number(value, positive=False)
+
+
+def _finite_number(value: str, positive: bool) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        x = math.nan
+    if not math.isfinite(x) or x < 0 or (positive and x == 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+    return x
+
+
+def port_number(value: str) -> int:
+    """An argparse type: a TCP port (0: a free one)."""
+    n = non_negative_int(value)
+    if n > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in [0, 65535], got {value!r}")
+    return n
 
 
 def _n_iter(value: str) -> int | None:
@@ -85,7 +137,7 @@ def add_scorer_arguments(parser: argparse.ArgumentParser) -> None:
         group.add_argument(flag, type=reader, choices=choices() if choices else None, help=meta["help"])
     groups["metric"].add_argument("--baseline-corpus",
                                   help="file, one text per line, for --rescale's baseline (default: the references)")
-    groups["running"].add_argument("--batch-size", type=int, default=64)
+    groups["running"].add_argument("--batch-size", type=positive_int, default=64)
     groups["running"].add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -266,9 +318,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     (:class:`~torchmover.integrations.config.RewardConfig`) that the scorer's flags do not give."""
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0: all)")
-    g.add_argument("--port", type=int, default=8000, help="default: 8000; 0: a free port (printed)")
-    g.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
-                   help=f"larger bodies are refused with 413 (default: {DEFAULT_MAX_REQUEST_BYTES})")
+    g.add_argument("--port", type=port_number, default=8000, help="default: 8000; 0: a free port (printed)")
+    add_limit_arguments(parser)
     add_scorer_arguments(parser)
     r = parser.add_argument_group("reward settings", "each is also the variable TORCHMOVER_<NAME> or the key "
                                   "<name> of the TORCHMOVER_CONFIG file, as for the verl and OpenRLHF adapters; "
@@ -299,6 +350,32 @@ def serve_config(args: argparse.Namespace) -> RewardConfig:
     return RewardConfig.from_env(flags=flags)
 
 
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The "limits" group of ``torchmover serve``: one option per field of
+    :class:`~torchmover.integrations.server.ServerLimits`, with its help text; left out, its default."""
+    g = parser.add_argument_group("limits", "what one request or client may take of the server (timeouts in seconds)")
+    defaults = ServerLimits()
+    for field in dataclasses.fields(ServerLimits):
+        default = getattr(defaults, field.name) if field.name != "max_connections" else None
+        g.add_argument("--" + field.name.replace("_", "-"), type=positive_int if field.type == "int" else positive_number,
+                       default=default, help=field.metadata["help"] + ("" if default is None else f" (default: {default})"))
+
+
+def limits_from_args(args: argparse.Namespace) -> dict:
+    """The :class:`~torchmover.integrations.server.ServerLimits` fields the options give (those left
+    at None take their default)."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(ServerLimits) if getattr(args, f.name) is not None}
+
+
+class _Terminated(Exception):
+    """Raised in the main thread by SIGTERM while serving."""
+
+
+def _terminate(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise _Terminated
+
+
 def run_serve(args: argparse.Namespace) -> None:
     try:
         require_aiohttp()
@@ -307,15 +384,19 @@ def run_serve(args: argparse.Namespace) -> None:
     config = serve_config(args)
     reward = build_reward(config, batch_size=args.batch_size, progress=not args.no_progress)
     with BatchedReward(reward, max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms) as batched:
-        server = RewardServer(batched, config=config, host=args.host, port=args.port,
-                              max_request_bytes=args.max_request_bytes)
-        with server:
-            print(f"torchmover: serving on {server.url} (POST /get_reward, /score; GET /health)", file=sys.stderr, flush=True)
-            print(f"signature: {reward.signature}", file=sys.stderr, flush=True)
-            try:
-                server.wait()
-            except KeyboardInterrupt:
-                pass
+        server = RewardServer(batched, config=config, host=args.host, port=args.port, **limits_from_args(args))
+        previous = signal.signal(signal.SIGTERM, _terminate)  # as SIGINT: drain, then exit 0
+        try:
+            with server:
+                print(f"torchmover: serving on {server.url} (POST /get_reward, /score; GET /health)", file=sys.stderr, flush=True)
+                print(f"signature: {reward.signature}", file=sys.stderr, flush=True)
+                try:
+                    server.wait()
+                except (KeyboardInterrupt, _Terminated):
+                    print(f"torchmover: stopping: answering the requests in flight (at most "
+                          f"{server.limits.drain_timeout:g} s)", file=sys.stderr, flush=True)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def build_parser() -> argparse.ArgumentParser:

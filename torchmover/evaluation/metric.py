@@ -123,13 +123,14 @@ class MoverMetric(Metric):
         one string each)."""
         if isinstance(preds, str):
             preds, target = [preds], [target]
+        preds = check_texts("preds", preds)  # checked here, so that errors name this method's arguments
+        groups = check_references(preds, target, names=("preds", "target"))
         if self._scores_at_compute:
-            preds = check_texts("preds", preds)
             self.preds.extend(preds)
-            self.targets.extend(tuple(group) for group in check_references(preds, target))
+            self.targets.extend(tuple(group) for group in groups)
             return
         with self._scoring_mode():
-            self.scores.append(self.scorer(preds, target))  # [B]
+            self.scores.append(self.scorer(preds, groups))  # [B]
 
     def compute(self) -> Tensor | dict[str, Tensor]:
         """Mean score over every prediction seen (NaN before any); see ``return_per_sample``."""

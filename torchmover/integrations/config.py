@@ -97,9 +97,9 @@ class RewardConfig:
             raise ValueError(f"strip_reasoning must be an (open, close) pair, got {self.strip_reasoning!r}")
         for name in ("cache_size", "max_batch_size"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)}")
-        if self.max_wait_ms < 0:
-            raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+                raise ValueError(f"{setting_names(name)} must be a positive int, got {getattr(self, name)}")
+        if not self.max_wait_ms >= 0:
+            raise ValueError(f"{setting_names('max_wait_ms')} must be >= 0, got {self.max_wait_ms}")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object], source: str = "config") -> "RewardConfig":

@@ -4,30 +4,113 @@ A file is written to a temporary file next to its target, flushed and fsync'ed, 
 (``os.replace``), so a reader — or a resumed job after a crash — sees the old file or the new one,
 never half of one. Checkpoints are ``step-XXXXXXX.pt`` files with a ``latest`` pointer, read back with
 ``torch.load(weights_only=True)`` (no arbitrary code from a checkpoint file).
+
+Temporaries of a killed writer. A process killed mid-write (``kill -9``, the out-of-memory killer, a
+preempted job) leaves its temporary file, or a save's staging directory
+(:func:`staging_directory`), behind. Each is held by its writer while it runs: an exclusive ``flock``
+on the file (on a lock file inside a staging directory), which the system releases when the process
+ends, however it ends. The next write removes the temporaries of its own kind whose lock is free
+(:func:`remove_abandoned`): :func:`atomic_write` those of its target, :func:`save_checkpoint` every
+checkpoint's, a scorer's save the staging directories of its target. A temporary file is known by
+its name (``.NAME.XXXXXXXX.tmp``), a staging directory by its lock file (a directory without one is
+not removed); one that is held (a write in progress in another thread or process) is left alone. Where ``flock`` is missing (Windows) or refused (some network filesystems), nothing is held and
+nothing is removed.
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import random
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, IO
+from typing import Callable, IO, Iterator
 
 import torch
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock (see the module docs)
+    fcntl = None
+
+HELD = ".torchmover-held"  # the lock file inside a staging directory
+
+
+def hold(fd: int) -> None:
+    """Mark the open file ``fd`` as in use by this process until it is closed (an exclusive
+    ``flock``; see the module docs). A filesystem that refuses locks leaves it unmarked."""
+    if fcntl is not None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+def _abandoned(lock: Path) -> bool:
+    """Whether no process holds ``lock`` (its writer is gone); False where that cannot be told."""
+    if fcntl is None:
+        return False
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:  # gone, not ours to write, or a staging directory without its lock file
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:  # held by its writer, or locks refused
+        return False
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def remove_abandoned(directory: str | os.PathLike, pattern: str) -> list[Path]:
+    """Remove the temporaries matching the glob ``pattern`` in ``directory`` that their writer left
+    behind: files of :func:`atomic_write` and directories of :func:`staging_directory` whose lock
+    no process holds. Anything held, and any directory without the lock file, is left alone.
+    Returns the paths removed."""
+    removed = []
+    for path in sorted(Path(directory).glob(pattern)):
+        if path.is_symlink():
+            continue
+        is_dir = path.is_dir()
+        if _abandoned(path / HELD if is_dir else path):
+            if is_dir:
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+@contextlib.contextmanager
+def staging_directory(parent: str | os.PathLike, prefix: str) -> Iterator[Path]:
+    """A new directory ``parent/<prefix><random>``, held (its lock file :data:`HELD` inside) while
+    the block runs and removed after it, however the block ends. One left by a killed process is
+    removed by the next :func:`remove_abandoned` of its pattern; the caller runs that first."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        with open(path / HELD, "wb") as lock:
+            hold(lock.fileno())
+            yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
 
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) -> Path:
-    """Call ``write(file)`` on a temporary binary file next to ``path``, fsync, then rename it to ``path``."""
+    """Call ``write(file)`` on a temporary binary file next to ``path`` (``.NAME.XXXX.tmp``, held
+    until it is renamed), fsync, then rename it to ``path``. First removes the temporaries of
+    ``path`` that a killed writer left (:func:`remove_abandoned`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned(path.parent, f".{glob.escape(path.name)}.*.tmp")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
+            hold(f.fileno())
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)  # still held: never taken for abandoned before it is in place
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -40,8 +123,10 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 def save_checkpoint(directory: str | os.PathLike, state: dict, step: int, keep: int = 2) -> Path:
     """Write ``state`` as ``directory/step-XXXXXXX.pt`` (atomically), point ``directory/latest`` at it,
-    and delete all but the ``keep`` newest checkpoints."""
+    and delete all but the ``keep`` newest checkpoints. First removes the temporary checkpoint files
+    that a killed writer left (:func:`remove_abandoned`)."""
     directory = Path(directory)
+    remove_abandoned(directory, ".step-*.pt.*.tmp")
     path = atomic_write(directory / f"step-{step:07d}.pt", lambda f: torch.save(state, f))
     atomic_write_text(directory / "latest", path.name + "\n")
     for old in sorted(directory.glob("step-*.pt"))[:-max(1, keep)]:

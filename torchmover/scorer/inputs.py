@@ -1,6 +1,12 @@
 """The inputs every entry point accepts, checked once: lists of texts (any sequence of ``str``, or a
 1-D array of them) and their references (one per hypothesis, or a list each). Errors name the
-argument and the index."""
+argument and the index.
+
+A text must be valid Unicode: a Python ``str`` may hold a lone surrogate (``"a\\ud800b"``, e.g. from
+a JSON ``"\\ud800"`` escape or ``bytes.decode(errors="surrogateescape")``), which no UTF-8 tokenizer
+can encode (a Hugging Face fast tokenizer raises a ``TypeError`` from deep inside). Such a text is a
+``ValueError`` naming the argument, the index and the position; it is not replaced silently, because
+a replaced text would be scored as a different text than the caller holds."""
 from __future__ import annotations
 
 import itertools
@@ -24,27 +30,54 @@ def as_list(name: str, values, what: str, ndim: int = 1) -> list:
 
 
 def check_texts(name: str, texts) -> list[str]:
-    """``texts`` (any sequence of str, or a 1-D array of them) as a list of str."""
+    """``texts`` (any sequence of str, or a 1-D array of them) as a list of valid Unicode str."""
     texts = as_list(name, texts, "strings")
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             raise TypeError(f"{name}[{i}] must be a str, got {type(t).__name__}")
+    check_unicode(name, texts)
     return texts
 
 
-def check_references(hyps: list[str], refs) -> list[list[str]]:
+def check_unicode(name: str, texts: list[str]) -> None:
+    """Raise a ``ValueError`` naming ``name[i]`` for the first text that is not valid Unicode (see the
+    module docs). All texts are encoded as one string first: one C call where they are all valid."""
+    try:
+        "".join(texts).encode("utf-8")
+    except UnicodeEncodeError:
+        for i, text in enumerate(texts):
+            check_text(f"{name}[{i}]", text)
+
+
+def check_text(label: str, text: str) -> None:
+    """Raise a ``ValueError`` naming ``label`` if ``text`` holds a surrogate code point."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"{label} is not valid Unicode: lone surrogate {text[error.start]!r} at position "
+                         f"{error.start}") from None
+
+
+def check_references(hyps: list[str], refs, names: tuple[str, str] = ("hyps", "refs")) -> list[list[str]]:
     """``refs`` as one list of references per hypothesis (a plain list = one reference each; a 2-D
-    array = one row of references each)."""
-    refs = as_list("refs", refs, "strings or of lists of strings", ndim=2)
+    array = one row of references each). ``names``: the caller's names of the two arguments, for the
+    errors."""
+    hyps_name, refs_name = names
+    refs = as_list(refs_name, refs, "strings or of lists of strings", ndim=2)
     if len(refs) != len(hyps):
-        raise ValueError(f"hyps and refs must have the same length, got {len(hyps)} and {len(refs)}")
+        raise ValueError(f"{hyps_name} and {refs_name} must have the same length, got {len(hyps)} and {len(refs)}")
     if all(map(isinstance, refs, itertools.repeat(str))):  # one reference each, checked without a loop
+        check_unicode(refs_name, refs)
         return [[r] for r in refs]
     groups = []
     for i, group in enumerate(refs):
-        group = [group] if isinstance(group, str) else check_texts(f"refs[{i}]", group)
+        if isinstance(group, str):
+            check_text(f"{refs_name}[{i}]", group)
+            group = [group]
+        else:
+            group = check_texts(f"{refs_name}[{i}]", group)
         if not group:
-            raise ValueError(f"refs[{i}] is an empty list: every hypothesis needs a reference")
+            raise ValueError(f"{refs_name}[{i}] is an empty list: every hypothesis needs a reference")
         groups.append(group)
     return groups
 

@@ -483,9 +483,11 @@ class Scorer(nn.Module):
         """Save to the directory ``path``: ``encoder/`` (weights as safetensors, cut at ``layer``,
         and tokenizer), ``torchmover.json`` (the :class:`ScorerConfig` and torchmover version) and
         ``centering.safetensors`` (the fitted mean). Atomic: written to a temporary directory next to
-        ``path``, then moved in file by file, ``torchmover.json`` last, with the SHA-256 of every file.
+        ``path``, then moved in file by file, ``torchmover.json`` last, with the SHA-256 of every file
+        and of its own content; a staging directory left by a killed save is removed by the next.
         Never deletes a file it did not write: files already in ``path`` are kept (a file at a name the
-        save writes that an earlier save did not write raises ``FileExistsError`` naming it)."""
+        save writes that an earlier save did not write, a ``torchmover.json`` no save wrote, or a
+        symbolic link to a folder the save writes, raises ``FileExistsError`` naming it)."""
         serialization.save_scorer(self, path)
 
     @classmethod
@@ -496,9 +498,10 @@ class Scorer(nn.Module):
         It scores exactly as the saved one and has the same :attr:`signature`: the config keeps the
         original model name. ``device`` and ``dtype`` as in :class:`Scorer` (``dtype=None``: the
         dtype the encoder was saved in). Raises ``FileNotFoundError`` / ``ValueError`` naming the path
-        for a missing, incomplete or corrupt directory. ``verify`` (default) checks every file against
-        the SHA-256 recorded at save time and names the file that differs; ``verify=False`` skips the
-        hashing (for a huge model on trusted storage).
+        for a missing, incomplete or corrupt directory, and the file at fault. ``verify`` (default)
+        checks ``torchmover.json`` against the digest of its own content and every other file against
+        the SHA-256 recorded at save time, and names the file that differs; ``verify=False`` skips
+        both (for a huge model on trusted storage, or a ``torchmover.json`` edited by hand).
         """
         saved = serialization.load_saved(path, dtype=dtype, verify=verify)
         scorer = cls.from_config(saved.config, saved.encoder, device=device)

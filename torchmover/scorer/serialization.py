@@ -5,7 +5,8 @@ Layout of a saved scorer::
     path/
       torchmover.json          {"format": 1, "torchmover": "<version>", "config": {ScorerConfig fields},
                                 "encoder_dtype": "float32", "signature": "...", "baseline": [P, R, F1] or null,
-                                "files": {"<relative path>": "<SHA-256>", ...}}
+                                "files": {"<relative path>": "<SHA-256>", ...},
+                                "manifest_sha256": "<SHA-256 of the rest of this file's content>"}
       encoder/                 the encoder cut at ``layer`` (``model.safetensors``, ``config.json``)
                                and its tokenizer files, written by ``save_pretrained``
       centering.safetensors    the Centering buffers ``mean`` [D] and ``num_tokens`` []
@@ -17,19 +18,28 @@ saved already truncated (``config.num_hidden_layers == layer``), so reloading ne
 dropped blocks.
 
 Every file the save writes is recorded with its SHA-256 in ``torchmover.json`` (``"files"``:
-``{"encoder/model.safetensors": "<hex>", ...}``) and verified on load (``verify=False`` skips it, e.g.
-for a huge model on trusted storage): a flipped byte is an error naming the file, never a silently
-different scorer.
+``{"encoder/model.safetensors": "<hex>", ...}``), and ``torchmover.json`` records the SHA-256 of its
+own canonical content (:func:`manifest_digest`: its JSON with sorted keys and no whitespace, without
+that field), so that a changed value in it (``temperature`` 0.1 read as 1.1) or in a recorded digest
+is caught too. Both are verified on load, the manifest first (``verify=False`` skips them, e.g. for a
+huge model on trusted storage, or a ``torchmover.json`` edited by hand): a flipped bit is an error
+naming the file that holds it, never a silently different scorer, and never blames an intact file.
+Every load error names the file it comes from, with ``verify=False`` too.
 
 Saving never deletes a file it did not write. A save goes into a new or existing directory: files
 already there are kept, except those an earlier save wrote there (listed in its ``torchmover.json``):
 they are overwritten, or removed if this save no longer writes them and they are unchanged since (a
 changed one is kept, with a warning). A file of another origin at a name the save writes is in the
-way: the save refuses, naming it, before writing anything.
+way: the save refuses, naming it, before writing anything. A ``torchmover.json`` counts as an earlier
+save's only if its own digest matches (a user's own file of that name, or one changed since, is in
+the way), and a symbolic link where the save writes a folder (``encoder/`` pointing elsewhere) is in
+the way too: the save never writes outside ``path``.
 
 Writes are atomic per file and the save as a whole is marked by its ``torchmover.json``: every file is
-first written into a hidden staging directory next to ``path`` (a failure there leaves ``path``
-untouched); then the names of the files being written are recorded in ``.torchmover-saving.json`` (so
+first written into a hidden staging directory next to ``path``, ``.NAME.tmp-XXXXXXXX`` (a failure
+there leaves ``path`` untouched; the directory is removed when the save ends, and one left by a
+killed save is removed by the next save of ``path``:
+:func:`~torchmover.runtime.checkpoint.staging_directory`); then the names of the files being written are recorded in ``.torchmover-saving.json`` (so
 that a retry after a crash knows them as its own), the old ``torchmover.json`` is removed, each staged
 file is moved into place with ``os.replace``, and the new ``torchmover.json`` is written last
 (fsync'ed, then renamed). At any moment ``path`` therefore holds the previous complete save, the new
@@ -41,11 +51,10 @@ missing ``encoder/`` is an error, never a hub download).
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from typing import NamedTuple
@@ -53,7 +62,7 @@ from typing import NamedTuple
 import torch
 
 from .._version import __version__
-from ..runtime.checkpoint import atomic_write_text
+from ..runtime.checkpoint import HELD, atomic_write_text, remove_abandoned, staging_directory
 from ..runtime.devices import resolve_dtype
 from ..text.encoder import Encoder
 from ..text.weights import IDF
@@ -65,6 +74,7 @@ ENCODER_DIR = "encoder"
 CENTERING_FILE = "centering.safetensors"
 IDF_FILE = "idf.json"
 PENDING_FILE = ".torchmover-saving.json"  # the files of a save in progress (removed when it completes)
+MANIFEST_DIGEST = "manifest_sha256"  # the field of torchmover.json (and of the pending record) with their own digest
 
 
 def save_scorer(scorer, path: str | os.PathLike) -> Path:
@@ -78,8 +88,9 @@ def save_scorer(scorer, path: str | os.PathLike) -> Path:
     if target.exists() and not target.is_dir():
         raise FileExistsError(f"path {str(target)!r} exists and is not a directory")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+    staging = f".{target.name}.tmp-"
+    remove_abandoned(target.parent, glob.escape(staging) + "*")  # left by a killed save of this path
+    with staging_directory(target.parent, staging) as tmp:
         encoder = scorer.encoder
         encoder.model.save_pretrained(tmp / ENCODER_DIR, safe_serialization=True)
         encoder.tokenizer.save_pretrained(tmp / ENCODER_DIR)
@@ -97,8 +108,6 @@ def save_scorer(scorer, path: str | os.PathLike) -> Path:
             "signature": scorer.signature,  # informative only: the signature of the saved scorer
         }
         _install(tmp, target, meta)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
@@ -111,11 +120,37 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def manifest_digest(record: dict) -> str:
+    """SHA-256 of a record's canonical content: its JSON with sorted keys, no whitespace and ASCII
+    escapes, without its :data:`MANIFEST_DIGEST` field. Re-indenting the file changes nothing; any
+    changed key or value does."""
+    content = {k: v for k, v in record.items() if k != MANIFEST_DIGEST}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode("ascii")).hexdigest()
+
+
+def _signed(record: dict) -> dict:
+    return {**record, MANIFEST_DIGEST: manifest_digest(record)}
+
+
+def _is_signed(record) -> bool:
+    return isinstance(record, dict) and record.get(MANIFEST_DIGEST) == manifest_digest(record)
+
+
+def _saved_record(file: Path) -> dict | None:
+    """The record a save wrote at ``file`` (``torchmover.json`` or the pending record), or None where
+    there is none, or the file is not a save's (unreadable, not JSON, its own digest does not match)."""
+    try:
+        record = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if _is_signed(record) else None
+
+
 def _staged_files(tmp: Path) -> dict[str, str]:
-    """``{relative POSIX path: SHA-256}`` of every file under ``tmp``, each fsync'ed (durable before it
-    is moved into place)."""
+    """``{relative POSIX path: SHA-256}`` of every file under ``tmp`` but its lock file, each fsync'ed
+    (durable before it is moved into place)."""
     files = {}
-    for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
+    for file in sorted(p for p in tmp.rglob("*") if p.is_file() and p != tmp / HELD):
         with open(file, "rb") as f:
             os.fsync(f.fileno())
         files[file.relative_to(tmp).as_posix()] = sha256_file(file)
@@ -124,13 +159,10 @@ def _staged_files(tmp: Path) -> dict[str, str]:
 
 def _earlier_save(target: Path) -> dict[str, str]:
     """The files earlier saves recorded in ``target``: in its ``torchmover.json`` and in the record of an
-    interrupted save (``{}`` where there is none, or it is unreadable)."""
+    interrupted save, where a save wrote them (:func:`_saved_record`; ``{}`` where there is none)."""
     recorded = {}
-    for record in (CONFIG_FILE, PENDING_FILE):
-        try:
-            files = json.loads((target / record).read_text(encoding="utf-8")).get("files")
-        except (OSError, ValueError, AttributeError):
-            continue
+    for name in (CONFIG_FILE, PENDING_FILE):
+        files = (_saved_record(target / name) or {}).get("files")
         if isinstance(files, dict):
             recorded.update({name: digest for name, digest in files.items() if _inside(name)})
     return recorded
@@ -144,14 +176,16 @@ def _inside(name: str) -> bool:
 
 def _in_the_way(target: Path, names: list[str], ours: set[str]) -> list[str]:
     """The paths under ``target`` that writing ``names`` would overwrite although they are not ``ours``
-    (a file at the name or at one of its parent folders; a folder where a file goes)."""
+    (a file at the name or at one of its parent folders; a folder where a file goes; a symbolic link
+    where a folder goes, through which the save would write outside ``target``)."""
     blocking = set()
     for name in names:
         path = target / name
         if os.path.lexists(path) and (name not in ours or not path.is_file()):
             blocking.add(name)
         for parent in Path(name).parents:
-            if parent != Path(".") and os.path.lexists(target / parent) and not (target / parent).is_dir():
+            folder = target / parent
+            if parent != Path(".") and os.path.lexists(folder) and (folder.is_symlink() or not folder.is_dir()):
                 blocking.add(parent.as_posix())
     return sorted(blocking)
 
@@ -161,14 +195,16 @@ def _install(tmp: Path, target: Path, meta: dict) -> None:
     last; keep every file of ``target`` that no save wrote (see the module docs)."""
     staged = _staged_files(tmp)
     earlier = _earlier_save(target)
-    in_the_way = _in_the_way(target, [*staged, CONFIG_FILE, PENDING_FILE], set(earlier) | {CONFIG_FILE, PENDING_FILE})
+    records = {name for name in (CONFIG_FILE, PENDING_FILE) if _saved_record(target / name) is not None}
+    in_the_way = _in_the_way(target, [*staged, CONFIG_FILE, PENDING_FILE], set(earlier) | records)
     if in_the_way:
-        raise FileExistsError(f"cannot save into {str(target)!r}: {in_the_way} would be overwritten and were not "
-                              "written by an earlier save; move them or choose another path")
+        raise FileExistsError(f"cannot save into {str(target)!r}: {in_the_way} would be overwritten (or written "
+                              "through) and were not written by an earlier save, or were changed since; move them or "
+                              "choose another path")
     target.mkdir(exist_ok=True)
     # Until the last step no save is visible; the pending record lets a retry after a crash recognise
     # the files this save (or the earlier one) wrote.
-    atomic_write_text(target / PENDING_FILE, json.dumps({"files": {**earlier, **staged}}))
+    atomic_write_text(target / PENDING_FILE, json.dumps(_signed({"files": {**earlier, **staged}})))
     (target / CONFIG_FILE).unlink(missing_ok=True)
     for name in staged:
         (target / name).parent.mkdir(parents=True, exist_ok=True)
@@ -184,7 +220,7 @@ def _install(tmp: Path, target: Path, meta: dict) -> None:
             changed.append(name)
     if changed:
         warnings.warn(f"kept {changed} in {str(target)!r}: written by an earlier save but changed since", stacklevel=3)
-    atomic_write_text(target / CONFIG_FILE, json.dumps({**meta, "files": staged}, indent=2) + "\n")
+    atomic_write_text(target / CONFIG_FILE, json.dumps(_signed({**meta, "files": staged}), indent=2) + "\n")
     (target / PENDING_FILE).unlink()
 
 
@@ -198,18 +234,31 @@ def read_meta(path: str | os.PathLike) -> dict:
         raise FileNotFoundError(f"{str(root)!r} is not a saved torchmover scorer: {CONFIG_FILE} is missing")
     try:
         meta = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"corrupt {CONFIG_FILE} in {str(root)!r}: {e}") from e
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"corrupt {str(file)!r}: {e}") from e
     if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
-        raise ValueError(f"corrupt {CONFIG_FILE} in {str(root)!r}: expected an object with a 'config' object")
+        raise ValueError(f"corrupt {str(file)!r}: expected an object with a 'config' object")
     if meta.get("format") != FORMAT_VERSION:
         raise ValueError(f"{str(file)!r} has format {meta.get('format')!r}; this torchmover reads format "
                          f"{FORMAT_VERSION} (saved by torchmover {meta.get('torchmover', 'unknown')})")
     return meta
 
 
+def verify_manifest(root: Path, meta: dict) -> None:
+    """Check ``torchmover.json`` against the digest of its own content (:func:`manifest_digest`)."""
+    file = str(root / CONFIG_FILE)
+    if MANIFEST_DIGEST not in meta:
+        raise ValueError(f"{file!r} records no SHA-256 of its own content (saved by torchmover "
+                         f"{meta.get('torchmover', 'unknown')}); load with verify=False to skip the check")
+    if meta[MANIFEST_DIGEST] != manifest_digest(meta):
+        raise ValueError(f"{file!r} does not match its own SHA-256 ({MANIFEST_DIGEST}): the file is corrupt or was "
+                         "changed after saving (verify=False loads it anyway)")
+
+
 def verify_files(root: Path, meta: dict) -> None:
-    """Check every file ``meta["files"]`` records against its SHA-256; errors name the file."""
+    """Check ``torchmover.json`` (:func:`verify_manifest`), then every file it records against its
+    SHA-256; errors name the file."""
+    verify_manifest(root, meta)
     files = meta.get("files")
     if not isinstance(files, dict):
         raise ValueError(f"{str(root / CONFIG_FILE)!r} records no SHA-256 of the saved files (saved by torchmover "
@@ -240,8 +289,11 @@ class SavedScorer(NamedTuple):
         """Put the fitted statistics into ``scorer`` (built from :attr:`config` on :attr:`encoder`)."""
         missing = {name for name, _ in scorer.centering.named_buffers()} - set(self.centering)
         if missing:
-            raise ValueError(f"{CENTERING_FILE} in {str(self.root)!r} lacks {sorted(missing)}")
-        scorer.centering.load_state_dict(self.centering)
+            raise ValueError(f"{str(self.root / CENTERING_FILE)!r} lacks {sorted(missing)}")
+        try:
+            scorer.centering.load_state_dict(self.centering)
+        except RuntimeError as e:  # a buffer of another shape
+            raise ValueError(f"{str(self.root / CENTERING_FILE)!r} does not fit the encoder: {e}") from e
         if self.baseline is not None:
             try:
                 scorer.baseline = self.baseline
@@ -255,12 +307,11 @@ def load_saved(path: str | os.PathLike, dtype: str | torch.dtype | None = None, 
     """Read a scorer saved by :func:`save_scorer` (JSON and safetensors only, no network):
     :class:`SavedScorer`, whose encoder is in ``dtype`` (default: the dtype it was saved in) on the CPU.
 
-    ``verify`` checks every saved file against the SHA-256 recorded in ``torchmover.json`` first
-    (:func:`verify_files`).
+    ``verify`` checks ``torchmover.json`` against its own digest and every saved file against the
+    SHA-256 it records first (:func:`verify_files`). Every error names the file it comes from.
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
-    from transformers import AutoModel, AutoTokenizer
 
     dtype = resolve_dtype(dtype)
     root = Path(path)
@@ -280,28 +331,61 @@ def load_saved(path: str | os.PathLike, dtype: str | torch.dtype | None = None, 
         if not (root / name).exists():
             raise FileNotFoundError(f"incomplete saved scorer {str(root)!r}: {name} is missing")
 
-    try:
-        model = AutoModel.from_pretrained(root / ENCODER_DIR, use_safetensors=True, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(root / ENCODER_DIR, use_fast=True, local_files_only=True)
-    except (OSError, ValueError, SafetensorError) as e:
-        raise ValueError(f"cannot load the encoder of the saved scorer {str(root)!r}: {e}") from e
+    model, tokenizer = _load_encoder_files(root / ENCODER_DIR)
     saved_dtype = getattr(torch, str(meta.get("encoder_dtype", "float32")), None)
     dtype = dtype or (saved_dtype if isinstance(saved_dtype, torch.dtype) else None)
     if dtype is not None:
         model = model.to(dtype)
-    encoder = Encoder(model.eval(), tokenizer, config.layer, name=config.model, revision=config.revision,
-                      max_length=config.max_length, special_tokens=config.special_tokens,
-                      power_mean_layers=config.power_mean_layers)
+    try:
+        encoder = Encoder(model.eval(), tokenizer, config.layer, name=config.model, revision=config.revision,
+                          max_length=config.max_length, special_tokens=config.special_tokens,
+                          power_mean_layers=config.power_mean_layers)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"the encoder in {str(root / ENCODER_DIR)!r} does not fit the config in "
+                         f"{str(root / CONFIG_FILE)!r}: {e}") from e
     try:
         buffers = load_file(str(root / CENTERING_FILE))
     except (SafetensorError, OSError) as e:
-        raise ValueError(f"corrupt {CENTERING_FILE} in {str(root)!r}: {e}") from e
+        raise ValueError(f"corrupt {str(root / CENTERING_FILE)!r}: {e}") from e
     idf = {}
     listed = meta.get("files")
     if IDF_FILE in listed if isinstance(listed, dict) else (root / IDF_FILE).is_file():
         try:
             saved = json.loads((root / IDF_FILE).read_text(encoding="utf-8"))
             idf = {side: IDF.from_dict(saved[side]) for side in ("hyp", "ref")}
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"corrupt {IDF_FILE} in {str(root)!r}: {e}") from e
+        except (OSError, KeyError, TypeError, ValueError) as e:  # UnicodeDecodeError, JSONDecodeError: ValueErrors
+            raise ValueError(f"corrupt {str(root / IDF_FILE)!r}: {e}") from e
     return SavedScorer(config, encoder, buffers, meta.get("baseline"), idf, root)
+
+
+def _load_encoder_files(directory: Path):
+    """The model and tokenizer saved in ``directory`` (safetensors and JSON only, no network). Errors
+    name the file at fault where it can be told (a JSON file that does not parse, a weights file
+    whose header does not), else the files the model or the tokenizer was read from. Any exception of
+    transformers or tokenizers counts: a corrupt file surfaces as any of them (a ``TypeError``, a
+    ``RuntimeError`` on mismatched sizes, a bare ``Exception`` from the Rust tokenizer)."""
+    from safetensors import safe_open
+    from transformers import AutoModel, AutoTokenizer
+
+    files = sorted(p for p in directory.iterdir() if p.is_file())
+    weights = [p for p in files if p.suffix == ".safetensors"]
+    for file in files:
+        try:
+            if file.suffix == ".json":
+                json.loads(file.read_text(encoding="utf-8"))
+            elif file in weights:
+                with safe_open(str(file), framework="pt"):
+                    pass
+        except Exception as e:  # noqa: BLE001 (see the docstring)
+            raise ValueError(f"corrupt {str(file)!r}: {e}") from e
+    try:
+        model = AutoModel.from_pretrained(directory, use_safetensors=True, local_files_only=True)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"cannot load the encoder from {str(directory / 'config.json')!r} and its weights "
+                         f"{[p.name for p in weights]}: {e}") from e
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, use_fast=True, local_files_only=True)
+    except Exception as e:  # noqa: BLE001
+        names = [p.name for p in files if p.name != "config.json" and p not in weights]
+        raise ValueError(f"cannot load the tokenizer from {str(directory)!r} ({', '.join(names)}): {e}") from e
+    return model, tokenizer
