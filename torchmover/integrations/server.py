@@ -255,8 +255,14 @@ class RewardServer:
     (``max_request_bytes=...``, ``header_timeout=...``); left out, their defaults.
 
     Example:
-        >>> with RewardServer(BatchedReward(reward), port=8000) as server:  # doctest: +SKIP
-        ...     print(server.url)  # POST {"hyps": [...], "refs": [...]} to server.url + "/score"
+        >>> import json, urllib.request
+        >>> from torchmover import MoverReward, Scorer
+        >>> with BatchedReward(MoverReward(Scorer(device="cpu"))) as batched, RewardServer(batched) as server:
+        ...     body = json.dumps({"hyps": ["the cat sat"], "refs": ["a cat sat"]}).encode()
+        ...     request = urllib.request.Request(server.url + "/score", body, {"Content-Type": "application/json"})
+        ...     answer = json.load(urllib.request.urlopen(request))
+        >>> [round(r, 4) for r in answer["rewards"]]
+        [0.9168]
     """
 
     def __init__(self, batched: BatchedReward, *, config: RewardConfig | None = None, host: str = "127.0.0.1",
