@@ -295,7 +295,7 @@ def test_config_file_then_environment(tmp_path, tiny_model_dir):
     ({"TORCHMOVER_ON_PROMPT_MISMATCH": "skip"}, "on_prompt_mismatch must be one of"),
     ({"TORCHMOVER_SCORER": "dir", "TORCHMOVER_PRESET": "twmd-b"}, "excludes model and preset"),
     ({"TORCHMOVER_CONFIG": "/nonexistent.json"}, "not a file"),
-    ({"TORCHMOVER_CACHE_SIZE": "0"}, "cache_size must be a positive int"),
+    ({"TORCHMOVER_CACHE_SIZE": "0"}, r"cache_size \(TORCHMOVER_CACHE_SIZE, --cache-size\) must be a positive int"),
     ({"TORCHMOVER_SPECIAL_TOKENS": "<s>"}, r"unknown variable\(s\) \['TORCHMOVER_SPECIAL_TOKENS'\]"),
     ({"TORCHMOVER_QUERY_SPECIAL_TOKENS": "[<s>"}, "query_special_tokens .*JSON list"),
 ])
