@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from .._internal.moduletree import first_parameter
 from .._internal.transfer import send
+from ..runtime.progress import quiet_loading
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 SPECIAL_TOKEN_POLICIES = ("drop", "cls", "keep", "target")
@@ -362,7 +363,8 @@ class Encoder(nn.Module):
             raise ValueError(f"model_name={model_name!r} is for local directories; the hub model {name!r} is "
                              "named by its hub id")
         tokenizer = AutoTokenizer.from_pretrained(path, revision=None if local else revision, use_fast=True)
-        model = AutoModel.from_pretrained(path, revision=None if local else revision, **model_kwargs)
+        with quiet_loading():  # transformers' "Loading weights" bar follows the progress rule
+            model = AutoModel.from_pretrained(path, revision=None if local else revision, **model_kwargs)
         recorded = (model_name or local_model_name(path, model.config.model_type)) if local else name
         layer = default_layer(recorded, model.config.num_hidden_layers) if layer is None else layer
         if local:
@@ -436,6 +438,16 @@ class Encoder(nn.Module):
                 stacklevel=3,
             )
         return batch if word_ids or batch.encodings is None else type(batch)(batch.data)
+
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        """How many tokens each of ``texts`` is encoded as (special tokens included, after truncation
+        to the window), from the tokenizer alone; truncation is not warned about here (the encoder
+        warns when it encodes the texts)."""
+        if not texts:
+            return []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return list(map(len, self.tokenize(texts, word_ids=False)["input_ids"]))
 
     def _configure_backend(self, backend) -> None:
         """Set the Rust tokenizer ``backend`` up as the ``transformers`` tokenizer does on each call
