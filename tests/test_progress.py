@@ -33,8 +33,9 @@ def test_the_rule_shows_a_bar_only_where_standard_error_is_a_terminal(monkeypatc
     assert progress.show_progress(True) and not progress.show_progress(False)
     monkeypatch.setattr(sys, "stderr", Terminal(sys.stderr))
     assert progress.show_progress(None)
-    monkeypatch.setattr(progress, "_silenced", True)  # after --no-progress: nothing, whatever is asked
-    assert not progress.show_progress(None) and not progress.show_progress(True)
+    with progress.silenced():  # --no-progress: nothing, whatever is asked
+        assert not progress.show_progress(None) and not progress.show_progress(True)
+    assert progress.show_progress(None)  # and only for the command it is given to
 
 
 def test_score_draws_one_bar_in_pairs(tiny_encoder, capsys):

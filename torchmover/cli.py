@@ -35,7 +35,7 @@ from .evaluation.scoring import fit_to_call
 from .evaluation.sensitivity import FACTORS, STATISTICS, run_sensitivity, select_per_group
 from .integrations.server import DEFAULT_MAX_REQUEST_BYTES, RewardServer, require_aiohttp
 from .runtime.distributed import destroy_distributed, init_distributed_from_environment, is_rank0
-from .runtime.progress import silence
+from .runtime.progress import silenced
 from .reward import BatchedReward, MoverReward
 from .scorer import PRESETS, Scorer, ScorerConfig
 from .scorer.config import SCORER_OPTIONS, RunOptions
@@ -126,12 +126,9 @@ def baseline_corpus_of(args: argparse.Namespace) -> list[str] | None:
 
 
 def progress_of(args: argparse.Namespace) -> bool | None:
-    """``--no-progress``: every bar off, transformers' included; else the rule of
+    """``--no-progress``: no bar (and :func:`main` silences transformers' own); else the rule of
     :mod:`torchmover.runtime.progress` (bars where standard error is a terminal, on rank 0)."""
-    if args.no_progress:
-        silence()
-        return False
-    return None
+    return False if args.no_progress else None
 
 
 def literal_texts(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
@@ -349,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        args.run(args)
+        with silenced(getattr(args, "no_progress", False)):  # --no-progress: every bar, transformers' too
+            args.run(args)
     except (CLIError, ValueError, TypeError, OSError) as error:
         parser.exit(2, f"torchmover: error: {error}\n")
     return 0

@@ -3,9 +3,9 @@
 Every function that can show a progress bar takes ``progress``: ``True`` (show it), ``False`` (never)
 or ``None`` (the default: :func:`show_progress` decides). ``None`` shows a bar only where someone
 watches: standard error is a terminal, and this is rank 0 of a ``torch.distributed`` job (the other
-ranks would print the same bar again). :func:`silence` turns every bar off for the process (the
-command line's ``--no-progress``), ``transformers``' own (``Loading weights``) included; a model is
-otherwise loaded quietly wherever :func:`show_progress` says no (:func:`quiet_loading`).
+ranks would print the same bar again). :func:`silenced` turns every bar off (the command line's
+``--no-progress``), ``transformers``' own (``Loading weights``) included; a model is otherwise loaded
+quietly wherever :func:`show_progress` says no (:func:`quiet_loading`).
 
 A call shows one bar, in pairs (:class:`PairProgress`), never one bar per stage nested in another.
 """
@@ -20,20 +20,29 @@ import torch.distributed as dist
 _silenced = False
 
 
-def silence() -> None:
-    """Turn every progress bar of this process off, ``transformers``' included (``--no-progress``)."""
+@contextlib.contextmanager
+def silenced(enabled: bool = True) -> Iterator[None]:
+    """Every progress bar of this process off inside the block (when ``enabled``), ``transformers``'
+    included: the command line's ``--no-progress``. Restored on exit."""
     global _silenced
-    _silenced = True
-    try:
-        from transformers.utils import logging
+    if not enabled or _silenced:
+        yield
+        return
+    from transformers.utils import logging
 
-        logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        pass
+    was_enabled = logging.is_progress_bar_enabled()
+    _silenced = True
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        _silenced = False
+        if was_enabled:
+            logging.enable_progress_bar()
 
 
 def show_progress(progress: bool | None = None) -> bool:
-    """Whether to show a bar: never after :func:`silence`; else ``progress`` if given; else (``None``)
+    """Whether to show a bar: never inside :func:`silenced`; else ``progress`` if given; else (``None``)
     when standard error is a terminal and this process is rank 0 (or not distributed)."""
     if _silenced or progress is False:
         return False
