@@ -263,22 +263,42 @@ def owned_texts(new: list[str], texts: list[str], side: str | None, groups: list
 
 
 def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_batch=None) -> TokenArena:
-    """Units of every distinct text of ``texts`` (keyed by text), encoded in batches of texts of similar
-    length, longest first (in characters: a free proxy of the token count, which the encoder trims
-    each batch to), each batch packed into the arena as soon as it is encoded. ``on_batch(fraction)``:
-    called after each batch with the fraction of the texts' characters it encoded (a progress bar's
-    credit)."""
-    texts = sorted(dict.fromkeys(texts), key=len, reverse=True)
+    """Units of every distinct text of ``texts`` (keyed by text), encoded in :func:`encoder_batches`,
+    the longest batch first, each batch packed into the arena as soon as it is encoded.
+    ``on_batch(fraction)``: called after each batch with the fraction of the texts' characters it
+    encoded (a progress bar's credit)."""
+    batches = encoder_batches(list(dict.fromkeys(texts)), batch_size)
     arena = TokenArena(Units)
-    total = sum(map(len, texts)) or 1
-    for start in range(0, len(texts), batch_size):
-        batch = texts[start:start + batch_size]
+    total = sum(len(t) for batch in batches for t in batch) or 1
+    for batch in batches:
         units, spans = scorer.embed_with_spans(batch)
         arena.pack(batch, units, spans)
         del units  # the encoder's output is freed before the next batch runs
         if on_batch is not None:
             on_batch(sum(map(len, batch)) / total)
     return arena
+
+
+def encoder_batches(texts: list[str], batch_size: int) -> list[list[str]]:
+    """``texts`` cut into batches of similar length (in characters: a free proxy of the token count,
+    which the encoder trims each batch to), the longest batch first.
+
+    Cut from the shortest text on, each batch holds at most ``batch_size`` texts and at most
+    ``batch_size`` × twice the median text's length of padded area (its texts × its longest): a batch
+    of the longest texts holds fewer of them. The encoder's working memory for a batch (attention over
+    every pair of its positions) is its largest cost in memory, so this bounds a call's peak where a
+    few long texts would otherwise make one batch several times the others; the time per token is
+    about the same. The last batch cut, the longest, is the one that may be part-filled."""
+    texts = sorted(texts, key=len)
+    if not texts:
+        return []
+    budget = batch_size * 2 * max(len(texts[len(texts) // 2]), 1)
+    batches: list[list[str]] = [[]]
+    for text in texts:  # each text is the longest of its batch so far
+        if batches[-1] and (len(batches[-1]) == batch_size or (len(batches[-1]) + 1) * len(text) > budget):
+            batches.append([])
+        batches[-1].append(text)
+    return batches[::-1]
 
 
 def text_digest(text: str) -> int:

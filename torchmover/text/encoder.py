@@ -324,6 +324,7 @@ class Encoder(nn.Module):
         self.reads_type_ids = "token_type_ids" in tokenizer.model_input_names and any(
             tokenizer("a", return_token_type_ids=True)["token_type_ids"])
         self.special_ends = template_special_ends(tokenizer)  # None: each text's mask is read
+        self.last_state_is_layer: bool | None = None  # known after the first forward (_vectors)
 
     def __getstate__(self) -> dict:
         """Picklable after a forward pass: the output-capturing hooks transformers installed are
@@ -517,10 +518,10 @@ class Encoder(nn.Module):
         rows = [*model_inputs.values(), mask, special] + ([host["word_ids"]] if with_word_ids else [])
         sent = send(torch.from_numpy(np.stack(rows).astype(np.int64, copy=False)), self.device).unbind(0)
         inputs = dict(zip(model_inputs, sent))
-        outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
+        vectors = self._vectors(inputs)
         num_words = int(host["word_ids"].max(initial=-1)) + 1 if with_word_ids else None
         mask_sent, special_sent = sent[len(inputs)], sent[len(inputs) + 1]
-        return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask_sent != 0, inputs["input_ids"],
+        return TokenEmbeddings(vectors, mask_sent != 0, inputs["input_ids"],
                                sent[-1] if with_word_ids else None, special_sent != 0, num_words, spans)
 
     def _kept_ends(self) -> tuple[int, int] | None:
@@ -549,6 +550,25 @@ class Encoder(nn.Module):
         special = np.arange(valid.shape[1]) >= (lengths - after)[:, None]  # the last ``after``, and padding
         special[:, :before] = True
         return special & valid
+
+    def _vectors(self, inputs: dict[str, Tensor]) -> Tensor:
+        """The model's token vectors of :attr:`layer` (:meth:`_layer_vectors`) for ``inputs``.
+
+        The model is cut at :attr:`layer`, so its last hidden state is usually that layer's. The first
+        call asks for every hidden state and checks, bit for bit, whether the last one is the layer's
+        (:attr:`last_state_is_layer`; not for a model that changes its output after the last layer,
+        e.g. a final norm); if so, later calls ask for the last state alone, which spares holding every
+        layer's output of a batch until its forward ends (on a batch of long texts, several times the
+        vectors kept)."""
+        if self.last_state_is_layer:
+            return self.model(**inputs, return_dict=True).last_hidden_state
+        outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
+        vectors = self._layer_vectors(outputs.hidden_states)
+        if self.last_state_is_layer is None:
+            last = getattr(outputs, "last_hidden_state", None)
+            self.last_state_is_layer = (self.power_mean_layers == 1 and isinstance(last, Tensor)
+                                        and last.shape == vectors.shape and bool(torch.equal(last, vectors)))
+        return vectors
 
     def _layer_vectors(self, hidden_states) -> Tensor:
         """``hidden_states[layer]``, or the power means ``[mean, max, min]`` over the last
