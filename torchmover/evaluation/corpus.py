@@ -458,25 +458,19 @@ def score_files(scorer: Scorer, hyps: Column, refs: Sequence[Column], output: st
                             already_finished=True)
     n_chunks = -(-run["rows"] // chunk_pairs)
 
-    def chunks(start: int = 0) -> Iterator[tuple[int, list[str], list[list[str]]]]:
-        def read():
-            for index, chunk in enumerate(read_chunks(hyps, [*refs], chunk_pairs)):
-                if index >= start:
-                    yield (index, *chunk)
-        return shared_chunks(read, device, group)
+    def chunks() -> Iterator[tuple[list[str], list[list[str]]]]:  # every rank: the chunks rank 0 reads
+        return shared_chunks(lambda: read_chunks(hyps, refs, chunk_pairs), device, group)
 
-    def pairs():  # the chunks without their index (what the statistics passes read)
-        return ((h, g) for _, h, g in chunks())
-
-    todo = [c for c in range(n_chunks) if c not in set(state["done"])]
+    todo = set(range(n_chunks)) - set(state["done"])
     rows_todo = sum(min(chunk_pairs, run["rows"] - c * chunk_pairs) for c in todo)
     with eval_mode(scorer), torch.no_grad(), PairProgress(rows_todo, progress) as bar:
-        means = prepare(scorer, files, pairs, todo, state, fit, batch_size, baseline_corpus, group, bar, rows_todo, run)
+        bar.plan(rows_todo)  # the scoring pass; prepare adds the passes it makes
+        means = prepare(scorer, files, chunks, fit, batch_size, baseline_corpus, group, bar, run["rows"])
         signature = scorer.signature
         if files is not None:
             on_rank0(lambda: check_signature(files, state, signature), device, group)
         sums = [0.0] * len(columns)
-        for index, chunk_hyps, chunk_groups in chunks():
+        for index, (chunk_hyps, chunk_groups) in enumerate(chunks() if todo else ()):
             if index not in todo:
                 continue
             scores = score_chunk(scorer, chunk_hyps, chunk_groups, batch_size, means=means, return_all=return_all,
@@ -492,7 +486,7 @@ def score_files(scorer: Scorer, hyps: Column, refs: Sequence[Column], output: st
                     files.write_part(index, text, len(chunk_hyps), part_sums)
     if files is None:
         return CorpusResult(run["rows"], {c: s / run["rows"] for c, s in zip(columns, sums)}, signature, None)
-    rows, sums = on_rank0(lambda: finish(files, n_chunks, columns), device, group)
+    rows, sums = on_rank0(lambda: finish(files, n_chunks), device, group)
     return CorpusResult(rows, dict(zip(columns, (s / rows for s in sums))), signature, str(output),
                         resumed=len(state["done"]))
 
@@ -513,22 +507,23 @@ def describe_run(scorer: Scorer, hyps: Column, refs: list[Column], format: str, 
             "output": {"format": format, "all": return_all, "chunk_pairs": chunk_pairs}, "signature": None}
 
 
-def prepare(scorer: Scorer, files: RunFiles | None, pairs, todo: list[int], state: dict, fit: bool, batch_size: int,
-            baseline_corpus, group, bar: PairProgress, rows_todo: int, run: dict) -> tuple[torch.Tensor, ...] | None:
+def prepare(scorer: Scorer, files: RunFiles | None, chunks, fit: bool, batch_size: int, baseline_corpus, group,
+            bar: PairProgress, rows: int) -> tuple[torch.Tensor, ...] | None:
     """The statistics of the run: restored from the parts directory when a run resumes, else fitted
-    (:func:`fit_to_corpus`) and, under ``batch`` centering, the mean of the corpus's distinct texts
-    (a pass of the encoder over it), then saved there. Returns the batch means (or None)."""
+    on the ``chunks()`` of the corpus of ``rows`` pairs (:func:`fit_to_corpus`) and, under ``batch``
+    centering, the mean of its distinct texts (a pass of the encoder over it), then saved there. The
+    bar counts those passes too. Returns the batch means (or None)."""
     device = scorer.encoder.device
     saved = None if files is None else on_rank0(lambda: load_statistics(files), device, group)
     if saved is not None:
         return restore_statistics(scorer, saved)
     config = scorer.config
     centered = config.centering == "batch"
-    if todo:  # the bar counts the encoder's passes over the corpus: scoring, the mean, the references' mean
-        bar.plan(rows_todo + run["rows"] * (centered + 0.5 * (fit and config.centering in ("fixed", "running"))))
+    references_mean = fit and config.centering in ("fixed", "running")  # a pass over the references alone
+    bar.plan(rows * (centered + 0.5 * references_mean))
     if fit:
-        fit_to_corpus(scorer, pairs, batch_size=batch_size, baseline_corpus=baseline_corpus, group=group, bar=bar)
-    means = call_means(scorer, pairs(), batch_size, group=group, bar=bar)[0] if centered else None
+        fit_to_corpus(scorer, chunks, batch_size=batch_size, baseline_corpus=baseline_corpus, group=group, bar=bar)
+    means = call_means(scorer, chunks(), batch_size, group=group, bar=bar)[0] if centered else None
     if files is not None:
         on_rank0(lambda: save_statistics(files, scorer, means), device, group)
     return means
@@ -544,7 +539,8 @@ def check_signature(files: RunFiles, state: dict, signature: str) -> None:
         files.record(signature=signature)
 
 
-def finish(files: RunFiles, chunks: int, columns: list[str]) -> tuple[int, list[float]]:
+def finish(files: RunFiles, chunks: int) -> tuple[int, list[float]]:
+    """Assemble the output, record the run as finished, remove the parts."""
     rows, sums = files.assemble(chunks)
     files.record(finished=True, means=[s / rows for s in sums], output_sha256=file_sha256(str(files.output)))
     shutil.rmtree(files.parts, ignore_errors=True)
