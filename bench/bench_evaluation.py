@@ -28,6 +28,7 @@ import torch
 from torchmover import Scorer
 from torchmover.evaluation.data import read_tsv_dir
 from torchmover.scorer.corpus import embed_distinct
+from torchmover.scorer.inputs import distinct_texts
 
 from bench_common import pearson, wmt_parser
 
@@ -64,7 +65,7 @@ def main() -> None:
     diffs = {bs: float((scorer.score(hyps, refs, batch_size=bs, progress=False) - whole).abs().max())
              for bs in (8, 32, 128)}
 
-    encode = median_seconds(lambda: embed_distinct(scorer, hyps, [[r] for r in refs], 64, False), args.repeats)
+    encode = median_seconds(lambda: embed_distinct(scorer, distinct_texts(hyps, [[r] for r in refs]), 64), args.repeats)
     recall = median_seconds(lambda: scorer.score(hyps, refs, progress=False), args.repeats)
     prf = median_seconds(lambda: scorer.score(hyps, refs, progress=False, return_all=True), args.repeats)
 

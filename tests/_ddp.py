@@ -163,3 +163,41 @@ def fit_worker(rank: int, world_size: int, corpus, hyps, refs) -> dict:
     except ValueError as error:
         out["mismatch"] = str(error)
     return out
+
+
+# --- sharded scoring (Scorer.score(distributed=True)) ---------------------------------------------
+
+SHARDED_CASES = [  # (name, Scorer options): every member, batch centering (joint and separate scopes)
+    *[(method, {"method": method, "centering": "batch"}) for method in
+      ("twmd", "trwmd", "wmd", "moverscore", "bertscore", "sbert", "cka", "sms", "s+wms", "wms")],
+    ("twmd-separate", {"method": "twmd", "centering": "batch", "center_scope": "separate"}),
+    ("twmd-none", {"method": "twmd", "centering": "none"}),
+]
+
+
+def sharded_scorer(options: dict):
+    from conftest import tiny_model, tiny_tokenizer
+    from torchmover import Encoder, Scorer
+
+    return Scorer(Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny-bert"), **options).eval()
+
+
+def sharded_score_worker(rank: int, world_size: int, hyps, refs, chunk: int) -> dict:
+    """Every case of ``SHARDED_CASES`` scored with ``distributed=True`` (``return_all``: every direction),
+    in chunks of ``chunk`` pairs; the texts this rank encoded; the error of a rank passing other lists."""
+    import torchmover.scorer.corpus as corpus
+
+    corpus.SCORE_CHUNK = chunk
+    out = {}
+    for name, options in SHARDED_CASES:
+        scorer = sharded_scorer(options)
+        encoded = []
+        forward = scorer.encoder.forward
+        scorer.encoder.forward = lambda texts, **kw: encoded.extend(texts) or forward(texts, **kw)
+        out[name] = torch.stack(list(scorer.score(hyps, refs, batch_size=2, return_all=True, distributed=True)))
+        out[name + ":encoded"] = len(encoded)
+    try:
+        sharded_scorer(SHARDED_CASES[0][1]).score(hyps[rank:], refs[rank:], distributed=True)
+    except ValueError as error:
+        out["mismatch"] = str(error)
+    return out

@@ -103,17 +103,35 @@ def test_a_selecting_gather_reads_the_selected_texts(zero_padding):
         split.gather(torch.tensor(where.rows), where, torch.tensor([0]))
 
 
-def test_of_keeps_each_batch_as_a_view_and_storage_order_makes_one_run_per_batch():
+def test_of_packs_each_batch_into_the_rows_of_its_spans_and_storage_order_makes_one_run_per_batch():
     full, spans = _batch([2, 4, 3], length=7)
     trimmed = Units(full.vectors[:, 1:6], full.mask[:, 1:6])  # columns cut off as Scorer.embed does
     second, second_spans = _batch([1, 2], length=4, offset=1000)
     batches = [(["a", "b", "c"], trimmed, [(a - 1, b - 1) for a, b in spans]), (["d", "e"], second, second_spans)]
     arena = TokenArena.of(batches)
-    assert arena.blocks[0][0].data_ptr() == trimmed.vectors.data_ptr()  # no copy of the embeddings
-    assert arena.blocks[1][1].data_ptr() == second.mask.data_ptr()
+    # only the rows within the spans are kept (2 + 4 + 3 and 1 + 2), not the batches' padded 3 x 5 and 2 x 4
+    assert [block[0].shape[0] for block in arena.blocks] == [9, 3] and arena.size == arena.live == 12
+    assert arena.blocks[0][0].data_ptr() != trimmed.vectors.data_ptr()  # a copy: the batch can be freed
     keys = arena.in_storage_order(["e", "a", "d", "c", "b"])
     assert keys == ["a", "b", "c", "d", "e"] and arena.index(keys).runs == ((0, 3), (1, 2))
     _assert_gathers(arena, batches, keys)
+
+
+def test_flat_reads_the_units_of_the_texts_block_by_block_without_padding():
+    first, first_spans = _batch([2, 4, 0], length=6)
+    second, second_spans = _batch([1, 3], length=5, offset=1000)
+    batches = [(["a", "b", "e"], first, first_spans), (["c", "d"], second, second_spans)]
+    for arena in (TokenArena.of(batches), TokenArena(Units)):
+        if not arena.blocks:
+            for batch in batches:
+                arena.add(*batch)
+        keys = ["d", "a", "e", "b"]
+        parts = list(arena.flat(keys))
+        vectors, mask = _naive_gather(batches, keys)
+        expected = vectors[mask]  # every unit of the texts, none of their padding
+        got = torch.cat([p.vectors[p.mask] for p in parts])
+        assert sorted(got.sum(-1).tolist()) == sorted(expected.sum(-1).tolist())
+        assert sum(p.mask.shape[0] for p in parts) == 2 + 4 + 3 and list(arena.flat([])) == []
 
 
 def test_flat_rows_is_a_view_when_the_columns_are_evenly_strided_and_a_copy_otherwise():
@@ -162,9 +180,11 @@ def test_compaction_merges_the_blocks_and_later_adds_grow_the_merged_one():
     third, third_spans = _batch([3], length=4, offset=2000)
     batches = [(["a", "b", "c"], first, first_spans), (["d", "e"], second, second_spans),
                (["f"], third, third_spans)]
-    arena = TokenArena.of(batches[:2])
+    arena = TokenArena(Units)
+    arena.add(*batches[0])  # 24 rows in the growable block
+    arena.pack(*batches[1])  # a packed block of 3 rows
     arena.remove("b")
-    arena.compact()  # 28 rows held (the second block ends at its last text's width), 5 within spans
+    arena.compact()  # 27 rows held, 5 within spans
     assert len(arena.blocks) == 1 and arena.size == arena.live == 5
     arena.add(*batches[2])
     keys = ["e", "f", "a", "d", "c"]

@@ -30,6 +30,9 @@ import sys
 from pathlib import Path
 
 from ._version import __version__
+import torch
+
+from .evaluation.corpus import Column, format_rows, score_files, write_atomically
 from .evaluation.correlation import score_and_correlate
 from .evaluation.data import read_ratings
 from .evaluation.scoring import fit_to_call
@@ -37,8 +40,11 @@ from .evaluation.sensitivity import FACTORS, STATISTICS, run_sensitivity, select
 from .integrations.config import RewardConfig, build_reward
 from .integrations.server import RewardServer, ServerLimits, require_aiohttp
 from .reward import BatchedReward
+from .runtime.distributed import destroy_distributed, init_distributed_from_environment, is_rank0
+from .runtime.progress import silenced
 from .scorer import PRESETS, Scorer, ScorerConfig
 from .scorer.config import SCORER_OPTIONS, RunOptions
+from .scorer.corpus import SCORE_CHUNK
 from .scorer.presets import preset_options, signature_options
 
 
@@ -152,62 +158,98 @@ def given_scorer_options(args: argparse.Namespace) -> dict:
 
 
 def scorer_from_args(args: argparse.Namespace, references: list[str], hypotheses: list[str]):
-    """The Scorer the options describe (:meth:`Scorer.from_config <torchmover.Scorer.from_config>`), with
-    its corpus statistics fitted on the call's texts (:func:`torchmover.evaluation.scoring.fit_to_call`):
-    IDF on the references and hypotheses, a fixed/running centering mean on the references, the
-    rescaling baseline on ``--baseline-corpus`` or the references."""
+    """The Scorer the options describe (:func:`build_scorer`), with its corpus statistics fitted on the
+    call's texts (:func:`torchmover.evaluation.scoring.fit_to_call`): IDF on the references and
+    hypotheses, a fixed/running centering mean on the references, the rescaling baseline on
+    ``--baseline-corpus`` or the references."""
+    scorer = build_scorer(args)
+    return fit_to_call(scorer, references, hypotheses, batch_size=args.batch_size, progress=progress_of(args),
+                       baseline_corpus=baseline_corpus_of(args))
+
+
+def build_scorer(args: argparse.Namespace) -> Scorer:
+    """The Scorer the options describe (:meth:`Scorer.from_config <torchmover.Scorer.from_config>`), its
+    statistics not fitted yet."""
     given = given_scorer_options(args)
     options = (preset_options(args.preset, **given) if args.preset
                else {**signature_options(args.signature, given.get("stopwords")), **given} if args.signature
                else given)
     run = {k: options.pop(k) for k in list(options) if k in RunOptions.__dataclass_fields__}
     scorer = Scorer.from_config(ScorerConfig(**options), **run)
-    baseline_corpus = getattr(args, "baseline_corpus", None)
-    if baseline_corpus is not None and not scorer.config.rescale:
+    if getattr(args, "baseline_corpus", None) is not None and not scorer.config.rescale:
         raise CLIError("--baseline-corpus needs --rescale")
-    return fit_to_call(scorer, references, hypotheses, batch_size=args.batch_size, progress=not args.no_progress,
-                       baseline_corpus=None if baseline_corpus is None else read_lines(baseline_corpus))
+    return scorer
 
 
-def call_texts(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
-    """The hypotheses and their references: from files (``--hyps``, ``--refs`` ...), or one literal
-    hypothesis (``--hyp``) with its literal references (``--ref`` ...)."""
+def baseline_corpus_of(args: argparse.Namespace) -> list[str] | None:
+    path = getattr(args, "baseline_corpus", None)
+    return None if path is None else read_lines(path)
+
+
+def progress_of(args: argparse.Namespace) -> bool | None:
+    """``--no-progress``: no bar (and :func:`main` silences transformers' own); else the rule of
+    :mod:`torchmover.runtime.progress` (bars where standard error is a terminal, on rank 0)."""
+    return False if args.no_progress else None
+
+
+def literal_texts(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
+    """One literal hypothesis (``--hyp``) and its literal references (``--ref`` ...)."""
+    if args.refs or not args.ref:
+        raise CLIError("--hyp TEXT takes its references as --ref TEXT (one or more), not --refs FILE")
+    return [args.hyp], [list(args.ref)]
+
+
+def run_score(args: argparse.Namespace) -> None:
+    """``--hyp``: one literal pair, scored in memory. ``--hyps FILE``: the files, streamed, sharded
+    under ``torchrun`` and resumable with ``--output`` (:func:`torchmover.evaluation.corpus.score_files`)."""
     if args.hyp is not None:
-        if args.refs or not args.ref:
-            raise CLIError("--hyp TEXT takes its references as --ref TEXT (one or more), not --refs FILE")
-        return [args.hyp], [list(args.ref)]
+        hyps, refs = literal_texts(args)
+        scorer = scorer_from_args(args, refs[0], hyps)
+        scores = scorer.score(hyps, refs, batch_size=args.batch_size, progress=progress_of(args), return_all=args.all)
+        columns = list(scores._fields) if args.all else ["score"]
+        scores = torch.stack(list(scores) if args.all else [scores]).double()
+        text = format_rows(scores, 0, args.format, columns)
+        if args.output:
+            write_atomically(Path(args.output), text)
+        else:
+            sys.stdout.write(text)
+        print_summary(1, dict(zip(columns, scores.mean(1).tolist())), scorer.signature)
+        return
     if args.ref:
         raise CLIError("--hyps FILE takes reference files as --refs FILE (one or more), not --ref TEXT")
     if not args.refs:
         raise CLIError("--hyps FILE needs its references: --refs FILE (one reference per hypothesis line; "
                        "repeat --refs for several)")
-    hyps = read_lines(args.hyps)
-    ref_files = [read_lines(path) for path in args.refs]
-    for path, lines in zip(args.refs, ref_files):
-        if len(lines) != len(hyps):
-            raise CLIError(f"{path} has {len(lines)} lines but {args.hyps} has {len(hyps)}: one reference per hypothesis line")
-    return hyps, [list(group) for group in zip(*ref_files)]
-
-
-def run_score(args: argparse.Namespace) -> None:
-    hyps, refs = call_texts(args)
-    scorer = scorer_from_args(args, [r for group in refs for r in group], hyps)
-    scores = scorer.score(hyps, refs, batch_size=args.batch_size, progress=not args.no_progress, return_all=args.all)
-    columns = scores._fields if args.all else ("score",)
-    rows = list(zip(*(s.tolist() for s in scores))) if args.all else [(s,) for s in scores.tolist()]
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    progress = progress_of(args)
+    scorer = build_scorer(args)  # before joining the process group: loading a model in one leaves it referenced
+    launched = init_distributed_from_environment(scorer.encoder.device)
     try:
-        if args.all and args.format == "text":
-            out.write("# precision recall f1\n")
-        for i, row in enumerate(rows):
-            out.write(json.dumps({"line": i + 1, **dict(zip(columns, row))}) + "\n" if args.format == "jsonl"
-                      else " ".join(f"{v:.6f}" for v in row) + "\n")
-    finally:
-        if args.output:
-            out.close()
-    means = " ".join(f"{sum(col) / len(col):.6f}" for col in zip(*rows)) if rows else "nan"
-    print(f"mean{' P R F1' if args.all else ''}: {means} (n={len(rows)})", file=sys.stderr)
-    print(f"signature: {all_directions(scorer.signature) if args.all else scorer.signature}", file=sys.stderr)
+        result = score_files(scorer, Column(args.hyps, args.hyp_field), [Column(path, args.ref_field) for path in args.refs],
+                             args.output, format=args.format, return_all=args.all, chunk_pairs=args.chunk_size,
+                             batch_size=args.batch_size, progress=progress, overwrite=args.overwrite,
+                             baseline_corpus=baseline_corpus_of(args))
+        if is_rank0():
+            if result.already_finished:
+                print(f"torchmover: {args.output} is complete (run recorded in {args.output}.manifest.json): "
+                      "nothing to do", file=sys.stderr)
+            elif result.resumed:
+                print(f"torchmover: resumed: {result.resumed} chunk(s) were already written", file=sys.stderr)
+            print_summary(result.rows, result.means, result.signature)
+    except BaseException:
+        if launched:
+            destroy_distributed(barrier=False)
+        raise
+    if launched:
+        destroy_distributed()
+
+
+def print_summary(rows: int, means: dict[str, float], signature: str) -> None:
+    """The mean of each column and the signature, on standard error; with the three columns of ``--all``,
+    the signature's direction is ``all`` (:func:`all_directions`)."""
+    every_direction = len(means) == 3
+    print(f"mean{' P R F1' if every_direction else ''}: {' '.join(f'{m:.6f}' for m in means.values())} (n={rows})",
+          file=sys.stderr)
+    print(f"signature: {all_directions(signature) if every_direction else signature}", file=sys.stderr)
 
 
 def all_directions(signature: str) -> str:
@@ -263,7 +305,7 @@ def run_correlate(args: argparse.Namespace) -> None:
         raise CLIError(f"no ratings in {args.data}")
     scorer = scorer_from_args(args, [r.ref for r in records], [r.hyp for r in records])
     report = score_and_correlate(scorer, records, args.batch_size, n_boot=args.n_boot, seed=args.seed,
-                                 confidence=args.confidence, progress=not args.no_progress)
+                                 confidence=args.confidence, progress=progress_of(args))
     print(report.to_table())
     if report.system_level is None:
         print("system level: not reported (the ratings do not name every segment's system)", file=sys.stderr)
@@ -298,9 +340,10 @@ def run_sensitivity_command(args: argparse.Namespace) -> None:
     records = select_per_group(read_ratings(args.data, args.year), args.max_per_group)
     if not records:
         raise CLIError(f"no ratings in {args.data}")
-    progress = not args.no_progress
-    args.no_progress = True  # the base scorer's fitting; run_sensitivity refits and shows one bar
-    base = scorer_from_args(args, [r.ref for r in records], [r.hyp for r in records])
+    progress = progress_of(args)  # one bar, run_sensitivity's (it refits every variant)
+    base = build_scorer(args)
+    base = fit_to_call(base, [r.ref for r in records], [r.hyp for r in records], batch_size=args.batch_size,
+                       progress=False, baseline_corpus=baseline_corpus_of(args))
     report = run_sensitivity(records, base, factors=args.factors, batch_size=args.batch_size, progress=progress)
     print(report.to_table(args.statistic))
     if args.json:
@@ -412,9 +455,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="file with one reference per line; repeat for several references")
     score.add_argument("--ref", metavar="TEXT", action="append", default=[],
                        help="a reference of --hyp as literal text; repeat for several references")
+    score.add_argument("--hyp-field", default="hyp", metavar="NAME",
+                       help="the field (column) of the hypotheses in a .jsonl, .parquet or .arrow file (default: hyp)")
+    score.add_argument("--ref-field", default="ref", metavar="NAME",
+                       help="the field (column) of the references in a .jsonl, .parquet or .arrow file: a text or "
+                            "a list of texts (default: ref)")
     score.add_argument("--all", action="store_true", help="print precision, recall and F1 per line (P R F1)")
-    score.add_argument("--output", help="write scores here (default: standard output)")
+    score.add_argument("--output", help="write scores here (default: standard output); a run writing a file "
+                                        "resumes where it stopped when rerun")
     score.add_argument("--format", default="text", choices=("text", "jsonl"))
+    score.add_argument("--chunk-size", type=int, default=SCORE_CHUNK, metavar="PAIRS",
+                       help=f"pairs read, scored and written at once: memory grows with it (default: {SCORE_CHUNK})")
+    score.add_argument("--overwrite", action="store_true",
+                       help="replace --output (and the record of an earlier run) instead of refusing or resuming")
     add_scorer_arguments(score)
     score.set_defaults(run=run_score)
 
@@ -436,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        args.run(args)
+        with silenced(getattr(args, "no_progress", False)):  # --no-progress: every bar, transformers' too
+            args.run(args)
     except (CLIError, ValueError, TypeError, OSError) as error:
         parser.exit(2, f"torchmover: error: {error}\n")
     return 0

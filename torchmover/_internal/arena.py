@@ -6,10 +6,11 @@ of many texts in blocks of flat device tensors ``[rows, ...]``. A text of a padd
 known by its span: the columns ``(first, stop)`` that hold its unmasked units (host-known, e.g. from
 :meth:`~torchmover.Scorer.embed_with_spans`), so that a short text of a long batch is read back short.
 
-- :meth:`TokenArena.of` keeps each batch as a block of its own, *without a copy*: the block is a flat
-  view of the batch's tensors (``Scorer.score``, which encodes every distinct text of a call and then
-  reads them back in pair batches: a copy would be a second buffer the size of every embedding of
-  the call, which on the CPU each call page-faults in afresh).
+- :meth:`TokenArena.of` packs each batch into a block of its own: the rows within its texts' spans,
+  back to back (one ``index_select`` per field), so the batch's padding, special-token columns and
+  the rest of the encoder's output are freed at once (``Scorer.score``, which encodes every distinct
+  text of a chunk and then reads them back in pair batches: a block holds only what is read back,
+  and nothing of the encoder's working memory outlives its batch).
 - :meth:`TokenArena.add` copies a batch into the arena's one growable block (the reward's cache of
   references, which outlives the encoder's outputs).
 
@@ -27,14 +28,14 @@ Removed texts, and the rows outside the spans, are holes; :meth:`TokenArena.comp
 A gather reads padding from row 0 of a block and masks it. Units whose padding must hold zeros (a
 :class:`~torchmover.functional.family.TokenCloud`: unit vectors and masses exactly 0 off the mask, which the
 transport relies on) go into an arena made with ``zero_padding=True``, whose growable block keeps
-row 0 zero, its mask False (:meth:`add` only: the blocks of :meth:`TokenArena.of` are the batches' own
-tensors): there the padding read is already masked, and a gather is one ``index_select`` per field.
+row 0 zero, its mask False (:meth:`add` only: the packed blocks of :meth:`TokenArena.of` hold no
+padding row): there the padding read is already masked, and a gather is one ``index_select`` per field.
 """
 from __future__ import annotations
 
 import itertools
 import math
-from typing import Hashable, NamedTuple, Sequence
+from typing import Hashable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -79,6 +80,24 @@ def _shape(keys: Sequence[Hashable], units) -> tuple[int, int]:
     return n, width
 
 
+def _check_spans(keys: Sequence[Hashable], spans: Sequence[tuple[int, int]], width: int) -> None:
+    """Raise ``ValueError`` unless there is one span per key, each within ``width`` columns."""
+    if len(keys) != len(spans):
+        raise ValueError(f"{len(keys)} keys for {len(spans)} spans")
+    for key, (first, stop) in zip(keys, spans):
+        if not 0 <= first <= stop <= width:
+            raise ValueError(f"span {(first, stop)} of {key!r} is not within its {width} columns")
+
+
+def span_rows(starts: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """The rows ``starts[i], …, starts[i] + widths[i] − 1`` of every ``i``, in order, as one int64 array
+    (built without a Python loop)."""
+    widths = np.asarray(widths, dtype=np.int64)
+    total = int(widths.sum())
+    offsets = np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(widths) - widths), widths)
+    return offsets + np.arange(total, dtype=np.int64)
+
+
 class TokenArena:
     """Units of many texts (keys) in blocks of flat device tensors; see the module docs.
 
@@ -104,28 +123,56 @@ class TokenArena:
 
     @classmethod
     def of(cls, batches: Sequence[tuple[Sequence[Hashable], object, Sequence[tuple[int, int]]]]) -> "TokenArena":
-        """An arena of ``(keys, units, spans)`` batches (as :meth:`add`), each kept as a block of its own
-        (flat views of its fields, :func:`flat_rows`: no copy)."""
+        """An arena of ``(keys, units, spans)`` batches (as :meth:`add`), each packed into a block of its
+        own (:meth:`pack`)."""
         arena = cls(type(batches[0][1]))
         for keys, units, spans in batches:
-            n, width = _shape(keys, units)
-            flat = [None if t is None else flat_rows(t) for t in units]
-            if len({pitch for _, pitch in filter(None, flat)}) > 1:  # fields cut from batches of other widths
-                flat = [None if t is None else (t.reshape(n * width, *t.shape[2:]), width) for t in units]
-            arena._span(keys, len(arena.blocks), 0, flat[0][1], width, spans)
-            arena.blocks.append([None if f is None else f[0] for f in flat])
-            arena.size += flat[0][0].shape[0]
+            arena.pack(keys, units, spans)
         return arena
+
+    def pack(self, keys: Sequence[Hashable], units, spans: Sequence[tuple[int, int]]) -> None:
+        """Copy the texts ``keys`` of padded ``units`` ``[N, L, ...]`` (as :meth:`add`) into a new block
+        that holds only the rows within their ``spans``, text after text: one ``index_select`` per
+        field with a row index built on the host. A key already present is replaced."""
+        n, width = _shape(keys, units)
+        _check_spans(keys, spans, width)
+        flat = [None if t is None else flat_rows(t) for t in units]
+        pitch = flat[0][1]
+        if any(f is not None and f[1] != pitch for f in flat):  # fields cut from batches of other widths
+            flat = [None if t is None else (t.reshape(n * width, *t.shape[2:]), width) for t in units]
+            pitch = width
+        firsts = np.array([first for first, _ in spans], dtype=np.int64).reshape(-1)
+        widths = np.array([stop - first for first, stop in spans], dtype=np.int64).reshape(-1)
+        starts = np.cumsum(widths) - widths  # each text's first row in the block
+        rows = span_rows(np.arange(n) * pitch + firsts, widths)
+        (index,) = to_device([rows], flat[0][0].device)
+        block = len(self.blocks)
+        self.blocks.append([None if f is None else f[0].index_select(0, index) for f in flat])
+        for key, start, w in zip(keys, starts.tolist(), widths.tolist()):
+            self.remove(key)
+            self.spans[key] = (block, start, w)
+            self.live += w
+        self.size += len(rows)
+
+    def flat(self, keys: Sequence[Hashable]) -> Iterator:
+        """The units of ``keys`` without padding: per block they lie in, its rows within their spans as
+        flat fields ``[rows, ...]`` (one ``index_select`` per field and block, indices sent from the
+        host in one transfer), e.g. to sum over many texts without padding them to one width."""
+        by_block: dict[int, list[tuple[int, int]]] = {}
+        for key in keys:
+            block, first, width = self.spans[key]
+            by_block.setdefault(block, []).append((first, width))
+        if not by_block:
+            return
+        rows = [span_rows(*np.array(spans, dtype=np.int64).reshape(-1, 2).T) for spans in by_block.values()]
+        for block, index in zip(by_block, to_device(rows, self.blocks[0][0].device)):
+            yield self.units_type(*(None if f is None else f.index_select(0, index) for f in self.blocks[block]))
 
     def _span(self, keys: Sequence[Hashable], block: int, start: int, pitch: int, width: int,
               spans: Sequence[tuple[int, int]]) -> None:
         """Record ``keys`` as the padded rows of ``width`` columns in ``block``, text ``i`` from row
         ``start + i · pitch`` on, each by its span."""
-        if len(keys) != len(spans):
-            raise ValueError(f"{len(keys)} keys for {len(spans)} spans")
-        for key, (first, stop) in zip(keys, spans):
-            if not 0 <= first <= stop <= width:
-                raise ValueError(f"span {(first, stop)} of {key!r} is not within its {width} columns")
+        _check_spans(keys, spans, width)
         for i, (key, (first, stop)) in enumerate(zip(keys, spans)):
             self.remove(key)
             self.spans[key] = (block, start + i * pitch + first, stop - first)

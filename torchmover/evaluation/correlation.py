@@ -555,7 +555,7 @@ def paired_permutation_test(scores_a, scores_b, human, *, method: str = "pearson
 # --- scoring ratings -----------------------------------------------------------------------------
 
 def score_and_correlate(scorer, records: Sequence[Rating], batch_size: int = 64, *, n_boot: int = 1000,
-                        seed: int = 0, confidence: float = 0.95, progress: bool = True) -> Report:
+                        seed: int = 0, confidence: float = 0.95, progress: bool | None = None) -> Report:
     """Score ``records`` (:class:`~torchmover.evaluation.data.Rating`) with ``scorer.score(hyps, refs, ...)`` and
     correlate with their human scores per ``lp/year`` group; the report carries the scorer's
     signature, and the system level (``report.system_level``) when every record names its system."""

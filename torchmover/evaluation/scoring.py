@@ -45,7 +45,7 @@ def cached_scorer(**options: Any) -> Scorer:
 
 
 def fit_to_call(scorer: Scorer, references: Sequence[str], hypotheses: Sequence[str], *, batch_size: int = 64,
-                progress: bool = True, baseline_corpus: Sequence[str] | None = None,
+                progress: bool | None = None, baseline_corpus: Sequence[str] | None = None,
                 baseline_pairs: int = 1000) -> Scorer:
     """Fit the corpus statistics ``scorer`` needs on the texts of a call (the command line's and
     :func:`score`'s rule): IDF dictionaries on the distinct references and hypotheses, a ``fixed`` /
@@ -63,7 +63,7 @@ def fit_to_call(scorer: Scorer, references: Sequence[str], hypotheses: Sequence[
 
 
 def score(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]], *, batch_size: int = 64,
-          progress: bool = False, return_all: bool = False, baseline_corpus: Sequence[str] | None = None,
+          progress: bool | None = None, return_all: bool = False, baseline_corpus: Sequence[str] | None = None,
           baseline_pairs: int = 1000, **options: Any) -> Tensor | PRF:
     """Score ``hyps`` against ``refs`` in one call: ``Tensor[B]``, or ``PRF(precision, recall, f1)``
     with ``return_all=True``.

@@ -502,7 +502,7 @@ def select_per_group(records: Sequence[Rating], n: int | None) -> list[Rating]:
 
 
 def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | None = None, *,
-                    factors: Sequence[str] | str | None = None, batch_size: int = 32, progress: bool = True,
+                    factors: Sequence[str] | str | None = None, batch_size: int = 32, progress: bool | None = None,
                     encoder_for_layer: Callable[[int], Encoder] | None = None,
                     n_layers: int | None = None) -> SensitivityReport:
     """Vary one factor at a time from the base configuration; correlate every variant with humans.
@@ -516,7 +516,8 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
         factors: names from ``FACTORS`` (a list or a comma-separated string); ``None``: every factor
             that applies to the base method (``temperature`` needs twmd/trwmd, ``iterations`` twmd).
         batch_size: hypotheses per ``scorer.score`` batch, the same for every variant.
-        progress: a tqdm bar over the variants.
+        progress: a bar over the variants (``None``: when standard error is a terminal;
+            :mod:`torchmover.runtime.progress`).
         encoder_for_layer: ``k -> Encoder`` at layer ``k`` for the ``layer`` factor (default:
             ``Encoder.from_pretrained`` of the base model with its encoder options).
         n_layers: the model's number of hidden layers (default: read from its configuration).
@@ -526,6 +527,8 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
     (``separate``), a ``fixed`` centering mean on the distinct references.
     """
     from tqdm.auto import tqdm
+
+    from ..runtime.progress import show_progress
 
     records = list(records)
     if not records:
@@ -584,7 +587,7 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
     distinct.sort(key=lambda v: (v.layer != config.layer, v.layer))
 
     results: dict[_Variant, Level] = {}
-    bar = tqdm(distinct, desc="sensitivity", unit="variant", disable=not progress)
+    bar = tqdm(distinct, desc="sensitivity", unit="variant", disable=not show_progress(progress))
     for variant in bar:
         options = dict(variant.options)
         bar.set_postfix_str(_describe(variant, config, scoring, base_idf), refresh=False)

@@ -201,6 +201,12 @@ class Centering(nn.Module):
                 total = torch.zeros_like(self.mean, dtype=torch.float64)
             stats = all_reduce_sum(torch.cat([total, total.new_tensor([count])]))  # [D + 1]  (Σ x, count)
             total, count = stats[:-1], int(stats[-1])
+        return self.fit_sums(total, count)
+
+    @torch.no_grad()
+    def fit_sums(self, total: Tensor, count: int) -> "Centering":
+        """Set ``mean`` to ``total / count``: the sum ``[D]`` (float64) of every real token vector of a
+        corpus and their number, accumulated elsewhere (e.g. over a corpus streamed in chunks)."""
         if count == 0:
             raise ValueError("fit() needs at least one real token")
         self._resize(total)

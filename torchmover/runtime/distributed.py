@@ -23,8 +23,10 @@ SyncBatchNorm: a rank that skips a step (e.g. an empty batch) stalls the others.
 """
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
+import os
 
 import torch
 import torch.distributed as dist
@@ -67,17 +69,76 @@ def shard(texts: list[str], device: torch.device | str = "cpu", group=None) -> l
     whole (``texts`` itself outside a distributed job).
 
     Strided rather than contiguous, so that each rank gets texts of every length of a sorted corpus.
-    Collective: checks, with one all-reduce of a digest of ``texts`` (a tensor on ``device``: the
-    CPU for gloo, the rank's GPU for NCCL), that every rank passed the same list, and raises
-    ``ValueError`` on every rank if not.
+    Collective: checks that every rank passed the same list (:func:`check_same_on_every_rank`), and
+    raises ``ValueError`` on every rank if not.
     """
     if not is_distributed(group):
         return texts
-    digest = int.from_bytes(hashlib.sha256(json.dumps(texts).encode()).digest()[:7], "big")
+    check_same_on_every_rank(texts, device, group, "under torch.distributed every rank must fit on the same texts "
+                             "(each encodes its share texts[rank::world_size]); the ranks passed different lists. "
+                             "Pass distributed=False to fit on this rank's texts alone")
+    return texts[dist.get_rank(group)::dist.get_world_size(group)]
+
+
+def check_same_on_every_rank(value, device: torch.device | str, group, message: str) -> None:
+    """Raise ``ValueError(message)`` on every rank of ``group`` unless every rank passed the same
+    JSON-serialisable ``value``: one all-reduce of a digest of it (a tensor on ``device``: the CPU
+    for gloo, the rank's GPU for NCCL)."""
+    digest = int.from_bytes(hashlib.sha256(json.dumps(value).encode()).digest()[:7], "big")
     extremes = torch.tensor([digest, -digest], dtype=torch.long, device=device)
     dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)  # (max digest, −min digest)
     if extremes.tolist() != [digest, -digest]:
-        raise ValueError("under torch.distributed every rank must fit on the same texts (each encodes its share "
-                         "texts[rank::world_size]); the ranks passed different lists. Pass distributed=False to fit "
-                         "on this rank's texts alone")
-    return texts[dist.get_rank(group)::dist.get_world_size(group)]
+        raise ValueError(message)
+
+
+def all_gather_shares(share: Tensor, sizes: list[int], group=None) -> Tensor:
+    """Every rank's ``share`` (``[..., sizes[rank]]``, on any rank's device) concatenated along the last
+    dimension in rank order, on every rank: shares padded to the largest, one ``all_gather``."""
+    width = max(sizes)
+    padded = torch.nn.functional.pad(share, (0, width - share.shape[-1]))
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded.contiguous(), group=group)
+    return torch.cat([part[..., :size] for part, size in zip(parts, sizes)], dim=-1)
+
+
+def broadcast_object(value=None, device: torch.device | str = "cpu", src: int = 0, group=None):
+    """``value`` of rank ``src`` on every rank of ``group`` (any picklable object; the other ranks'
+    ``value`` is ignored), or ``value`` itself outside a distributed job. ``device``: where the
+    pickled bytes travel (the CPU for gloo, the rank's GPU for NCCL)."""
+    if not is_distributed(group):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=src, group=group, device=torch.device(device))
+    return box[0]
+
+
+# --- a command launched by torchrun -------------------------------------------------------------------
+
+def init_distributed_from_environment(device: str | torch.device = "auto") -> bool:
+    """Join the process group a launcher describes (``torchrun`` sets ``WORLD_SIZE``, ``RANK``,
+    ``MASTER_ADDR``, ...) when it has more than one process and none is joined yet: NCCL when this
+    process scores on a GPU, gloo otherwise. Returns whether it joined (and should leave:
+    :func:`destroy_distributed`)."""
+    from .devices import resolve_device
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not dist.is_available() or dist.is_initialized():
+        return False
+    on_gpu = resolve_device(device).type == "cuda"
+    if on_gpu:
+        torch.cuda.set_device(resolve_device(device))
+    dist.init_process_group("nccl" if on_gpu else "gloo", timeout=datetime.timedelta(minutes=30))
+    return True
+
+
+def destroy_distributed(barrier: bool = True) -> None:
+    """Leave the process group, after a ``barrier`` (no rank tears it down while another still uses
+    it; none after an error, which another rank may never reach)."""
+    if dist.is_initialized():
+        if barrier:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def is_rank0(group=None) -> bool:
+    """Whether this process is rank 0 of ``group`` (always outside a distributed job)."""
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank(group) == 0

@@ -1,132 +1,328 @@
 """Scoring large lists (:meth:`Scorer.score <torchmover.Scorer.score>`): no graph, every distinct text
-encoded once, pairs scored in length-sorted batches gathered from a device arena.
+encoded once, pairs scored in length-sorted batches gathered from a device arena, and, under
+``torch.distributed``, each rank scoring a share of the pairs.
 
-As the peers do it: every distinct text of the list (of each chunk of ``SCORE_CHUNK`` hypotheses) is
-encoded once, in batches of ``batch_size`` texts of similar length (trimmed to their longest) kept on
-the device in a :class:`~torchmover._internal.arena.TokenArena`; then the pairs are scored in batches
-of at most ``batch_size`` hypotheses of similar length, by the length of their longest text in units
-(its span in the arena: no padding, no dropped tokens; :func:`~torchmover.scorer.plan.length_batches`),
-each gathered from the arena by a :class:`~torchmover.scorer.plan.BatchPlan` built on the host; the
-plans of a chunk are sent in one transfer. The scores stay on the device until the end: nothing in
-the loop waits for it.
+As the peers do it: the pairs are taken in chunks of ``SCORE_CHUNK`` (in input order); every distinct
+text of a chunk is encoded once, in batches of ``batch_size`` texts of similar length, longest first,
+each batch packed into a :class:`~torchmover._internal.arena.TokenArena` (only the rows of its texts'
+units are kept; :meth:`~torchmover._internal.arena.TokenArena.pack`). Then the chunk's pairs are
+scored in batches of at most ``batch_size`` hypotheses of similar length, by the length of their
+longest text in units (:func:`~torchmover.scorer.plan.length_batches`), each gathered from the arena
+by a :class:`~torchmover.scorer.plan.BatchPlan` built on the host; the plans of a chunk are sent in
+one transfer. The scores stay on the device until the end: nothing in the loop waits for it.
+
+Memory is bounded by the chunk: its arena (the units of its distinct texts, no padding) and one
+encoder batch's working memory. Texts are encoded longest first so that each batch's working memory
+fits in what the batches before it freed (shortest first, every batch would need more than any
+before it, and the allocator would keep growing the heap).
 
 Under ``batch`` centering a first pass computes the mean of every real token of the call's distinct
 texts (:func:`call_means`), the set that ``Scorer.forward`` on the whole list centers on, so both give
-the same scores whatever the batch size. (A call of more than ``SCORE_CHUNK`` hypotheses encodes all
-but its last chunk twice, once for the mean, to bound memory.)
+the same scores whatever the batch size. It sums the units block by block, never padding the call's
+texts to one width. (A call of more than ``SCORE_CHUNK`` hypotheses encodes all but its last chunk
+twice, once for the mean, to bound memory.)
+
+**Sharded** (``distributed=True`` under ``torch.distributed``): every rank passes the same list; each
+chunk is cut into one contiguous share per rank, balanced by token count (:func:`chunk_share`: pairs
+vary tenfold in length, so equal pair counts would leave ranks idle), each rank encodes and scores its
+share, and the shares are gathered in rank order, so every rank returns the scores of the whole list
+in input order. The ``batch`` centering mean is that of one process: each distinct text is counted
+by one rank, the one whose share holds its first pair (:func:`owned_texts`), and the sums are
+all-reduced once.
 """
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+import hashlib
+from typing import Iterable, Iterator, NamedTuple, Sequence
 
+import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from .._internal.arena import TokenArena
-from .._internal.transfer import send_plans, to_device
+from .._internal.transfer import send_plans
 from ..functional.centering import token_sum
-from ..runtime.distributed import all_reduce_sum
+from ..runtime.distributed import all_gather_shares, all_reduce_sum, check_same_on_every_rank, is_distributed
+from ..runtime.progress import PairProgress
 from .inputs import check_references, check_texts, distinct_texts
 from .plan import BatchPlan, call_plan, length_batches
-from .units import PRF
+from .units import PRF, Units
 
 SCORE_CHUNK = 8192  # hypotheses whose distinct texts Scorer.score encodes and holds at once
 
 
-def score_corpus(scorer: nn.Module, hyps: Sequence[str], refs, batch_size: int = 64, progress: bool = True, *,
-                 return_all: bool = False, centering_group=None) -> Tensor | PRF:
+def score_corpus(scorer: nn.Module, hyps: Sequence[str], refs, batch_size: int = 64, progress: bool | None = None,
+                 *, return_all: bool = False, centering_group=None, distributed: bool = False) -> Tensor | PRF:
     """:meth:`Scorer.score <torchmover.Scorer.score>` of ``scorer`` (a :class:`~torchmover.Scorer`; see
     there and the module docs)."""
-    from tqdm.auto import tqdm
-
     hyps = check_texts("hyps", hyps)
     groups = check_references(hyps, refs)
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    order = sorted(range(len(hyps)), key=lambda i: -(len(hyps[i]) + max(map(len, groups[i]))))
-    chunks = [order[start:start + SCORE_CHUNK] for start in range(0, len(order), SCORE_CHUNK)]
-    device = scorer.encoder.device
-    out = torch.zeros(3 if return_all else 1, len(hyps), device=device)
-    was_training = scorer.training
-    scorer.eval()
-    try:
-        means, kept = None, None  # kept: the units of the last chunk, encoded by the first pass
-        if scorer.config.centering == "batch":
-            means, kept = call_means(scorer, hyps, groups, chunks, batch_size, progress, centering_group)
-        with tqdm(total=len(hyps), desc="scoring", unit="pair", disable=not progress) as bar:
-            for c in reversed(range(len(chunks))):
-                chunk = chunks[c]
-                arena = kept if kept is not None and c == len(chunks) - 1 else embed_distinct(
-                    scorer, [hyps[i] for i in chunk], [groups[i] for i in chunk], batch_size, progress)
-                kept = None
-                for plan in send_plans(batch_plans(arena, hyps, groups, chunk, batch_size), device):
-                    scores = scorer.score_call(plan.call, arena.gather(plan.rows, plan.where), return_all=return_all,
-                                               means=means, nonempty=plan.nonempty)
-                    out.index_copy_(1, plan.positions, torch.stack(list(scores) if return_all else [scores]).float())
-                    bar.update(plan.call.n_hyps)
-    finally:
-        scorer.train(was_training)
-    out = out.cpu()
+    check_batch_size(batch_size)
+    group = sharding_group(scorer, distributed, centering_group)
+    if group is not None:
+        check_same_on_every_rank([hyps, groups], scorer.encoder.device, group,
+                                 "score(distributed=True): every rank must pass the same hyps and refs (each scores "
+                                 "a share of them); the ranks passed different lists")
+    chunks = [(hyps[start:start + SCORE_CHUNK], groups[start:start + SCORE_CHUNK])
+              for start in range(0, len(hyps), SCORE_CHUNK)]
+    centered = scorer.config.centering == "batch"
+    with eval_mode(scorer), PairProgress(len(hyps), progress) as bar:
+        bar.plan(len(hyps) + (len(hyps) - len(chunks[-1][0]) if centered and chunks else 0))  # pairs encoded
+        means, kept = None, None  # kept: the last chunk's arena and share, encoded by the first pass
+        if centered:
+            means, *kept = call_means(scorer, chunks, batch_size, group=group, sum_group=centering_group, bar=bar)
+        parts = []
+        for c in reversed(range(len(chunks))):  # the last chunk first: its arena is at hand
+            arena, share = kept if kept and c == len(chunks) - 1 else (None, None)
+            parts.append(score_chunk(scorer, *chunks[c], batch_size, means=means, return_all=return_all, group=group,
+                                     arena=arena, share=share, bar=bar))
+            kept = None
+    out = torch.cat(parts[::-1], dim=1).cpu() if parts else torch.zeros(3 if return_all else 1, 0)
     return PRF(*out) if return_all else out[0]
 
 
-def batch_plans(arena: TokenArena, hyps: list[str], groups: list[list[str]], chunk: list[int],
-                batch_size: int) -> list[BatchPlan]:
-    """The host plans of the pair batches of ``chunk`` (positions in ``hyps``), whose texts are in
-    ``arena``: batches of similar length (each pair's longest text in units, known on the host), the
-    texts of each side in storage order (few runs to gather)."""
+def check_batch_size(batch_size) -> None:
+    if type(batch_size) is not int or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+
+
+def sharding_group(scorer: nn.Module, distributed: bool, centering_group=None):
+    """The process group that shares out a call: the world under ``distributed=True`` in a
+    ``torch.distributed`` job of more than one process, else None (``distributed=True`` outside one
+    is a one-process call). Checks the options."""
+    if not isinstance(distributed, bool):
+        raise ValueError(f"distributed must be True or False, got {distributed!r}")
+    if distributed and centering_group is not None:
+        raise ValueError("give distributed=True (every rank passes the whole list, each scores a share) or "
+                         "centering_group (each rank scores its own list on a mean over all ranks), not both")
+    return dist.group.WORLD if distributed and is_distributed() else None
+
+
+@contextlib.contextmanager
+def eval_mode(scorer: nn.Module) -> Iterator[None]:
+    """``scorer`` in eval mode inside the block, its mode restored after."""
+    was_training = scorer.training
+    scorer.eval()
+    try:
+        yield
+    finally:
+        scorer.train(was_training)
+
+
+class Share(NamedTuple):
+    """This rank's contiguous share ``[start, stop)`` of a chunk's pairs, and every rank's ``sizes``."""
+
+    start: int
+    stop: int
+    sizes: list[int]
+
+
+def chunk_share(scorer: nn.Module, hyps: list[str], groups: list[list[str]], group=None) -> Share:
+    """This rank's share of the pairs ``(hyps, groups)`` among the ranks of ``group`` (all of them
+    outside one): contiguous, balanced by token count (:func:`balanced_bounds` of each pair's tokens,
+    its hypothesis and references, counted by the tokenizer: a pair's cost is its encoder work)."""
+    if group is None:
+        return Share(0, len(hyps), [len(hyps)])
+    tokens = scorer.encoder.token_counts(distinct_texts(hyps, groups))
+    count = dict(zip(distinct_texts(hyps, groups), tokens))
+    costs = [count[h] + sum(map(count.__getitem__, g)) for h, g in zip(hyps, groups)]
+    bounds = balanced_bounds(costs, dist.get_world_size(group))
+    start, stop = bounds[dist.get_rank(group)]
+    return Share(start, stop, [b - a for a, b in bounds])
+
+
+def balanced_bounds(costs: Sequence[int], parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous ranges ``[start, stop)`` covering ``costs`` in order, each of about
+    ``sum(costs) / parts``: an item goes to the part its cost's midpoint falls in."""
+    cost = np.asarray(costs, dtype=np.float64)
+    total = cost.sum()
+    if not len(cost) or total <= 0:
+        cuts = np.linspace(0, len(cost), parts + 1).round().astype(int)
+        return list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
+    midpoints = np.cumsum(cost) - cost / 2
+    part = np.minimum((midpoints * parts / total).astype(np.int64), parts - 1)  # non-decreasing
+    cuts = np.searchsorted(part, np.arange(parts + 1), side="left")
+    return list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
+
+
+def score_chunk(scorer: nn.Module, hyps: list[str], groups: list[list[str]], batch_size: int, *,
+                means: tuple[Tensor, ...] | None = None, return_all: bool = False, group=None,
+                arena: TokenArena | None = None, share: Share | None = None,
+                bar: PairProgress | None = None) -> Tensor:
+    """Scores ``[k, len(hyps)]`` (``k`` = 3 with ``return_all``, else 1) of the pairs of one chunk, in
+    order, on the scorer's device: this rank's share (``share``, default :func:`chunk_share`) scored
+    from ``arena`` (default: its texts encoded now), then every rank's share gathered."""
+    share = share or chunk_share(scorer, hyps, groups, group)
+    mine_h, mine_g = hyps[share.start:share.stop], groups[share.start:share.stop]
+    if arena is None:
+        arena = embed_distinct(scorer, distinct_texts(mine_h, mine_g), batch_size, credit(bar, len(hyps)))
+    device = scorer.encoder.device
+    out = torch.zeros(3 if return_all else 1, len(mine_h), device=device)
+    for plan in send_plans(batch_plans(arena, mine_h, mine_g, batch_size), device):
+        scores = scorer.score_call(plan.call, arena.gather(plan.rows, plan.where), return_all=return_all,
+                                   means=means, nonempty=plan.nonempty)
+        out.index_copy_(1, plan.positions, torch.stack(list(scores) if return_all else [scores]).float())
+    return out if group is None else all_gather_shares(out, share.sizes, group)
+
+
+def credit(bar: PairProgress | None, pairs: int):
+    """The callback by which an encoding of a chunk of ``pairs`` pairs moves ``bar``: the fraction of
+    its characters encoded (:func:`embed_distinct`), times ``pairs``."""
+    return None if bar is None else (lambda fraction: bar.advance(pairs * fraction))
+
+
+def batch_plans(arena: TokenArena, hyps: list[str], groups: list[list[str]], batch_size: int) -> list[BatchPlan]:
+    """The host plans of the pair batches of ``(hyps, groups)``, whose texts are in ``arena``: batches of
+    similar length (each pair's longest text in units, known on the host), the texts of each side in
+    storage order (few runs to gather)."""
     n_units = arena.widths()
-    longest = [max(n_units[hyps[i]], *map(n_units.__getitem__, groups[i])) for i in chunk]
+    longest = [max(n_units[h], *map(n_units.__getitem__, g)) for h, g in zip(hyps, groups)]
     plans = []
     for positions in length_batches(longest, batch_size):
-        idx = [chunk[k] for k in positions]
-        batch_hyps, batch_groups = [hyps[i] for i in idx], [groups[i] for i in idx]
+        batch_hyps, batch_groups = [hyps[i] for i in positions], [groups[i] for i in positions]
         texts = distinct_texts(batch_hyps, batch_groups)
         n_hyp_texts = len(dict.fromkeys(batch_hyps))  # first; each side in storage order
         texts = [*arena.in_storage_order(texts[:n_hyp_texts]), *arena.in_storage_order(texts[n_hyp_texts:])]
         where = arena.index(texts)
-        plans.append(BatchPlan(idx, where.rows, where, call_plan(batch_hyps, batch_groups, texts),
+        plans.append(BatchPlan(positions, where.rows, where, call_plan(batch_hyps, batch_groups, texts),
                                arena.all_have_units(texts)))
     return plans
 
 
-def call_means(scorer: nn.Module, hyps: list[str], groups: list[list[str]], chunks: list[list[int]],
-               batch_size: int, progress: bool, group) -> tuple[tuple[Tensor, ...], TokenArena | None]:
-    """The first pass under ``batch`` centering: the mean unit vector of the call's distinct texts —
-    ``μ = Σ_texts Σ_tokens x / Σ_texts n_tokens`` (float64 sums), one mean (``joint``) or the
-    hypotheses' and the references' (``separate``) — summed over the ranks of ``group`` if given.
-    Returns the means and the arena of the last chunk (to be reused)."""
-    sides = (None,) if scorer.config.center_scope == "joint" else ("hyp", "ref")
+def centering_sides(scorer: nn.Module) -> tuple[str | None, ...]:
+    """The sides whose mean ``batch`` centering takes: one for both (``joint``), or each apart."""
+    return (None,) if scorer.config.center_scope == "joint" else ("hyp", "ref")
+
+
+def side_texts(hyps: list[str], groups: list[list[str]], side: str | None) -> list[str]:
+    """The texts of a side of the pairs, in pair order: the hypotheses (``hyp``), the references
+    (``ref``), or both (``None``: each pair's hypothesis, then its references)."""
+    if side == "hyp":
+        return hyps
+    if side == "ref":
+        return [r for g in groups for r in g]
+    return [t for h, g in zip(hyps, groups) for t in (h, *g)]
+
+
+def call_means(scorer: nn.Module, chunks: Iterable[tuple[list[str], list[list[str]]]], batch_size: int, *,
+               group=None, sum_group=None, bar: PairProgress | None = None) -> tuple[tuple[Tensor, ...], TokenArena | None, Share | None]:
+    """The first pass under ``batch`` centering: the mean unit vector of the distinct texts of every
+    chunk — ``μ = Σ_texts Σ_tokens x / Σ_texts n_tokens`` — one per side of :func:`centering_sides`
+    (one mean, ``joint``; or the hypotheses' and the references', ``separate``), from
+    :func:`token_sums`. Returns the means, and the arena and share of the last chunk (to be reused:
+    it holds every text of the share)."""
+    stats, arena, share = token_sums(scorer, chunks, batch_size, centering_sides(scorer), group=group,
+                                     sum_group=sum_group, bar=bar)
+    return tuple((s[:-1] / s[-1].clamp_min(1)).float() for s in stats), arena, share
+
+
+def token_sums(scorer: nn.Module, chunks: Iterable[tuple[list[str], list[list[str]]]], batch_size: int,
+               sides: Sequence[str | None], *, group=None, sum_group=None, bar: PairProgress | None = None,
+               weight: float = 1.0) -> tuple[Tensor, TokenArena | None, Share | None]:
+    """``[len(sides), D + 1]`` float64: per side (:func:`side_texts`), the sum of the unit vectors of the
+    distinct texts of every chunk and their number (each distinct text counted once), summed block by
+    block from the arena of each chunk's texts of those sides (never padded to one width).
+
+    ``group``: the chunks are shared out among its ranks (:func:`chunk_share`); each text is counted
+    by its owner (:func:`owned_texts`), and the sums are all-reduced over ``group``. ``sum_group``:
+    each rank has chunks of its own, and the sums of every rank's texts are all-reduced over it.
+    ``bar`` is credited ``weight`` × the chunk's pairs for each chunk encoded. Returns the sums, and
+    the arena and share of the last chunk."""
     dim, device = scorer.encoder.hidden_size, scorer.encoder.device
     stats = torch.zeros(len(sides), dim + 1, dtype=torch.float64, device=device)  # per side (Σ x, n)
-    seen = {side: set() for side in sides}
-    arena = None
-    for chunk in chunks:
-        chunk_hyps, chunk_groups = [hyps[i] for i in chunk], [groups[i] for i in chunk]
-        arena = embed_distinct(scorer, chunk_hyps, chunk_groups, batch_size, progress)
-        side_texts = {None: distinct_texts(chunk_hyps, chunk_groups), "hyp": chunk_hyps,
-                      "ref": [r for g in chunk_groups for r in g]}
+    seen = {side: SeenTexts() for side in sides}
+    arena, share = None, None
+    for hyps, groups in chunks:
+        share = chunk_share(scorer, hyps, groups, group)
+        mine_h, mine_g = hyps[share.start:share.stop], groups[share.start:share.stop]
+        encoded = dict.fromkeys(t for side in sides for t in side_texts(mine_h, mine_g, side))
+        arena = embed_distinct(scorer, list(encoded), batch_size, credit(bar, len(hyps) * weight))
         for k, side in enumerate(sides):
-            new = [t for t in dict.fromkeys(side_texts[side]) if t not in seen[side]]
-            seen[side].update(new)
-            if new:
-                where = arena.index(arena.in_storage_order(new))
-                units = arena.gather(to_device([where.rows], device)[0], where)
-                stats[k, :-1] += token_sum(units.vectors, units.mask, torch.float64)
+            texts = side_texts(hyps, groups, side)
+            counted = owned_texts(seen[side].new(texts), texts, side, groups, share) if group else seen[side].new(texts)
+            for units in arena.flat(arena.in_storage_order(counted)):
+                stats[k, :-1] += token_sum(units.vectors[None], units.mask[None], torch.float64)
                 stats[k, -1] += units.mask.sum()
-    if group is not None:
-        stats = all_reduce_sum(stats, group)  # one collective for every side
-    means = tuple((s[:-1] / s[-1].clamp_min(1)).float() for s in stats)
-    return means, arena
+    if group is not None or sum_group is not None:
+        stats = all_reduce_sum(stats, group if group is not None else sum_group)  # one collective for every side
+    return stats, arena, share
 
 
-def embed_distinct(scorer: nn.Module, hyps: list[str], groups: list[list[str]], batch_size: int,
-                   progress: bool) -> TokenArena:
-    """Units of every distinct text (keyed by text), encoded in batches of texts of similar length
-    (in characters: a free proxy of the token count, which the encoder trims each batch to)."""
-    from tqdm.auto import tqdm
+def owned_texts(new: list[str], texts: list[str], side: str | None, groups: list[list[str]], share: Share) -> list[str]:
+    """The texts of ``new`` that this rank counts: those whose first pair lies in its ``share``
+    (``texts``: :func:`side_texts` of the chunk, in pair order; ``groups``: its references, to map a
+    text's position back to its pair). Each text of a chunk has one first pair, so one owner."""
+    pair_of = np.arange(len(groups)) if side == "hyp" else np.repeat(
+        np.arange(len(groups)), [len(g) + (side is None) for g in groups])
+    first: dict[str, int] = {}
+    for text, pair in zip(texts, pair_of.tolist()):
+        first.setdefault(text, pair)
+    return [t for t in new if share.start <= first[t] < share.stop]
 
-    texts = sorted(distinct_texts(hyps, groups), key=len)
-    batches = [texts[start:start + batch_size] for start in range(0, len(texts), batch_size)]
-    return TokenArena.of([(batch, *scorer.embed_with_spans(batch)) for batch in
-                          tqdm(batches, desc="encoding", unit="batch", disable=not progress, leave=False)])
+
+def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_batch=None) -> TokenArena:
+    """Units of every distinct text of ``texts`` (keyed by text), encoded in :func:`encoder_batches`,
+    the longest batch first, each batch packed into the arena as soon as it is encoded.
+    ``on_batch(fraction)``: called after each batch with the fraction of the texts' characters it
+    encoded (a progress bar's credit)."""
+    batches = encoder_batches(list(dict.fromkeys(texts)), batch_size)
+    arena = TokenArena(Units)
+    total = sum(len(t) for batch in batches for t in batch) or 1
+    for batch in batches:
+        units, spans = scorer.embed_with_spans(batch)
+        arena.pack(batch, units, spans)
+        del units  # the encoder's output is freed before the next batch runs
+        if on_batch is not None:
+            on_batch(sum(map(len, batch)) / total)
+    return arena
+
+
+def encoder_batches(texts: list[str], batch_size: int) -> list[list[str]]:
+    """``texts`` cut into batches of similar length (in characters: a free proxy of the token count,
+    which the encoder trims each batch to), the longest batch first.
+
+    Cut from the shortest text on, each batch holds at most ``batch_size`` texts and at most
+    ``batch_size`` × twice the median text's length of padded area (its texts × its longest): a batch
+    of the longest texts holds fewer of them. The encoder's working memory for a batch (attention over
+    every pair of its positions) is its largest cost in memory, so this bounds a call's peak where a
+    few long texts would otherwise make one batch several times the others; the time per token is
+    about the same. The last batch cut, the longest, is the one that may be part-filled."""
+    texts = sorted(texts, key=len)
+    if not texts:
+        return []
+    budget = batch_size * 2 * max(len(texts[len(texts) // 2]), 1)
+    batches: list[list[str]] = [[]]
+    for text in texts:  # each text is the longest of its batch so far
+        if batches[-1] and (len(batches[-1]) == batch_size or (len(batches[-1]) + 1) * len(text) > budget):
+            batches.append([])
+        batches[-1].append(text)
+    return batches[::-1]
+
+
+def text_digest(text: str) -> int:
+    """A 64-bit digest of ``text`` (BLAKE2b)."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
+
+class SeenTexts:
+    """The texts a pass over a corpus has met, as a sorted array of their 64-bit digests
+    (:func:`text_digest`): 8 bytes a distinct text whatever its length, so a pass over a corpus larger
+    than memory keeps it. (Two distinct texts of one corpus share a digest with probability about
+    ``n² / 2⁶⁵``: 3·10⁻⁸ for a million texts.)"""
+
+    def __init__(self):
+        self.digests = np.zeros(0, dtype=np.uint64)
+
+    def __len__(self) -> int:
+        return len(self.digests)
+
+    def new(self, texts: Iterable[str]) -> list[str]:
+        """The distinct texts of ``texts`` not met before, in order of first appearance; they are met
+        now."""
+        distinct = list(dict.fromkeys(texts))
+        digests = np.fromiter(map(text_digest, distinct), dtype=np.uint64, count=len(distinct))
+        fresh = ~np.isin(digests, self.digests)
+        self.digests = np.union1d(self.digests, digests[fresh])
+        return [text for text, is_new in zip(distinct, fresh.tolist()) if is_new]

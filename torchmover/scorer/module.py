@@ -24,6 +24,7 @@ from ..functional.family import TokenCloud, pair_similarity, self_similarity, to
 from ..functional.members import get_member, member_term
 from ..runtime.devices import resolve_device, resolve_dtype
 from ..runtime.distributed import shard
+from ..runtime.progress import show_progress
 from ..text.documents import encode_documents
 from ..text.encoder import DEFAULT_MODEL, Encoder
 from ..text.weights import IDF, fit_idf_over_ranks, keep_mask, ngrams, pool_subwords
@@ -33,6 +34,19 @@ from .inputs import check_references, check_texts, distinct_texts
 from .plan import CallPlan, PairIndex, call_plan
 from .signature import scorer_signature
 from .units import PRF, Units
+
+
+def baseline_draws(n_texts: int, n_pairs: int, seed: int = 0) -> tuple[list[int], list[int]]:
+    """The positions ``(first, second)`` of the ``n_pairs`` unrelated pairs of :meth:`Scorer.fit_baseline`
+    among ``n_texts`` distinct texts: ``first[k] ≠ second[k]``, drawn with ``seed``."""
+    if n_texts < 2:
+        raise ValueError(f"corpus must hold at least two distinct non-empty texts, got {n_texts}")
+    if type(n_pairs) is not int or n_pairs < 1:
+        raise ValueError(f"n_pairs must be a positive int, got {n_pairs!r}")
+    generator = torch.Generator().manual_seed(seed)
+    first = torch.randint(n_texts, (n_pairs,), generator=generator)
+    second = (first + torch.randint(1, n_texts, (n_pairs,), generator=generator)) % n_texts  # ≠ first
+    return first.tolist(), second.tolist()
 
 
 class Scorer(nn.Module):
@@ -210,7 +224,7 @@ class Scorer(nn.Module):
         return self
 
     @torch.no_grad()
-    def fit_centering(self, texts: Sequence[str], batch_size: int = 64, progress: bool = True, *,
+    def fit_centering(self, texts: Sequence[str], batch_size: int = 64, progress: bool | None = None, *,
                       distributed: bool = True) -> "Scorer":
         """Estimate the ``fixed`` / ``running`` centering mean once on a corpus of ``texts``: the
         mean of every unit that takes part in scoring (after the token policy).
@@ -230,7 +244,8 @@ class Scorer(nn.Module):
         self.encoder.eval()
         try:
             batches = (self.embed(texts[i:i + batch_size])[:2] for i in
-                       tqdm(range(0, len(texts), batch_size), desc="fitting centering", disable=not progress))
+                       tqdm(range(0, len(texts), batch_size), desc="fitting centering", unit="batch",
+                            disable=not show_progress(progress)))
             self.centering.fit(batches, distributed=distributed)
         finally:
             self.encoder.train(was_training)
@@ -238,27 +253,27 @@ class Scorer(nn.Module):
 
     @torch.no_grad()
     def fit_baseline(self, corpus: Sequence[str], n_pairs: int = 1000, seed: int = 0, batch_size: int = 64,
-                     progress: bool = True) -> "Scorer":
+                     progress: bool | None = None) -> "Scorer":
         """Estimate the rescaling baseline ``b``: the mean score of ``n_pairs`` unrelated pairs, as
         bert_score's baselines are made — random pairs ``(corpus[i], corpus[j])``, ``i ≠ j``, of the
-        distinct non-empty texts of ``corpus``, drawn with ``seed`` — scored by :meth:`score` (so
-        ``batch`` centering uses the mean of every sampled text). Stores :attr:`baseline` as
-        ``PRF(precision, recall, f1)`` floats; scores are then reported as ``(s − b) / (1 − b)``.
+        distinct non-empty texts of ``corpus``, drawn with ``seed`` (:func:`baseline_draws`) — scored by
+        :meth:`score` (so ``batch`` centering uses the mean of every sampled text). Stores
+        :attr:`baseline` as ``PRF(precision, recall, f1)`` floats; scores are then reported as
+        ``(s − b) / (1 − b)``.
         """
+        texts = list(dict.fromkeys(t for t in check_texts("corpus", corpus) if t.strip()))
+        first, second = baseline_draws(len(texts), n_pairs, seed)
+        return self.fit_baseline_pairs([texts[i] for i in first], [texts[j] for j in second], batch_size, progress)
+
+    @torch.no_grad()
+    def fit_baseline_pairs(self, hyps: Sequence[str], refs: Sequence[str], batch_size: int = 64,
+                           progress: bool | None = None) -> "Scorer":
+        """:meth:`fit_baseline` on pairs already drawn: :attr:`baseline` is their mean score."""
         if not self.config.rescale:
             raise ValueError("fit_baseline needs a scorer built with rescale=True")
-        texts = list(dict.fromkeys(t for t in check_texts("corpus", corpus) if t.strip()))
-        if len(texts) < 2:
-            raise ValueError(f"corpus must hold at least two distinct non-empty texts, got {len(texts)}")
-        if type(n_pairs) is not int or n_pairs < 1:
-            raise ValueError(f"n_pairs must be a positive int, got {n_pairs!r}")
-        generator = torch.Generator().manual_seed(seed)
-        first = torch.randint(len(texts), (n_pairs,), generator=generator)
-        second = (first + torch.randint(1, len(texts), (n_pairs,), generator=generator)) % len(texts)  # ≠ first
         previous, self.baseline = self.baseline, PRF(0.0, 0.0, 0.0)  # b = 0: the identity map
         try:
-            raw = self.score([texts[i] for i in first.tolist()], [texts[j] for j in second.tolist()],
-                             batch_size=batch_size, progress=progress, return_all=True)
+            raw = self.score(hyps, refs, batch_size=batch_size, progress=progress, return_all=True)
         finally:
             self.baseline = previous
         baseline = PRF(*(s.double().mean().item() for s in raw))
@@ -460,24 +475,34 @@ class Scorer(nn.Module):
 
     @torch.no_grad()
     def score(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]],
-              batch_size: int = 64, progress: bool = True, *, return_all: bool = False,
-              centering_group=None) -> Tensor | PRF:
-        """Score large lists: no graph, eval mode, a progress bar; returns a CPU ``Tensor[B]`` in input
-        order (``return_all=True``: ``PRF(precision, recall, f1)`` of them, from the same encoding).
+              batch_size: int = 64, progress: bool | None = None, *, return_all: bool = False,
+              centering_group=None, distributed: bool = False) -> Tensor | PRF:
+        """Score large lists: no graph, eval mode; returns a CPU ``Tensor[B]`` in input order
+        (``return_all=True``: ``PRF(precision, recall, f1)`` of them, from the same encoding).
 
         Every distinct text is encoded once, and the pairs are scored in batches of similar length
-        gathered from the encoded texts on the device (:mod:`torchmover.scorer.corpus`).
+        gathered from the encoded texts on the device (:mod:`torchmover.scorer.corpus`). Memory is
+        bounded by the units of ``SCORE_CHUNK`` pairs' texts, whatever the length of the lists.
 
         Scores do not depend on ``batch_size`` nor on the other pairs of a batch: ``batch`` centering
         uses the mean of every real token of the call's distinct texts (``center_scope="separate"``:
         the hypotheses' mean over all hypotheses, the references' over all references), computed
         from the encoded texts before any pair is scored — the set that ``forward`` on the whole list
         centers on, so both give the same scores.
-        ``centering_group``: a ``torch.distributed`` process group whose ranks all call ``score``:
-        the mean is then over every rank's texts (one all-reduce of token sums and counts).
+
+        ``progress``: one bar, in pairs, with the pairs per second and the time left (``None``, the
+        default: shown when standard error is a terminal, on rank 0; :mod:`torchmover.runtime.progress`).
+
+        ``distributed=True`` under ``torch.distributed``: every rank passes the same lists and scores a
+        share of the pairs, balanced by token count; every rank returns the scores of the whole list,
+        in input order, equal to one process's (the ``batch`` centering mean is over the whole call's
+        distinct texts, each counted once). A collective: every rank must call it.
+        ``centering_group``: a ``torch.distributed`` process group whose ranks all call ``score`` on
+        lists of their own: the mean is then over every rank's texts (one all-reduce of token sums
+        and counts).
         """
         return corpus.score_corpus(self, hyps, refs, batch_size, progress, return_all=return_all,
-                                   centering_group=centering_group)
+                                   centering_group=centering_group, distributed=distributed)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Save to the directory ``path``: ``encoder/`` (weights as safetensors, cut at ``layer``,

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from .._internal.moduletree import first_parameter
 from .._internal.transfer import send
+from ..runtime.progress import quiet_loading
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 SPECIAL_TOKEN_POLICIES = ("drop", "cls", "keep", "target")
@@ -354,6 +355,7 @@ class Encoder(nn.Module):
         self.reads_type_ids = "token_type_ids" in tokenizer.model_input_names and any(
             tokenizer("a", return_token_type_ids=True)["token_type_ids"])
         self.special_ends = template_special_ends(tokenizer)  # None: each text's mask is read
+        self.last_state_is_layer: bool | None = None  # known after the first forward (_vectors)
 
     def __getstate__(self) -> dict:
         """Picklable after a forward pass: the output-capturing hooks transformers installed are
@@ -395,7 +397,8 @@ class Encoder(nn.Module):
         from transformers import AutoModel, AutoTokenizer  # here: a slow import, after the checks
 
         tokenizer = AutoTokenizer.from_pretrained(path, revision=None if local else revision, use_fast=True)
-        model = AutoModel.from_pretrained(path, revision=None if local else revision, **model_kwargs)
+        with quiet_loading():  # transformers' "Loading weights" bar follows the progress rule
+            model = AutoModel.from_pretrained(path, revision=None if local else revision, **model_kwargs)
         recorded = (model_name or local_model_name(path, model.config.model_type)) if local else name
         layer = default_layer(recorded, model.config.num_hidden_layers) if layer is None else layer
         if local:
@@ -470,6 +473,16 @@ class Encoder(nn.Module):
             )
         return batch if word_ids or batch.encodings is None else type(batch)(batch.data)
 
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        """How many tokens each of ``texts`` is encoded as (special tokens included, after truncation
+        to the window), from the tokenizer alone; truncation is not warned about here (the encoder
+        warns when it encodes the texts)."""
+        if not texts:
+            return []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return list(map(len, self.tokenize(texts, word_ids=False)["input_ids"]))
+
     def _configure_backend(self, backend) -> None:
         """Set the Rust tokenizer ``backend`` up as the ``transformers`` tokenizer does on each call
         with ``truncation=True, max_length=self.max_length`` and no padding (it leaves its backend so
@@ -538,10 +551,10 @@ class Encoder(nn.Module):
         rows = [*model_inputs.values(), mask, special] + ([host["word_ids"]] if with_word_ids else [])
         sent = send(torch.from_numpy(np.stack(rows).astype(np.int64, copy=False)), self.device).unbind(0)
         inputs = dict(zip(model_inputs, sent))
-        outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
+        vectors = self._vectors(inputs)
         num_words = int(host["word_ids"].max(initial=-1)) + 1 if with_word_ids else None
         mask_sent, special_sent = sent[len(inputs)], sent[len(inputs) + 1]
-        return TokenEmbeddings(self._layer_vectors(outputs.hidden_states), mask_sent != 0, inputs["input_ids"],
+        return TokenEmbeddings(vectors, mask_sent != 0, inputs["input_ids"],
                                sent[-1] if with_word_ids else None, special_sent != 0, num_words, spans)
 
     def _kept_ends(self) -> tuple[int, int] | None:
@@ -570,6 +583,25 @@ class Encoder(nn.Module):
         special = np.arange(valid.shape[1]) >= (lengths - after)[:, None]  # the last ``after``, and padding
         special[:, :before] = True
         return special & valid
+
+    def _vectors(self, inputs: dict[str, Tensor]) -> Tensor:
+        """The model's token vectors of :attr:`layer` (:meth:`_layer_vectors`) for ``inputs``.
+
+        The model is cut at :attr:`layer`, so its last hidden state is usually that layer's. The first
+        call asks for every hidden state and checks, bit for bit, whether the last one is the layer's
+        (:attr:`last_state_is_layer`; not for a model that changes its output after the last layer,
+        e.g. a final norm); if so, later calls ask for the last state alone, which spares holding every
+        layer's output of a batch until its forward ends (on a batch of long texts, several times the
+        vectors kept)."""
+        if self.last_state_is_layer:
+            return self.model(**inputs, return_dict=True).last_hidden_state
+        outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
+        vectors = self._layer_vectors(outputs.hidden_states)
+        if self.last_state_is_layer is None:
+            last = getattr(outputs, "last_hidden_state", None)
+            self.last_state_is_layer = (self.power_mean_layers == 1 and isinstance(last, Tensor)
+                                        and last.shape == vectors.shape and bool(torch.equal(last, vectors)))
+        return vectors
 
     def _layer_vectors(self, hidden_states) -> Tensor:
         """``hidden_states[layer]``, or the power means ``[mean, max, min]`` over the last

@@ -213,14 +213,25 @@ def fit_idf_over_ranks(texts: list[str], tokenizer, device: torch.device | str =
         return IDF.fit(texts, tokenizer)
     if not texts:
         raise ValueError("IDF.fit needs a non-empty list of strings")
-    mine = shard(texts, device, group)
-    counts = torch.zeros(len(tokenizer) + 1, dtype=torch.long)  # host: [df(0) ... df(V − 1), N]
-    frequencies = document_frequencies(mine, tokenizer)
+    counts = frequency_counts(shard(texts, device, group), tokenizer).to(device)
+    dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
+    return idf_of_counts(counts)
+
+
+def frequency_counts(texts: Sequence[str], tokenizer) -> Tensor:
+    """The document frequencies of ``texts`` as one dense host tensor ``[vocab + 1]`` int64:
+    ``df(0) … df(V − 1)``, then the number of texts (summed over ranks or chunks, then
+    :func:`idf_of_counts`)."""
+    counts = torch.zeros(len(tokenizer) + 1, dtype=torch.long)
+    frequencies = document_frequencies(texts, tokenizer)
     if frequencies:
         counts[torch.tensor(list(frequencies))] = torch.tensor(list(frequencies.values()))
-    counts[-1] = len(mine)
-    counts = counts.to(device)
-    dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
+    counts[-1] = len(texts)
+    return counts
+
+
+def idf_of_counts(counts: Tensor) -> IDF:
+    """The :class:`IDF` of dense :func:`frequency_counts` (on any device)."""
     counts = counts.cpu()
     seen = counts[:-1].nonzero().flatten().tolist()
     return IDF(dict(zip(seen, counts[seen].tolist())), int(counts[-1]))

@@ -1,0 +1,71 @@
+"""What bounds a scoring call's memory: encoder batches of bounded padded area, longest first; the
+encoder's last state alone once it is known to be the layer's; the batch mean summed block by block
+(never every text padded to one width). The measured peaks are in bench/results/bench_corpus_memory.md."""
+import torch
+from torch import nn
+
+from torchmover import Encoder, Scorer
+from torchmover._internal.arena import TokenArena
+from torchmover.scorer.corpus import encoder_batches
+
+HYPS = ["the cat sat on the mat", "a dog barked", "the quick brown fox jumps over the lazy dog", "the sun",
+        "a small child eats good food in the city", "they ran"]
+REFS = ["a cat was on the mat", "the dog barked", "a fox jumps over the dog", "the moon is blue",
+        "the child eats", "we ran to the old house"]
+
+
+def test_encoder_batches_bound_their_padded_area_longest_first():
+    texts = [f"{'x' * n}{k}" for k, n in enumerate([5] * 40 + [10] * 30 + [300, 280, 250, 240])]
+    batches = encoder_batches(texts, 16)
+    assert sorted(t for b in batches for t in b) == sorted(texts)  # every text once
+    longest = [max(map(len, b)) for b in batches]
+    assert longest == sorted(longest, reverse=True)  # the longest batch first
+    median = sorted(map(len, texts))[len(texts) // 2]
+    for batch in batches:
+        assert len(batch) <= 16 and (len(batch) == 1 or len(batch) * max(map(len, batch)) <= 16 * 2 * median)
+    assert len(batches[0]) < 4  # the four long texts do not pad one batch together
+    assert encoder_batches([], 8) == [] and encoder_batches(["a"] * 3, 8) == [["a"] * 3]
+
+
+def test_the_encoder_reads_the_last_state_alone_once_it_is_the_layers(tiny_encoder):
+    first = tiny_encoder(HYPS).embeddings
+    assert tiny_encoder.last_state_is_layer is True
+    asked = []
+    forward = tiny_encoder.model.forward
+    tiny_encoder.model.forward = lambda *a, **k: asked.append(k.get("output_hidden_states")) or forward(*a, **k)
+    assert torch.equal(tiny_encoder(HYPS).embeddings, first) and asked == [None]
+
+
+class FinalNorm(nn.Module):
+    """A model whose last state is not its last layer's hidden state (a norm after the layers)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.config = model, model.config
+
+    def forward(self, **kwargs):
+        out = self.model(**kwargs)
+        out.last_hidden_state = out.last_hidden_state * 2
+        return out
+
+
+def test_a_model_that_changes_its_last_state_keeps_reading_the_layer():
+    from conftest import tiny_model, tiny_tokenizer
+
+    plain = Encoder(tiny_model(), tiny_tokenizer(), layer=3, name="tiny-bert")
+    normed = Encoder(FinalNorm(tiny_model()), tiny_tokenizer(), layer=3, name="tiny-bert")
+    for _ in range(2):
+        assert torch.equal(normed(HYPS).embeddings, plain(HYPS).embeddings)
+    assert normed.last_state_is_layer is False
+
+
+def test_the_batch_mean_is_summed_without_gathering_every_text(tiny_encoder, monkeypatch):
+    gathered = []
+    gather = TokenArena.gather
+    monkeypatch.setattr(TokenArena, "gather", lambda self, rows, where, *a: gathered.append(where.n) or
+                        gather(self, rows, where, *a))
+    scorer = Scorer(tiny_encoder, centering="batch")
+    scores = scorer.score(HYPS, REFS, batch_size=2, progress=False)
+    assert max(gathered) <= 4  # the texts of one batch of two pairs, never the call's twelve at once
+    with torch.no_grad():
+        torch.testing.assert_close(scores, scorer(HYPS, REFS))

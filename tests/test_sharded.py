@@ -1,0 +1,69 @@
+"""Sharded scoring: ``Scorer.score(distributed=True)`` on 2 gloo processes is one process's scores, in
+input order, every member and direction, ``batch`` centering included; each rank encodes a share."""
+import pytest
+import torch
+
+import _ddp
+from torchmover.scorer.corpus import balanced_bounds
+
+# Lengths vary tenfold, long pairs first, and texts repeat across pairs (a repeated text counts once
+# in the batch mean, whichever rank scores its pairs).
+HYPS = ["the quick brown fox jumps over the lazy dog and the cat sat on the old mat in the house",
+        "a small child eats good food with water in the big city on a new day",
+        "the cat sat", "a dog barked", "the sun is red", "the cat sat", "they ran", "she eats food",
+        "the moon is blue", "a man"]
+REFS = ["a quick fox jumps over the dog while a cat sat on the mat in a house",
+        ["the child eats food in the city", "a small child eats"], "the cat sat",
+        "the dog barked", ["the sun is big", "a red sun"], "a cat was on the mat", "we ran", "she eats good food",
+        "the moon is blue", "a woman"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    return _ddp.run(_ddp.sharded_score_worker, 2, tmp_path_factory.mktemp("sharded"), HYPS, REFS, 4, timeout=240)
+
+
+# The members solved to convergence (exact WMD, MoverScore, the exact sentence movers) iterate a batch
+# until its worst pair meets the solver's tolerance, from a warm start made for the whole batch: a
+# pair's score moves with its batch-mates within that tolerance, in one process too (here up to 5e-5
+# between batch sizes 1, 2, 3 and 10). Sharding changes the batches, so they agree to that tolerance.
+TOLERANCE = {method: 1e-4 for method in ("wmd", "moverscore", "sms", "s+wms", "wms")}
+
+
+@pytest.mark.parametrize("name", [name for name, _ in _ddp.SHARDED_CASES])
+def test_two_ranks_return_one_process_scores_in_order(two_ranks, name):
+    options = dict(_ddp.SHARDED_CASES)[name]
+    single = torch.stack(list(_ddp.sharded_scorer(options).score(HYPS, REFS, batch_size=3, return_all=True,
+                                                                 progress=False)))
+    for out in two_ranks:  # every rank returns the whole list
+        torch.testing.assert_close(out[name], single, rtol=0, atol=TOLERANCE.get(name, 1e-6))
+
+
+def test_the_batch_mean_is_the_whole_calls(two_ranks):
+    """The control: centered on one rank's share alone, the scores differ."""
+    options = dict(_ddp.SHARDED_CASES)["twmd"]
+    first_half = _ddp.sharded_scorer(options).score(HYPS[:3], REFS[:3], progress=False)
+    assert not torch.allclose(first_half, two_ranks[0]["twmd"][1, :3], atol=1e-4)
+
+
+def test_each_rank_encodes_a_share(two_ranks):
+    distinct = len(set(HYPS) | {r for g in REFS for r in ([g] if isinstance(g, str) else g)})
+    encoded = [out["twmd-none:encoded"] for out in two_ranks]  # one pass (no batch mean), three chunks
+    assert all(0 < n < distinct for n in encoded) and distinct <= sum(encoded) <= distinct + 2
+
+
+def test_ranks_passing_different_lists_are_told(two_ranks):
+    for out in two_ranks:
+        assert "every rank must pass the same hyps and refs" in out["mismatch"]
+
+
+def test_shares_are_balanced_by_cost_not_count():
+    costs = [100, 100, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10]  # 400 in all
+    bounds = balanced_bounds(costs, 2)
+    assert bounds == [(0, 2), (2, 20)]  # 200 and 200: two long pairs against eighteen short ones
+    assert balanced_bounds([5, 1, 1], 4) == [(0, 0), (0, 1), (1, 1), (1, 3)]  # a rank may get none
+    assert balanced_bounds([], 2) == [(0, 0), (0, 0)]
+    for parts in (1, 3, 7):
+        cuts = balanced_bounds(costs, parts)
+        assert cuts[0][0] == 0 and cuts[-1][1] == len(costs)
+        assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
