@@ -94,9 +94,11 @@ def call_means(scorer: nn.Module, hyps: list[str], groups: list[list[str]], chun
                batch_size: int, progress: bool, group) -> tuple[tuple[Tensor, ...], TokenArena | None]:
     """The first pass under ``batch`` centering: the mean unit vector of the call's distinct texts —
     ``μ = Σ_texts Σ_tokens x / Σ_texts n_tokens`` (float64 sums), one mean (``joint``) or the
-    hypotheses' and the references' (``separate``) — summed over the ranks of ``group`` if given.
-    Returns the means and the arena of the last chunk (to be reused)."""
-    sides = (None,) if scorer.config.center_scope == "joint" else ("hyp", "ref")
+    hypotheses' and the references' (``separate``; ``pairs``: each text counted once per pair it is
+    in, as :meth:`Scorer.pair_means <torchmover.Scorer.pair_means>`) — summed over the ranks of
+    ``group`` if given. Returns the means and the arena of the last chunk (to be reused)."""
+    scope = scorer.config.center_scope
+    sides = (None,) if scope == "joint" else ("hyp", "ref")
     dim, device = scorer.encoder.hidden_size, scorer.encoder.device
     stats = torch.zeros(len(sides), dim + 1, dtype=torch.float64, device=device)  # per side (Σ x, n)
     seen = {side: set() for side in sides}
@@ -104,11 +106,15 @@ def call_means(scorer: nn.Module, hyps: list[str], groups: list[list[str]], chun
     for chunk in chunks:
         chunk_hyps, chunk_groups = [hyps[i] for i in chunk], [groups[i] for i in chunk]
         arena = embed_distinct(scorer, chunk_hyps, chunk_groups, batch_size, progress)
-        side_texts = {None: distinct_texts(chunk_hyps, chunk_groups), "hyp": chunk_hyps,
+        side_texts = {None: distinct_texts(chunk_hyps, chunk_groups),  # each side's text of every pair
+                      "hyp": [h for h, g in zip(chunk_hyps, chunk_groups) for _ in g],
                       "ref": [r for g in chunk_groups for r in g]}
         for k, side in enumerate(sides):
-            new = [t for t in dict.fromkeys(side_texts[side]) if t not in seen[side]]
-            seen[side].update(new)
+            if scope == "pairs":  # repeats included: a text's rows are gathered once per pair
+                new = side_texts[side]
+            else:
+                new = [t for t in dict.fromkeys(side_texts[side]) if t not in seen[side]]
+                seen[side].update(new)
             if new:
                 where = arena.index(arena.in_storage_order(new))
                 units = arena.gather(to_device([where.rows], device)[0], where)

@@ -444,9 +444,11 @@ class Scorer(nn.Module):
                    means: tuple[Tensor, ...] | None = None, nonempty: bool = False) -> Tensor | PRF:
         """Center ``units`` (one row per distinct text of the call, hypotheses first) and score every
         pair of ``plan`` (``[B]``, or ``PRF``). ``means``: explicit batch-centering means (one, joint;
-        or the hypotheses' and the references', separate) instead of those of ``units`` (see :meth:`score`).
-        ``nonempty``: every text has a unit (:meth:`token_clouds`)."""
+        or the hypotheses' and the references', separate / pairs) instead of those of ``units`` (see
+        :meth:`score`). ``nonempty``: every text has a unit (:meth:`token_clouds`)."""
         hyp_rows = slice(0, plan.n_hyp_texts)
+        if means is None and self.config.center_scope == "pairs":
+            means = self.pair_means(units, plan)
         hyp_mean, ref_mean = (None, None) if means is None else (means[0], means[-1])
         if self.config.center_scope == "joint":
             centered = self.center(units, hyp_mean)
@@ -457,6 +459,17 @@ class Scorer(nn.Module):
         if return_all:
             return self.score_all_pairs(hyp_units, ref_units, plan.index, plan.n_hyps, nonempty=nonempty)
         return self.score_pairs(hyp_units, ref_units, plan.index, plan.n_hyps, nonempty=nonempty)
+
+    def pair_means(self, units: Units, plan: CallPlan) -> tuple[Tensor, Tensor]:
+        """``center_scope="pairs"``: the hypotheses' and the references' batch means over the texts of
+        ``plan``'s pairs, each text of ``units`` counted once per pair it is in (the rows of each side
+        gathered pair by pair, repeats included, as the TWMD authors' code concatenates them)."""
+        index = plan.index
+        n_pairs = plan.n_hyps if index.owner is None else len(index.owner)
+        every_pair = torch.arange(n_pairs, device=units.mask.device)
+        hyp_rows = every_pair if index.hyp is None else index.hyp
+        ref_rows = plan.ref_rows.index_select(0, every_pair if index.ref is None else index.ref)
+        return tuple(self.centering.batch_mean(*units.select(rows)[:2]) for rows in (hyp_rows, ref_rows))
 
     @torch.no_grad()
     def score(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]],

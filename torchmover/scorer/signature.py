@@ -58,7 +58,7 @@ def scorer_signature(config: ScorerConfig, idf: dict, centering, baseline) -> st
         fields["T"] = WMD_TEMPERATURE if member.temperature == "fixed" else (c.temperature or "exact")
     if member.iterations and (member.temperature == "tuned" or c.temperature):
         fields["iter"] = "converged" if c.n_iter is None else c.n_iter
-    center = c.centering + ("-separate" if c.center_scope == "separate" else "")
+    center = c.centering + ("" if c.center_scope == "joint" else f"-{c.center_scope}")
     if c.centering in ("fixed", "running") and centering.fitted:
         center += f"-{tensor_digest(centering.mean)}"
     fields.update({"center": center, "refs": c.multi_ref, "maxlen": c.max_length})
