@@ -23,7 +23,7 @@ and ``--patience P`` stops after P epochs without a better one. ``--seeds 0,1,2`
 once per seed (dev split, training subset, data order, dropout) in ``OUTPUT/seed-S`` and writes
 ``OUTPUT/seeds.md`` / ``seeds.json`` (before / after / Δ per seed and mean ± sd) and ``seeds.png``
 (test r per language pair, before and after); a finished seed is not rerun, an interrupted one
-resumes. ``--layer`` picks the layer read (default: the top one); the blocks above it are cut off
+resumes (one stopped before its first checkpoint starts over), and ``--overwrite`` reruns them all. ``--layer`` picks the layer read (default: the top one); the blocks above it are cut off
 (never computed, so never trained); ``--layer-decay γ`` gives block k of K the learning rate
 ``lr·γ^(K−k)`` (embeddings ``lr·γ^K``), ``--freeze-below K`` freezes the lowest blocks.
 
@@ -67,6 +67,10 @@ Outputs (``--output DIR``)
   scheduler, grad scaler, calibration, every rank's RNG states, epoch and step. ``--resume``
   continues exactly (same data order, dropout masks, optimiser state), read with
   ``torch.load(weights_only=True)``.
+- A directory that already holds a run (any of these outputs) is never overwritten silently: run
+  again without ``--resume`` and the recipe refuses before writing anything, naming the two choices,
+  ``--resume`` (continue it) and ``--overwrite`` (delete these outputs, other files stay, and start
+  over).
 - ``final/``: the fine-tuned scorer (``Scorer.from_pretrained("DIR/final")``: encoder safetensors,
   ``torchmover.json``, ``centering="fixed"`` with the training texts' mean) and
   ``final/calibration.json`` (``a``, ``b``); ``result.json``: the run's summary.
@@ -103,16 +107,16 @@ Examples::
         --test ../shared/data/wmt15-16/wmt16.cs-en.tsv ... --output runs/wmt15
     torchrun --nproc-per-node 4 recipes/finetune_wmt.py --output runs/ddp --precision bf16
     python recipes/finetune_wmt.py --output runs/wmt1516 --resume          # continue after a stop
+    python recipes/finetune_wmt.py --output runs/wmt1516 --overwrite       # discard it, start over
     # three seeds and their mean ± sd table; other members under the same protocol
     python recipes/finetune_wmt.py --seeds 0,1,2 --output runs/seeds
     python recipes/finetune_wmt.py --seeds 0,1,2 --method bertscore --direction f1 --output runs/bertscore
 """
-from __future__ import annotations
-
+# No `from __future__ import annotations`: with string annotations, @dataclass looks this module up in
+# sys.modules, where it is not when loaded from its path (importlib.util.spec_from_file_location).
 import argparse
 import contextlib
 import dataclasses
-import datetime
 import json
 import os
 import random
@@ -121,27 +125,32 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
 import torchmover as tm
-from torchmover.runtime.checkpoint import (
-    atomic_write_text, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state,
-)
-from torchmover.functional.centering import Centering
 from torchmover.evaluation.correlation import Report, correlate
 from torchmover.evaluation.data import Rating, read_ratings, split_dev
+from torchmover.functional.centering import Centering
+from torchmover.runtime.checkpoint import (
+    atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state,
+)
+from torchmover.runtime.distributed import all_reduce_sum
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # recipes/common.py, also when loaded from its path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRAIN = REPO.parent / "shared" / "data" / "wmt15-16"
 CHECKPOINT_FORMAT = 1
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-_OWN_PROCESS_GROUP = False  # whether main() initialised torch.distributed (torchrun launch)
 # Options that fix the data order, the schedule or the model: --resume refuses to change them.
 RESUME_FIXED = ("train", "year", "dev_fraction", "max_train_pairs", "model", "layer", "method", "direction",
                 "temperature", "centering", "centering_fit_size", "max_length", "freeze_below", "epochs",
                 "batch_size", "grad_accum", "seed", "warmup", "schedule", "calibration_init", "loss",
                 "loss_weight", "layer_decay", "patience")
+# What a run writes in --output: a directory with any of them holds a run (common.claim_run_directory).
+RUN_OUTPUTS = ("checkpoints", "log.jsonl", "final", "result.json", "test_report.json", "table.txt", "curves.png")
 
 
 # --- command line ----------------------------------------------------------------------------------
@@ -210,8 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     r = p.add_argument_group("run")
     r.add_argument("--output", default="runs/finetune_wmt", help="run directory")
-    r.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
-                   help="continue from a checkpoint file, or from the run directory's latest one")
+    again = r.add_mutually_exclusive_group()
+    again.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
+                       help="continue from a checkpoint file, or from the run directory's latest one")
+    again.add_argument("--overwrite", action="store_true",
+                       help="delete the outputs of the run already in --output, then start over (without "
+                            "--resume or --overwrite, a directory that holds a run is refused)")
     r.add_argument("--save-every", type=int, default=0, help="also checkpoint every N optimiser steps")
     r.add_argument("--keep-checkpoints", type=int, default=2, help="checkpoints kept (the newest)")
     r.add_argument("--stop-after", type=int, default=0, metavar="STEPS",
@@ -314,105 +327,6 @@ def param_groups(scorer: tm.Scorer, calibration: Calibration, args) -> list[dict
     else:
         calibration.requires_grad_(False)
     return out
-
-
-def lr_schedule(optimizer, warmup_steps: int, total_steps: int, kind: str):
-    """Linear warm-up from 0 over ``warmup_steps``, then linear decay to 0 at ``total_steps`` (or constant)."""
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / (warmup_steps + 1)
-        if kind == "constant":
-            return 1.0
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-# --- distributed helpers ---------------------------------------------------------------------------
-
-def setup_distributed(device_arg: str | None) -> tuple[int, int, torch.device]:
-    """``(rank, world_size, device)``; initialises the process group from torchrun's variables."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device_arg:
-        device = torch.device(device_arg)
-    else:
-        device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    global _OWN_PROCESS_GROUP
-    if world > 1 and not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=datetime.timedelta(hours=2))  # rank 0 evaluates alone
-        _OWN_PROCESS_GROUP = True  # ours to destroy at the end; a caller's group is left alone
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size(), device
-    return 0, 1, device
-
-
-def broadcast_int(value: int) -> int:
-    """Rank 0's ``value`` on every rank."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def all_reduce_(t: Tensor) -> Tensor:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return t
-
-
-def barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
-def sum_gradients_(params: list[nn.Parameter]) -> None:
-    """Sum the gradients of ``params`` over ranks (one flat all-reduce)."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
-
-
-def broadcast_parameters_(module: nn.Module) -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        for t in list(module.parameters()) + list(module.buffers()):
-            dist.broadcast(t.data, src=0)
-
-
-# --- RNG and checkpoints ---------------------------------------------------------------------------
-
-def gather_rng_states() -> list[dict]:
-    """Every rank's RNG state, on every rank (rank order)."""
-    state = rng_state()
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return [state]
-    states = [None] * dist.get_world_size()
-    dist.all_gather_object(states, state)
-    return states
-
-
-def resolve_checkpoint(resume: str, output: Path) -> Path:
-    if resume != "latest":
-        path = Path(resume)
-    else:
-        path = latest_checkpoint(output / "checkpoints")
-        if path is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {output / 'checkpoints'} (no 'latest' file)")
-    if not path.is_file():
-        raise FileNotFoundError(f"--resume: checkpoint {path} not found")
-    return path
 
 
 # --- data ------------------------------------------------------------------------------------------
@@ -544,16 +458,6 @@ def plot_seeds(results: dict[int, dict], out: Path) -> Path | None:
     return out
 
 
-class JsonLog:
-    def __init__(self, path: Path, enabled: bool):
-        self.path, self.enabled = path, enabled
-
-    def __call__(self, event: str, **fields) -> None:
-        if self.enabled:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
-
-
 # --- training --------------------------------------------------------------------------------------
 
 def autocast_context(device: torch.device, precision: str):
@@ -575,29 +479,20 @@ def fit_calibration(scorer: tm.Scorer, records: list[Rating], args, rank: int, w
     subset = sorted(random.Random(args.seed).sample(range(len(records)), n_fit))
     steps = epoch_steps(len(subset), 0, args, rank, world)
     micro = [[subset[i] for i in batch] for step in steps for batch in step]
-    scorer.train()
-    scorer.encoder.eval()  # no dropout; centering stays in training mode (global batch mean)
+    scorer.train()  # centering in training mode: the global micro-batch's mean, as in training
     stats = torch.zeros(5, dtype=torch.float64)
     try:
-        for batch in tqdm(micro, desc="calibration fit", disable=not progress):
-            with autocast_context(device, args.precision):
-                x = scorer([records[i].hyp for i in batch], [records[i].ref for i in batch]).double().cpu()
-            y = torch.tensor([records[i].score for i in batch], dtype=torch.float64)
-            stats += torch.stack([x.sum(), y.sum(), (x * x).sum(), (x * y).sum(), torch.tensor(float(len(batch)))])
+        with common.eval_mode(scorer.encoder):  # no dropout
+            for batch in tqdm(micro, desc="calibration fit", disable=not progress):
+                with autocast_context(device, args.precision):
+                    x = scorer([records[i].hyp for i in batch], [records[i].ref for i in batch]).double().cpu()
+                y = torch.tensor([records[i].score for i in batch], dtype=torch.float64)
+                stats += torch.stack([x.sum(), y.sum(), (x * x).sum(), (x * y).sum(), torch.tensor(float(len(batch)))])
     finally:
         scorer.eval()
-    stats = all_reduce_(stats.to(device)).cpu().tolist()
+    stats = all_reduce_sum(stats.to(device)).cpu().tolist()
     a, b = least_squares(*stats)
     return a, b, int(stats[4])
-
-
-def gather(t: Tensor) -> Tensor:
-    """``t`` of every rank, concatenated in rank order; differentiable (one rank: ``t``)."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return t
-    from torch.distributed.nn.functional import all_gather
-
-    return torch.cat(all_gather(t))
 
 
 def correlation_loss(pred: Tensor, human: Tensor, kind: str) -> Tensor:
@@ -641,17 +536,133 @@ def fixed_centering(scorer: tm.Scorer, texts: list[str], args, progress: bool):
         scorer.config, scorer.centering = config, centering
 
 
+# --- one run: setup, epochs, evaluation, checkpoints -----------------------------------------------
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the recipe (``--seeds``: once per seed, then the seed table); returns a summary dict
     (final calibration, correlations, paths, throughput; with ``--seeds``: the table's dict)."""
     args = build_parser().parse_args(argv)
-    if args.seeds:
-        return run_seeds(args)
-    return train(args)
+    with common.torchrun_process_group(common.local_device(args.device)):
+        return run_seeds(args) if args.seeds else train(args)
 
 
 def train(args: argparse.Namespace) -> dict:
-    """One fine-tuning run with the parsed options ``args``."""
+    """One fine-tuning run with the parsed options ``args``: set up (or resume), then epoch by epoch
+    train, evaluate on dev and checkpoint, until the last epoch, ``--patience`` or ``--stop-after``;
+    then the best dev epoch is saved and tested."""
+    run = setup(args)
+    while run.epoch < args.epochs:
+        if not train_epoch(run):
+            return stop(run)  # --stop-after, mid-epoch (after a checkpoint)
+        end_epoch(run)
+        if patience_exhausted(run):
+            break
+        if args.stop_after and args.stop_after <= run.global_step < run.total_steps:
+            return stop(run)
+    return finish(run)
+
+
+@dataclasses.dataclass
+class Run:
+    """One run: its options and place in the process group, data, trained objects, and where it is
+    (``epoch`` epochs done, ``step_in_epoch`` steps into the next; what a checkpoint keeps)."""
+
+    args: argparse.Namespace
+    rank: int
+    world: int
+    device: torch.device
+    output: Path
+    log: common.JsonLog
+    train_set: list[Rating]
+    dev_set: list[Rating]
+    test_set: list[Rating]  # the dev split itself (the same list) without --test
+    eval_texts: list[str]  # whose mean token the evaluations center on
+    scorer: tm.Scorer
+    calibration: Calibration
+    frozen: int  # parameter tensors frozen by --freeze-below
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    trainable: list[nn.Parameter]
+    steps_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    epoch_losses: list[float] = dataclasses.field(default_factory=list)  # this epoch's, per step
+    baseline: dict | None = None  # the untuned metric on the test set
+    dev_history: dict = dataclasses.field(default_factory=dict)  # {"epoch": dev summary}, "0" = untuned
+    best: dict | None = None  # {"epoch", "pearson", "scorer", "calibration"}: the best dev epoch (CPU states)
+    train_seconds: float = 0.0  # this process's, since it started (not checkpointed)
+    pairs_seen: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def progress(self) -> bool:
+        return self.main and not self.args.no_progress
+
+    def say(self, *text) -> None:
+        if self.main:
+            print(*text, flush=True)
+
+    def pairs_per_s(self) -> float:
+        return self.pairs_seen / max(self.train_seconds, 1e-9)
+
+
+# setup
+
+def setup(args: argparse.Namespace) -> Run:
+    """Everything before the first step: the options checked, the run directory claimed (a run already
+    there is refused unless ``--resume`` or ``--overwrite``), the data read, the scorer, calibration,
+    optimiser and schedule built identically on every rank; then either the checkpoint of
+    ``--resume`` loaded (:func:`resume`) or a new run started (:func:`start`)."""
+    check_options(args)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    rank, world = common.rank_and_world()
+    device = common.local_device(args.device)
+    if args.precision == "fp16" and device.type != "cuda":
+        raise ValueError("--precision fp16 needs a GPU; use bf16 on the CPU")
+    output = Path(args.output)
+    common.claim_run_directory(output, RUN_OUTPUTS, resume=bool(args.resume), overwrite=args.overwrite,
+                               main=rank == 0)
+    if rank == 0:
+        output.mkdir(parents=True, exist_ok=True)
+    common.barrier()
+
+    train_set, dev_set, test_set = read_data(args)
+    eval_texts = centering_texts(train_set, args.centering_fit_size, args.seed)
+    if rank == 0 and not test_set and not args.skip_baseline:
+        print("no --test and no dev split: the before/after table is skipped", flush=True)
+    scorer, frozen = build_scorer(args, device, eval_texts, progress=rank == 0 and not args.no_progress)
+    calibration = Calibration().to(device)
+    optimizer = torch.optim.AdamW(param_groups(scorer, calibration, args), lr=args.lr)
+    steps_per_epoch = len(epoch_steps(len(train_set), 0, args, rank, world))
+    total_steps = steps_per_epoch * args.epochs
+    warmup = int(round(args.warmup * total_steps)) if args.warmup < 1 else int(args.warmup)
+    run = Run(args=args, rank=rank, world=world, device=device, output=output,
+              log=common.JsonLog(output / "log.jsonl", enabled=rank == 0),
+              train_set=train_set, dev_set=dev_set, test_set=test_set, eval_texts=eval_texts,
+              scorer=scorer, calibration=calibration, frozen=frozen, optimizer=optimizer,
+              scheduler=common.warmup_schedule(optimizer, warmup, total_steps, args.schedule),
+              scaler=torch.amp.GradScaler(device.type, enabled=args.precision == "fp16"),
+              trainable=[p for g in optimizer.param_groups for p in g["params"]],
+              steps_per_epoch=steps_per_epoch, total_steps=total_steps, warmup_steps=warmup)
+    if args.resume:
+        resume(run)
+    else:
+        start(run)
+    common.broadcast_parameters_(run.scorer)
+    common.broadcast_parameters_(run.calibration)
+    return run
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse option values that argparse's types let through."""
     for name in ("epochs", "batch_size", "grad_accum", "eval_batch_size", "log_every"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -659,32 +670,24 @@ def train(args: argparse.Namespace) -> dict:
         raise ValueError(f"--dev-fraction must be in [0, 1), got {args.dev_fraction}")
     if args.loss_weight < 0:
         raise ValueError(f"--loss-weight must be non-negative, got {args.loss_weight}")
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    rank, world, device = setup_distributed(args.device)
-    if args.precision == "fp16" and device.type != "cuda":
-        raise ValueError("--precision fp16 needs a GPU; use bf16 on the CPU")
-    main_rank = rank == 0
-    progress = main_rank and not args.no_progress
-    output = Path(args.output)
-    if main_rank:
-        output.mkdir(parents=True, exist_ok=True)
-    barrier()
-    log = JsonLog(output / "log.jsonl", main_rank)
-    say = (lambda *a: print(*a, flush=True)) if main_rank else (lambda *a: None)
 
-    # Data: training ratings minus a stratified, seeded dev split; the test set by path.
+
+def read_data(args: argparse.Namespace) -> tuple[list[Rating], list[Rating], list[Rating]]:
+    """``(train, dev, test)``: the training ratings minus a stratified, seeded dev split (then a
+    seeded subset of ``--max-train-pairs``); the test set by path, else the dev split itself."""
     records = read_all(args.train, args.year)
     train, dev = split_dev(records, args.dev_fraction, seed=args.seed) if args.dev_fraction > 0 else (records, [])
     if 0 < args.max_train_pairs < len(train):
         keep = sorted(random.Random(f"{args.seed}/train").sample(range(len(train)), args.max_train_pairs))
         train = [train[i] for i in keep]
     test = read_all(args.test, args.year) if args.test else dev
-    eval_texts = centering_texts(train, args.centering_fit_size, args.seed)
-    if not test and not args.skip_baseline:
-        say("no --test and no dev split: the before/after table is skipped")
+    return train, dev, test
 
-    # Model: scorer + calibration, identical on every rank.
+
+def build_scorer(args: argparse.Namespace, device: torch.device, eval_texts: list[str],
+                 progress: bool) -> tuple[tm.Scorer, int]:
+    """The scorer to train (identical on every rank: seeded) and how many parameter tensors
+    ``--freeze-below`` froze."""
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     layer = top_layer(args.model) if args.layer is None else args.layer
@@ -693,210 +696,260 @@ def train(args: argparse.Namespace) -> dict:
                        device=device)
     if args.centering == "fixed":
         scorer.fit_centering(eval_texts, batch_size=args.eval_batch_size, progress=progress)
-    frozen = frozen_parameters(scorer, args.freeze_below)
-    calibration = Calibration().to(device)
-    optimizer = torch.optim.AdamW(param_groups(scorer, calibration, args), lr=args.lr)
-    steps_per_epoch = len(epoch_steps(len(train), 0, args, rank, world))
-    total_steps = steps_per_epoch * args.epochs
-    warmup = int(round(args.warmup * total_steps)) if args.warmup < 1 else int(args.warmup)
-    scheduler = lr_schedule(optimizer, warmup, total_steps, args.schedule)
-    scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
-    trainable = [p for g in optimizer.param_groups for p in g["params"]]
+    return scorer, frozen_parameters(scorer, args.freeze_below)
 
-    start_epoch, start_step, global_step = 0, 0, 0
-    baseline, dev_history, resumed_losses = None, {}, []
-    best = None  # {"epoch", "pearson", "scorer", "calibration"}: the best dev epoch so far (states on the CPU)
-    if args.resume:
-        path = resolve_checkpoint(args.resume, output)
-        state = load_checkpoint(path)
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"{path}: checkpoint format {state.get('format')!r}, expected {CHECKPOINT_FORMAT}")
-        if state["world_size"] != world:
-            raise ValueError(f"{path} was written by {state['world_size']} process(es), this run has {world}: "
-                             "resume with the same number of processes (the data order depends on it)")
-        changed = {k: (state["args"].get(k), getattr(args, k)) for k in RESUME_FIXED
-                   if state["args"].get(k) != getattr(args, k)}
-        if changed:
-            raise ValueError(f"{path}: --resume needs the options of the interrupted run; changed: "
-                             + ", ".join(f"--{k.replace('_', '-')} {old!r} -> {new!r}" for k, (old, new) in changed.items()))
-        scorer.load_state_dict(state["scorer"])
-        calibration.load_state_dict(state["calibration"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        set_rng_state(state["rng"][rank])
-        start_epoch, start_step, global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
-        baseline, dev_history, best = state.get("baseline"), state.get("dev_history", {}), state.get("best")
-        resumed_losses = list(state.get("epoch_losses", []))  # this epoch's losses before the stop
-        say(f"resumed from {path}: epoch {start_epoch + 1}, step {start_step} of {steps_per_epoch}")
-        log("resume", checkpoint=str(path), epoch=start_epoch, step=global_step)
-    else:
-        log("config", args=vars(args), world_size=world, signature=scorer.signature, n_train=len(train),
-            n_dev=len(dev), n_test=len(test), frozen=frozen, steps_per_epoch=steps_per_epoch,
-            total_steps=total_steps, warmup_steps=warmup)
-        say(f"{scorer.signature}\ntrain {len(train)} pairs, dev {len(dev)}, test {len(test)}; "
-            f"{world} process(es), {total_steps} optimiser steps of {args.batch_size * args.grad_accum * world} pairs")
-        if main_rank and not args.skip_baseline and (test or dev):
-            with fixed_centering(scorer, eval_texts, args, progress):
-                if test:
-                    baseline = summary(evaluate(scorer, test, args, args.n_boot, progress))
-                    log("eval", split="test", when="before", **baseline)
-                if dev:
-                    dev_history["0"] = summary(evaluate(scorer, dev, args, 0, progress)) if test is not dev else baseline
-                    log("epoch", epoch=0, dev=dev_history["0"])
-        barrier()
-        if args.calibration_init == "lsq":
-            a, b, n_fit = fit_calibration(scorer, train, args, rank, world, device, progress)
-            with torch.no_grad():
-                calibration.a.fill_(a)
-                calibration.b.fill_(b)
-            say(f"calibration: least-squares fit on {n_fit} training pairs: a = {a:.4f}, b = {b:.4f}")
-            log("calibration_fit", a=a, b=b, n=n_fit)
-        torch.manual_seed(args.seed + 1000 * rank)  # dropout streams differ between ranks
-        random.seed(args.seed)
-    broadcast_parameters_(scorer)
-    broadcast_parameters_(calibration)
 
-    def checkpoint(epoch: int, step_in_epoch: int) -> Path | None:
-        rngs = gather_rng_states()
-        path = None
-        if main_rank:
-            state = {
-                "format": CHECKPOINT_FORMAT, "world_size": world, "args": vars(args),
-                "epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step,
-                "scorer": scorer.state_dict(), "calibration": calibration.state_dict(),
-                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict(), "rng": rngs, "baseline": baseline, "dev_history": dev_history,
-                "epoch_losses": list(losses) if step_in_epoch else [], "best": best,
-            }
-            path = save_checkpoint(output / "checkpoints", state, state["global_step"], args.keep_checkpoints)
-        barrier()
-        return path
+def start(run: Run) -> None:
+    """A new run: its configuration logged, the untuned metric evaluated (rank 0: test set, and dev
+    as epoch 0), the calibration fitted (``--calibration-init lsq``), each rank's dropout seeded."""
+    args, scorer = run.args, run.scorer
+    run.log("config", args=vars(args), world_size=run.world, signature=scorer.signature,
+            n_train=len(run.train_set), n_dev=len(run.dev_set), n_test=len(run.test_set), frozen=run.frozen,
+            steps_per_epoch=run.steps_per_epoch, total_steps=run.total_steps, warmup_steps=run.warmup_steps)
+    run.say(f"{scorer.signature}\ntrain {len(run.train_set)} pairs, dev {len(run.dev_set)}, test "
+            f"{len(run.test_set)}; {run.world} process(es), {run.total_steps} optimiser steps of "
+            f"{args.batch_size * args.grad_accum * run.world} pairs")
+    test, dev = run.test_set, run.dev_set
+    if run.main and not args.skip_baseline and (test or dev):
+        with fixed_centering(scorer, run.eval_texts, args, run.progress):
+            if test:
+                run.baseline = summary(evaluate(scorer, test, args, args.n_boot, run.progress))
+                run.log("eval", split="test", when="before", **run.baseline)
+            if dev:
+                run.dev_history["0"] = (summary(evaluate(scorer, dev, args, 0, run.progress)) if test is not dev
+                                        else run.baseline)
+                run.log("epoch", epoch=0, dev=run.dev_history["0"])
+    common.barrier()
+    if args.calibration_init == "lsq":
+        a, b, n_fit = fit_calibration(scorer, run.train_set, args, run.rank, run.world, run.device, run.progress)
+        with torch.no_grad():
+            run.calibration.a.fill_(a)
+            run.calibration.b.fill_(b)
+        run.say(f"calibration: least-squares fit on {n_fit} training pairs: a = {a:.4f}, b = {b:.4f}")
+        run.log("calibration_fit", a=a, b=b, n=n_fit)
+    torch.manual_seed(args.seed + 1000 * run.rank)  # dropout streams differ between ranks
+    random.seed(args.seed)
 
+
+# epochs
+
+def train_epoch(run: Run) -> bool:
+    """The optimiser steps of epoch ``run.epoch`` from ``run.step_in_epoch`` on, logged every
+    ``--log-every`` steps and checkpointed every ``--save-every``; ``False`` if ``--stop-after`` ended
+    the run mid-epoch (after a checkpoint)."""
     from tqdm.auto import tqdm
 
-    train_time, pairs_seen, stopped = 0.0, 0, False
-    for epoch in range(start_epoch, args.epochs):
-        steps = epoch_steps(len(train), epoch, args, rank, world)
-        scorer.train()
-        losses, window = (resumed_losses if epoch == start_epoch else []), []
-        bar = tqdm(total=len(steps), initial=start_step if epoch == start_epoch else 0,
-                   desc=f"epoch {epoch + 1}/{args.epochs}", disable=not progress)
-        for k in range(start_step if epoch == start_epoch else 0, len(steps)):
+    args = run.args
+    steps = epoch_steps(len(run.train_set), run.epoch, args, run.rank, run.world)
+    run.scorer.train()
+    window = []
+    bar = tqdm(total=len(steps), initial=run.step_in_epoch, desc=f"epoch {run.epoch + 1}/{args.epochs}",
+               disable=not run.progress)
+    try:
+        for k in range(run.step_in_epoch, len(steps)):
             t0 = time.perf_counter()
-            n_step = sum(len(b) for b in steps[k])  # this rank's pairs in the step (equal on every rank)
-            step_loss = torch.zeros((), dtype=torch.float64)
-            for batch in steps[k]:
-                hyps, refs = [train[i].hyp for i in batch], [train[i].ref for i in batch]
-                human = torch.tensor([train[i].score for i in batch], dtype=torch.float32, device=device)
-                with autocast_context(device, args.precision):
-                    sim = scorer(hyps, refs)  # [b], float32 even under autocast
-                pred = calibration(sim.float())  # [b]
-                # Σ_r L_r is the mean over the global step: each rank divides by W · n_step.
-                loss = ((pred - human) ** 2).sum() / (n_step * world)
-                if args.loss != "mse":  # on the global micro-batch; all_gather's backward sums W copies
-                    term = correlation_loss(gather(pred), gather(human), args.loss.split("+")[1])
-                    loss = loss + args.loss_weight * term * len(batch) / (n_step * world)
-                scaler.scale(loss).backward()
-                step_loss += loss.detach().double().cpu()
-            sum_gradients_(trainable)
-            scaler.unscale_(optimizer)
-            if args.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(trainable, args.max_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            global_step += 1
-            step_loss = float(all_reduce_(step_loss.to(device)).cpu())
-            losses.append(step_loss)
-            window.append(step_loss)
-            dt = time.perf_counter() - t0
-            train_time += dt
-            pairs_seen += n_step * world
+            loss = optimiser_step(run, steps[k])
+            run.train_seconds += time.perf_counter() - t0
+            run.pairs_seen += sum(len(b) for b in steps[k]) * run.world
+            run.step_in_epoch = k + 1
+            run.epoch_losses.append(loss)
+            window.append(loss)
             bar.update(1)
-            bar.set_postfix(loss=f"{step_loss:.4f}", a=f"{calibration.a.item():.3f}")
-            if global_step % args.log_every == 0 or k == len(steps) - 1:
-                log("step", epoch=epoch + 1, step=global_step, loss=sum(window) / len(window),
-                    lr=scheduler.get_last_lr()[0], a=calibration.a.item(), b=calibration.b.item(),
-                    pairs_per_s=pairs_seen / max(train_time, 1e-9))
+            bar.set_postfix(loss=f"{loss:.4f}", a=f"{run.calibration.a.item():.3f}")
+            last = k == len(steps) - 1
+            if run.global_step % args.log_every == 0 or last:
+                run.log("step", epoch=run.epoch + 1, step=run.global_step, loss=sum(window) / len(window),
+                        lr=run.scheduler.get_last_lr()[0], a=run.calibration.a.item(), b=run.calibration.b.item(),
+                        pairs_per_s=run.pairs_per_s())
                 window = []
-            if k == len(steps) - 1:
+            if last:
                 break  # the end-of-epoch checkpoint follows
-            if args.stop_after and global_step >= args.stop_after:
-                checkpoint(epoch, k + 1)
-                stopped = True
-                break
-            if args.save_every and global_step % args.save_every == 0:
-                checkpoint(epoch, k + 1)
+            if args.stop_after and run.global_step >= args.stop_after:
+                checkpoint(run)
+                return False
+            if args.save_every and run.global_step % args.save_every == 0:
+                checkpoint(run)
+    finally:
         bar.close()
-        if stopped:
-            say(f"stopped after {global_step} steps (--stop-after); continue with --resume")
-            break
-        start_step = 0
-        dev_summary = None
-        if main_rank and dev:
-            with fixed_centering(scorer, eval_texts, args, progress):
-                dev_summary = summary(evaluate(scorer, dev, args, 0, progress))
-            dev_history[str(epoch + 1)] = dev_summary
-        log("epoch", epoch=epoch + 1, step=global_step, train_loss=sum(losses) / max(1, len(losses)),
-            dev=dev_summary, a=calibration.a.item(), b=calibration.b.item(),
-            pairs_per_s=pairs_seen / max(train_time, 1e-9), train_seconds=train_time)
-        if dev_summary:
-            say(f"epoch {epoch + 1}: train loss {sum(losses) / max(1, len(losses)):.4f}, dev Pearson "
-                f"{dev_summary['pearson']:.4f}, Kendall {dev_summary['kendall']:.4f}")
-            if best is None or dev_summary["pearson"] > best["pearson"]:
-                best = {"epoch": epoch + 1, "pearson": dev_summary["pearson"],
-                        "scorer": {k: v.detach().cpu().clone() for k, v in scorer.state_dict().items()},
-                        "calibration": {k: v.detach().cpu().clone() for k, v in calibration.state_dict().items()}}
-        checkpoint(epoch + 1, 0)
-        best_epoch = broadcast_int(best["epoch"] if best else 0)  # rank 0 evaluates dev
-        if args.patience and best_epoch and epoch + 1 - best_epoch >= args.patience and epoch + 1 < args.epochs:
-            say(f"early stopping: no better dev Pearson r for {args.patience} epoch(s) after epoch {best_epoch}")
-            log("early_stop", epoch=epoch + 1, best_epoch=best_epoch)
-            break
-        if args.stop_after and global_step >= args.stop_after:
-            stopped = global_step < total_steps
-            if stopped:
-                say(f"stopped after {global_step} steps (--stop-after); continue with --resume")
-                break
+    return True
 
-    if not stopped and best is not None:  # rank 0 only (it evaluates dev); the other ranks are done
-        scorer.load_state_dict(best["scorer"])
-        calibration.load_state_dict(best["calibration"])
-        say(f"final model: epoch {best['epoch']} (best dev Pearson r {best['pearson']:.4f})")
-    result = {"stopped": stopped, "global_step": global_step, "calibration": calibration.to_dict(),
-              "best_epoch": best["epoch"] if best else None,
-              "pairs_per_s": pairs_seen / train_time if train_time else None, "train_seconds": train_time,
-              "baseline": baseline, "dev_history": dev_history, "output": str(output)}
-    if stopped:
-        _finish_distributed()
-        return result
 
-    final = output / "final"
-    if main_rank:
+def optimiser_step(run: Run, micro_batches: list[list[int]]) -> float:
+    """One optimiser step on this rank's ``micro_batches`` (record indices), gradients summed over
+    ranks; returns the loss of the global step (its mean over every pair of every rank)."""
+    args, train, device, world = run.args, run.train_set, run.device, run.world
+    n_step = sum(len(b) for b in micro_batches)  # this rank's pairs in the step (equal on every rank)
+    step_loss = torch.zeros((), dtype=torch.float64)
+    for batch in micro_batches:
+        hyps, refs = [train[i].hyp for i in batch], [train[i].ref for i in batch]
+        human = torch.tensor([train[i].score for i in batch], dtype=torch.float32, device=device)
+        with autocast_context(device, args.precision):
+            sim = run.scorer(hyps, refs)  # [b], float32 even under autocast
+        pred = run.calibration(sim.float())  # [b]
+        # Σ_r L_r is the mean over the global step: each rank divides by W · n_step.
+        loss = ((pred - human) ** 2).sum() / (n_step * world)
+        if args.loss != "mse":  # on the global micro-batch; all_gather's backward sums W copies
+            term = correlation_loss(common.all_gather_cat(pred), common.all_gather_cat(human),
+                                    args.loss.split("+")[1])
+            loss = loss + args.loss_weight * term * len(batch) / (n_step * world)
+        run.scaler.scale(loss).backward()
+        step_loss += loss.detach().double().cpu()
+    common.sum_gradients_(run.trainable)
+    run.scaler.unscale_(run.optimizer)
+    if args.max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(run.trainable, args.max_grad_norm)
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()
+    run.global_step += 1
+    return float(all_reduce_sum(step_loss.to(device)).cpu())
+
+
+def end_epoch(run: Run) -> None:
+    """After an epoch's last step: dev correlations (rank 0), the epoch's log line, the best dev epoch
+    so far kept (on the CPU), and a checkpoint at the start of the next epoch."""
+    args, epoch = run.args, run.epoch + 1  # the epoch just trained, counted from 1
+    dev = None
+    if run.main and run.dev_set:
+        with fixed_centering(run.scorer, run.eval_texts, args, run.progress):
+            dev = summary(evaluate(run.scorer, run.dev_set, args, 0, run.progress))
+        run.dev_history[str(epoch)] = dev
+    train_loss = sum(run.epoch_losses) / max(1, len(run.epoch_losses))
+    run.log("epoch", epoch=epoch, step=run.global_step, train_loss=train_loss, dev=dev,
+            a=run.calibration.a.item(), b=run.calibration.b.item(), pairs_per_s=run.pairs_per_s(),
+            train_seconds=run.train_seconds)
+    if dev:
+        run.say(f"epoch {epoch}: train loss {train_loss:.4f}, dev Pearson {dev['pearson']:.4f}, "
+                f"Kendall {dev['kendall']:.4f}")
+        if run.best is None or dev["pearson"] > run.best["pearson"]:
+            cpu = lambda module: {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}  # noqa: E731
+            run.best = {"epoch": epoch, "pearson": dev["pearson"], "scorer": cpu(run.scorer),
+                        "calibration": cpu(run.calibration)}
+    run.epoch, run.step_in_epoch, run.epoch_losses = epoch, 0, []
+    checkpoint(run)
+
+
+def patience_exhausted(run: Run) -> bool:
+    """Whether ``--patience`` epochs have passed without a better dev Pearson r (and epochs are left)."""
+    best_epoch = common.broadcast_object(run.best["epoch"] if run.best else 0)  # rank 0 evaluates dev
+    patience = run.args.patience
+    if not (patience and best_epoch and run.epoch - best_epoch >= patience and run.epoch < run.args.epochs):
+        return False
+    run.say(f"early stopping: no better dev Pearson r for {patience} epoch(s) after epoch {best_epoch}")
+    run.log("early_stop", epoch=run.epoch, best_epoch=best_epoch)
+    return True
+
+
+# checkpoints
+
+def checkpoint(run: Run) -> Path | None:
+    """Save the run where it is: written by rank 0, with every rank's RNG state; its path on rank 0."""
+    rngs = common.all_rng_states()
+    path = None
+    if run.main:
+        state = {
+            "format": CHECKPOINT_FORMAT, "world_size": run.world, "args": vars(run.args),
+            "epoch": run.epoch, "step_in_epoch": run.step_in_epoch, "global_step": run.global_step,
+            "scorer": run.scorer.state_dict(), "calibration": run.calibration.state_dict(),
+            "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+            "scaler": run.scaler.state_dict(), "rng": rngs, "baseline": run.baseline,
+            "dev_history": run.dev_history, "epoch_losses": list(run.epoch_losses), "best": run.best,
+        }
+        path = save_checkpoint(run.output / "checkpoints", state, run.global_step, run.args.keep_checkpoints)
+    common.barrier()
+    return path
+
+
+def resume(run: Run) -> None:
+    """Continue from the checkpoint ``--resume`` names: trained objects, this rank's RNG state, and
+    where the run was; refused if it was written by another number of processes or with other
+    :data:`RESUME_FIXED` options."""
+    args = run.args
+    path = common.resume_path(args.resume, run.output / "checkpoints")
+    state = load_checkpoint(path)
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path}: checkpoint format {state.get('format')!r}, expected {CHECKPOINT_FORMAT}")
+    if state["world_size"] != run.world:
+        raise ValueError(f"{path} was written by {state['world_size']} process(es), this run has {run.world}: "
+                         "resume with the same number of processes (the data order depends on it)")
+    changed = {k: (state["args"].get(k), getattr(args, k)) for k in RESUME_FIXED
+               if state["args"].get(k) != getattr(args, k)}
+    if changed:
+        raise ValueError(f"{path}: --resume needs the options of the interrupted run; changed: "
+                         + ", ".join(f"--{k.replace('_', '-')} {old!r} -> {new!r}" for k, (old, new) in changed.items()))
+    run.scorer.load_state_dict(state["scorer"])
+    run.calibration.load_state_dict(state["calibration"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.scaler.load_state_dict(state["scaler"])
+    set_rng_state(state["rng"][run.rank])
+    run.epoch, run.step_in_epoch, run.global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
+    run.baseline, run.dev_history, run.best = state.get("baseline"), state.get("dev_history", {}), state.get("best")
+    run.epoch_losses = list(state.get("epoch_losses", []))  # this epoch's losses before the stop
+    run.say(f"resumed from {path}: epoch {run.epoch + 1}, step {run.step_in_epoch} of {run.steps_per_epoch}")
+    run.log("resume", checkpoint=str(path), epoch=run.epoch, step=run.global_step)
+
+
+# the end
+
+def run_result(run: Run, stopped: bool) -> dict:
+    """The run's summary (``result.json`` without ``final``)."""
+    return {"stopped": stopped, "global_step": run.global_step, "calibration": run.calibration.to_dict(),
+            "best_epoch": run.best["epoch"] if run.best else None,
+            "pairs_per_s": run.pairs_seen / run.train_seconds if run.train_seconds else None,
+            "train_seconds": run.train_seconds, "baseline": run.baseline, "dev_history": run.dev_history,
+            "output": str(run.output)}
+
+
+def stop(run: Run) -> dict:
+    """A run ended by ``--stop-after`` (its checkpoint written): the summary so far."""
+    run.say(f"stopped after {run.global_step} steps (--stop-after); continue with --resume")
+    common.barrier()
+    return run_result(run, stopped=True)
+
+
+def finish(run: Run) -> dict:
+    """A run's end: the best dev epoch's weights (if there was a dev split) saved to ``final/`` with the
+    fixed evaluation centering and the calibration, tested, and the result files written (rank 0)."""
+    args, scorer, calibration = run.args, run.scorer, run.calibration
+    if run.best is not None:  # rank 0, which evaluates dev (and any rank that resumed it from a checkpoint)
+        scorer.load_state_dict(run.best["scorer"])
+        calibration.load_state_dict(run.best["calibration"])
+        run.say(f"final model: epoch {run.best['epoch']} (best dev Pearson r {run.best['pearson']:.4f})")
+    result = run_result(run, stopped=False)
+    final = run.output / "final"
+    if run.main:
         scorer.eval()
-        with fixed_centering(scorer, eval_texts, args, progress):
+        with fixed_centering(scorer, run.eval_texts, args, run.progress):
             scorer.save_pretrained(final)  # with centering="fixed" and the training texts' mean
-            report = evaluate(scorer, test, args, args.n_boot, progress) if test else None
+            report = evaluate(scorer, run.test_set, args, args.n_boot, run.progress) if run.test_set else None
         atomic_write_text(final / "calibration.json", json.dumps(
             {**calibration.to_dict(), "formula": "a * Sim + b ~ human DA z-score"}, indent=2) + "\n")
-        if test:
-            after = summary(report)
-            atomic_write_text(output / "test_report.json", report.to_json() + "\n")
-            log("eval", split="test", when="after", **after)
-            text = table4(baseline, after, f"{'test' if args.test else 'dev'} set: {', '.join(args.test or ['dev split'])}")
-            atomic_write_text(output / "table.txt", text + "\n")
-            say(text)
-            result["after"] = after
-        log("done", step=global_step, calibration=calibration.to_dict(), final=str(final))
-        atomic_write_text(output / "result.json", json.dumps({**result, "final": str(final)}, indent=1) + "\n")
+        if report is not None:
+            result["after"] = write_test_report(run, report)
+        run.log("done", step=run.global_step, calibration=calibration.to_dict(), final=str(final))
+        atomic_write_text(run.output / "result.json", json.dumps({**result, "final": str(final)}, indent=1) + "\n")
         if not args.no_plot:
-            plot_curves(output / "log.jsonl", output / "curves.png")
+            plot_curves(run.output / "log.jsonl", run.output / "curves.png")
     result["final"] = str(final)
-    _finish_distributed()
+    common.barrier()
     return result
 
+
+def write_test_report(run: Run, report: Report) -> dict:
+    """``test_report.json`` and the before/after ``table.txt`` of the final model; its summary."""
+    after = summary(report)
+    atomic_write_text(run.output / "test_report.json", report.to_json() + "\n")
+    run.log("eval", split="test", when="after", **after)
+    title = f"{'test' if run.args.test else 'dev'} set: {', '.join(run.args.test or ['dev split'])}"
+    text = table4(run.baseline, after, title)
+    atomic_write_text(run.output / "table.txt", text + "\n")
+    run.say(text)
+    return after
+
+
+# --- seeds -----------------------------------------------------------------------------------------
 
 SEED_COLUMNS = (("best_epoch", "best epoch", "{:.0f}"), ("dev_r", "dev r", "{:.3f}"),
                 ("r_before", "r before", "{:.3f}"), ("r_after", "r after", "{:.3f}"), ("delta_r", "Δr", "{:+.3f}"),
@@ -907,7 +960,8 @@ def run_seeds(args: argparse.Namespace) -> dict:
     """One run per seed of ``--seeds`` in ``OUTPUT/seed-S``, then the seed table.
 
     Resumable: a seed whose ``result.json`` exists is read, not rerun; one with a checkpoint
-    continues from it (``--resume``). Writes ``OUTPUT/seeds.md`` and ``OUTPUT/seeds.json``: per seed
+    continues from it (``--resume``); one without starts over, as does every seed with
+    ``--overwrite``. Writes ``OUTPUT/seeds.md`` and ``OUTPUT/seeds.json``: per seed
     the best dev epoch and its dev r, test Pearson r and Kendall τ before and after fine-tuning, and
     their mean ± sample standard deviation and range over the seeds; and, unless ``--no-plot``,
     ``OUTPUT/seeds.png`` (:func:`plot_seeds`)."""
@@ -917,21 +971,23 @@ def run_seeds(args: argparse.Namespace) -> dict:
         raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds has repeated seeds: {args.seeds!r}")
-    output = Path(args.output)
+    output, rank = Path(args.output), common.rank_and_world()[0]
     rows, results = [], {}
     for seed in seeds:
         out = output / f"seed-{seed}"
-        if not (out / "result.json").is_file():
-            resume = "latest" if latest_checkpoint(out / "checkpoints") else None
+        if args.overwrite or not (out / "result.json").is_file():
+            resume = None if args.overwrite else "latest" if latest_checkpoint(out / "checkpoints") else None
+            if resume is None and not args.overwrite and out.is_dir() and any(out.iterdir()) and rank == 0:
+                print(f"{out} holds no checkpoint to resume: starting the seed over", flush=True)
             result = train(argparse.Namespace(**{**vars(args), "seeds": None, "seed": seed, "output": str(out),
-                                                 "resume": resume}))
+                                                 "resume": resume, "overwrite": resume is None}))
             if result["stopped"]:
                 return {"stopped": True, "seed": seed}
-        if dist.is_initialized() and dist.get_rank() > 0:
+        if rank > 0:
             continue  # rank 0 writes the results and the table
         results[seed] = json.loads((out / "result.json").read_text(encoding="utf-8"))
         rows.append(seed_row(seed, results[seed]))
-    if dist.is_initialized() and dist.get_rank() > 0:
+    if rank > 0:
         return {"stopped": False}
     stats = {key: spread([r[key] for r in rows]) for key, _, _ in SEED_COLUMNS}
     table = {"seeds": rows, "stats": stats, "args": {k: v for k, v in vars(args).items() if k != "seed"}}
@@ -978,14 +1034,6 @@ def seed_markdown(rows: list[dict], stats: dict) -> str:
         "–" if stats[key] is None else f"{cell(fmt, stats[key]['min'])} – {cell(fmt, stats[key]['max'])}"
         for key, _, fmt in SEED_COLUMNS) + " |")
     return "\n".join(lines) + "\n"
-
-
-def _finish_distributed() -> None:
-    global _OWN_PROCESS_GROUP
-    barrier()
-    if _OWN_PROCESS_GROUP and dist.is_initialized():
-        dist.destroy_process_group()
-        _OWN_PROCESS_GROUP = False
 
 
 def load_finetuned(path: str | os.PathLike) -> tuple[tm.Scorer, Calibration]:

@@ -49,6 +49,11 @@ Outputs (``--output-dir DIR``):
 - ``DIR/summary.json`` and ``DIR/reward_curves.png`` (matplotlib, if installed): the sampled and greedy
   rewards of every run over training.
 
+A directory that already holds a run (a phase directory, ``summary.json`` or the plot) is never
+overwritten silently: run again without ``--resume`` and the recipe refuses before writing anything,
+naming the two choices, ``--resume`` (continue it) and ``--overwrite`` (delete those outputs, other
+files stay, and start over).
+
 Examples::
 
     # the toy comparison (CPU, ~4 minutes; bench/results/self_critical_toy.md): 15 epochs of MLE at
@@ -56,6 +61,7 @@ Examples::
     python recipes/self_critical_summarization.py --model tiny --output-dir runs/toy_scst \\
         --compare-mle --max-target-length 24 --threads 1
     python recipes/self_critical_summarization.py ... --resume      # continue after a stop
+    python recipes/self_critical_summarization.py ... --overwrite   # discard the run, start over
     # a pretrained model on CNN/DailyMail
     python recipes/self_critical_summarization.py --model t5-small --dataset cnn_dailymail \\
         --dataset-config 3.0.0 --text-column article --summary-column highlights \\
@@ -65,7 +71,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -76,12 +81,16 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from torchmover.runtime.checkpoint import (
-    atomic_write, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state,
-)
+from torchmover.runtime.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # recipes/common.py, also when loaded from its path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TOY_DATA = REPO / "recipes" / "data" / "toy_summarization.jsonl"
+# What a run writes in --output-dir: a directory with any of them holds a run (common.claim_run_directory).
+RUN_OUTPUTS = ("warmstart", "mle", "mixed", "summary.json", "reward_curves.png")
 
 
 # --- the toy task ------------------------------------------------------------------------------------
@@ -278,21 +287,11 @@ class Batch:
         return self
 
 
-@contextlib.contextmanager
-def eval_mode(model: nn.Module):
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
-
-
 @torch.no_grad()
 def decode(model, tokenizer, inputs, max_new_tokens: int, sample: bool) -> tuple[Tensor, list[str]]:
     """Sampled or greedy summaries (dropout off): ids ``[B, T]`` starting with the decoder start
     token, and their texts."""
-    with eval_mode(model):
+    with common.eval_mode(model):
         ids = model.generate(**inputs, generation_config=generation_config(model, max_new_tokens, sample))
     return ids, tokenizer.batch_decode(ids, skip_special_tokens=True)
 
@@ -322,7 +321,7 @@ def training_loss(model, tokenizer, batch: Batch, reward, gamma: float, args) ->
         sampled_ids, sampled = decode(model, tokenizer, batch.inputs, args.max_target_length, sample=True)
         _, greedy = decode(model, tokenizer, batch.inputs, args.max_target_length, sample=False)
         r = reward(sampled, greedy, batch.references)  # no graph
-        with eval_mode(model):  # log p of the policy the samples were drawn from: dropout off, as in decode
+        with common.eval_mode(model):  # log p of the policy the samples were drawn from: dropout off, as in decode
             logp = sequence_logprob(model, batch.inputs, sampled_ids, tokenizer.eos_token_id, args.logprob)  # [B]
         l_rl = -(r.advantage.to(logp) * logp).mean()
         loss = loss + gamma * l_rl
@@ -353,46 +352,10 @@ def evaluate(model, tokenizer, rows: list[dict], reward, args) -> dict:
             "reward_greedy": sum(greedy_rewards) / len(greedy_rewards), "examples": shown}
 
 
-# --- checkpoints, RNG, log -----------------------------------------------------------------------------
-
-class JsonLog:
-    """Appends ``{"event": ..., "time": ..., **fields}`` lines to ``path``."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __call__(self, event: str, **fields) -> None:
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
-
-    def truncate_after(self, step: int) -> None:
-        """Drop events logged after ``step`` (written before an interruption, then redone on resume)."""
-        if not self.path.is_file():
-            return
-        lines = self.path.read_text(encoding="utf-8").splitlines()
-        kept = [l for l in lines if l.strip() and json.loads(l).get("step", -1) <= step]
-        atomic_write(self.path, lambda fh: fh.write("".join(l + "\n" for l in kept).encode()))
-
-    def events(self, kind: str) -> list[dict]:
-        if not self.path.is_file():
-            return []
-        return [e for e in map(json.loads, self.path.read_text(encoding="utf-8").splitlines()) if e["event"] == kind]
-
-
 # --- a training phase ----------------------------------------------------------------------------------
 
 class Interrupted(Exception):
     """Raised after ``--stop-after-steps`` optimiser steps (a simulated preemption)."""
-
-
-def lr_factor(kind: str, warmup: int, total: int):
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if kind == "linear":
-            return max(0.0, (total - step) / max(1, total - warmup))
-        return 1.0
-    return factor
 
 
 def batch_indices(n: int, batch_size: int, seed: int, step: int) -> list[int]:
@@ -406,56 +369,35 @@ def batch_indices(n: int, batch_size: int, seed: int, step: int) -> list[int]:
 
 def run_phase(name: str, model, tokenizer, train, evaluation, reward, args, gamma: float,
               epochs: int, lr: float, budget: dict) -> dict:
-    """Train ``model`` for ``epochs`` epochs with ``γ = gamma`` and learning rate ``lr`` in ``output_dir/name`` (resuming from its
-    latest checkpoint if there is one); returns the phase's summary. ``budget["steps"]`` counts the
-    optimiser steps left before a simulated interruption."""
+    """Train ``model`` for ``epochs`` epochs with ``γ = gamma`` and learning rate ``lr`` in
+    ``output_dir/name`` (with ``--resume``, from its latest checkpoint if there is one), evaluating
+    every ``--eval-every`` steps and checkpointing every ``--save-every``; returns the phase's summary.
+    ``budget["steps"]`` counts the optimiser steps left before a simulated interruption."""
     from tqdm.auto import tqdm
 
     run_dir = args.output_dir / name
-    ckpt_dir, log = run_dir / "checkpoints", JsonLog(run_dir / "log.jsonl")
-    total = epochs * max(1, len(train) // args.batch_size)
-    done = run_dir / "done.json"
-    if not args.resume and run_dir.is_dir() and any(run_dir.iterdir()):
-        raise SystemExit(f"{run_dir} is not empty: pass --resume to continue it, or another --output-dir")
-    if done.is_file():
-        state = load_checkpoint(latest_checkpoint(ckpt_dir))
-        model.load_state_dict(state["model"])
-        return json.loads(done.read_text(encoding="utf-8"))
-
+    if (run_dir / "done.json").is_file():  # finished before: its final weights start the next phase
+        model.load_state_dict(load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))["model"])
+        return json.loads((run_dir / "done.json").read_text(encoding="utf-8"))
+    log = common.JsonLog(run_dir / "log.jsonl")
+    steps_per_epoch = max(1, len(train) // args.batch_size)
+    total = epochs * steps_per_epoch
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=args.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(args.schedule, args.lr_warmup_steps, total))
-    step = 0
-    path = latest_checkpoint(ckpt_dir) if args.resume else None
-    if path is not None:
-        state = load_checkpoint(path)
-        if state["total_steps"] != total or state["gamma"] != gamma:
-            raise SystemExit(f"--resume: {path} was written for {state['total_steps']} steps with gamma "
-                             f"{state['gamma']}; this run asks for {total} steps with gamma {gamma}")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
-        step = state["step"]
-        log.truncate_after(step)
-        log("resume", step=step, checkpoint=path.name)
-    else:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        log.path.unlink(missing_ok=True)
-        torch.manual_seed(args.seed)
-        random.seed(args.seed)
-        log("config", step=0, phase=name, gamma=gamma, total_steps=total,
-            args={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()})
+    scheduler = common.warmup_schedule(optimizer, args.lr_warmup_steps, total, args.schedule)
+    step = start_phase(name, gamma, total, run_dir, log, model, optimizer, scheduler, args)
 
     def checkpoint() -> None:
-        save_checkpoint(ckpt_dir, {"step": step, "total_steps": total, "gamma": gamma, "model": model.state_dict(),
-                                   "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                                   "rng": rng_state()}, step, args.keep_checkpoints)
+        save_checkpoint(run_dir / "checkpoints", {
+            "step": step, "total_steps": total, "gamma": gamma, "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
+        }, step, args.keep_checkpoints)
 
     def run_eval() -> None:
         for split, rows in (("eval", evaluation), ("train", train[:args.eval_examples])):
             log("eval", step=step, phase=name, split=split, **evaluate(model, tokenizer, rows, reward, args))
 
-    if step == 0 and args.eval_every and name != "warmstart":
+    evaluated = args.eval_every and name != "warmstart"  # the runs, which the report compares
+    if evaluated and step == 0:
         run_eval()
     model.train()
     bar = tqdm(total=total, initial=step, desc=f"{name} (γ={gamma:g})", unit="step", disable=args.quiet)
@@ -465,40 +407,79 @@ def run_phase(name: str, model, tokenizer, train, evaluation, reward, args, gamm
             bar.close()
             raise Interrupted(f"stopped after --stop-after-steps, in phase {name} at step {step}")
         t0 = time.perf_counter()
-        rows = [train[i] for i in batch_indices(len(train), args.batch_size, args.seed, step)]
-        batch = Batch(rows, tokenizer, args).to(args.device)
+        batch = Batch([train[i] for i in batch_indices(len(train), args.batch_size, args.seed, step)],
+                      tokenizer, args).to(args.device)
         loss, stats = training_loss(model, tokenizer, batch, reward, gamma, args)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"{name}: non-finite loss {loss.item()} at step {step}: {stats}")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
+        stats.update(optimiser_step(model, loss, optimizer, scheduler, args.max_grad_norm))
+        stats["seconds"] = time.perf_counter() - t0
         step += 1
         budget["steps"] -= 1
-        stats.update(loss=loss.item(), grad_norm=grad_norm.item(), lr=scheduler.get_last_lr()[0],
-                     seconds=time.perf_counter() - t0)
         window.append(stats)
         if step % args.log_every == 0 or step == total:
             mean = {k: sum(s[k] for s in window) / len(window) for k in window[0]}
-            log("step", step=step, phase=name, epoch=step / max(1, len(train) // args.batch_size), **mean)
+            log("step", step=step, phase=name, epoch=step / steps_per_epoch, **mean)
             bar.set_postfix({k: f"{mean[k]:.3f}" for k in ("loss", "reward_sampled") if k in mean})
             window = []
-        if args.eval_every and name != "warmstart" and (step % args.eval_every == 0 or step == total):
+        if evaluated and (step % args.eval_every == 0 or step == total):
             run_eval()
         if step % args.save_every == 0 or step == total or budget["steps"] == 0:
             checkpoint()
         bar.update()
     bar.close()
+    return finish_phase(name, gamma, total, run_dir, log, model, tokenizer)
+
+
+def start_phase(name: str, gamma: float, total: int, run_dir: Path, log: common.JsonLog, model,
+                optimizer, scheduler, args) -> int:
+    """The step the phase starts at. With ``--resume`` and a checkpoint: its step, with the model,
+    optimiser, schedule and RNG states restored and the log cut back to it (refused if the checkpoint
+    was written for another length or γ). Otherwise 0: a fresh log, the RNGs seeded with ``--seed``."""
+    path = latest_checkpoint(run_dir / "checkpoints") if args.resume else None
+    if path is None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log.path.unlink(missing_ok=True)
+        torch.manual_seed(args.seed)
+        random.seed(args.seed)
+        log("config", step=0, phase=name, gamma=gamma, total_steps=total,
+            args={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()})
+        return 0
+    state = load_checkpoint(path)
+    if state["total_steps"] != total or state["gamma"] != gamma:
+        raise SystemExit(f"--resume: {path} was written for {state['total_steps']} steps with gamma "
+                         f"{state['gamma']}; this run asks for {total} steps with gamma {gamma}")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    log.truncate_after(state["step"])
+    log("resume", step=state["step"], checkpoint=path.name)
+    return state["step"]
+
+
+def optimiser_step(model, loss: Tensor, optimizer, scheduler, max_grad_norm: float) -> dict:
+    """Backward, clip, step; the numbers to log (loss, gradient norm before clipping, learning rate)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    return {"loss": loss.item(), "grad_norm": grad_norm.item(), "lr": scheduler.get_last_lr()[0]}
+
+
+def finish_phase(name: str, gamma: float, total: int, run_dir: Path, log: common.JsonLog, model,
+                 tokenizer) -> dict:
+    """Save the phase's model and tokenizer in ``final/`` and mark it done (``done.json``: its summary,
+    with every evaluation); returns the summary."""
     final = run_dir / "final"
     model.save_pretrained(final)
     tokenizer.save_pretrained(final)
-    evals = log.events("eval")
     summary = {"phase": name, "gamma": gamma, "steps": total,
-               "eval": [{k: e[k] for k in ("step", "split", "reward_sampled", "reward_greedy")} for e in evals]}
-    log("done", step=step, phase=name)
-    done.write_text(json.dumps(summary, indent=1), encoding="utf-8")
+               "eval": [{k: e[k] for k in ("step", "split", "reward_sampled", "reward_greedy")}
+                        for e in log.events("eval")]}
+    log("done", step=total, phase=name)
+    (run_dir / "done.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     return summary
 
 
@@ -577,13 +558,21 @@ def build_parser() -> argparse.ArgumentParser:
                        help="learning rate of the warm start (default: %(default)s)")
     train.add_argument("--weight-decay", type=float, default=0.01)
     train.add_argument("--schedule", choices=("constant", "linear"), default="constant",
-                       help="learning rate after --lr-warmup-steps (default: %(default)s)")
-    train.add_argument("--lr-warmup-steps", type=int, default=0)
+                       help="learning rate after --lr-warmup-steps: kept, or decayed linearly to 0 at the end "
+                            "of each phase (default: %(default)s)")
+    train.add_argument("--lr-warmup-steps", type=int, default=0,
+                       help="linear warm-up of each phase: step s < N at (s + 1) / (N + 1) of the learning rate "
+                            "(default: %(default)s)")
     train.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (default: %(default)s)")
     train.add_argument("--seed", type=int, default=0)
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", type=Path, required=True)
-    out.add_argument("--resume", action="store_true", help="continue every unfinished phase from its latest checkpoint")
+    again = out.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue every unfinished phase from its latest checkpoint")
+    again.add_argument("--overwrite", action="store_true",
+                       help="delete the outputs of the run already in --output-dir, then start over (without "
+                            "--resume or --overwrite, a directory that holds a run is refused)")
     out.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (default: %(default)s)")
     out.add_argument("--keep-checkpoints", type=int, default=2)
     out.add_argument("--log-every", type=int, default=10, help="log the mean of every N steps (default: %(default)s)")
@@ -620,6 +609,7 @@ def main(argv: list[str] | None = None, scorer=None) -> dict:
 
 def _run(args, scorer) -> dict:
     started = time.perf_counter()
+    common.claim_run_directory(args.output_dir, RUN_OUTPUTS, resume=args.resume, overwrite=args.overwrite)
 
     from torchmover import Scorer
     from torchmover.text.encoder import DEFAULT_MODEL
@@ -632,25 +622,36 @@ def _run(args, scorer) -> dict:
         scorer = Scorer(args.scorer_model or DEFAULT_MODEL, layer=args.scorer_layer, method=args.scorer_method,
                         device=args.device)
     reward = SelfCriticalReward(scorer).fit([r["summary"] for r in train], centering="fixed")  # on the references
-
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    budget = {"steps": -1 if args.stop_after_steps is None else args.stop_after_steps}
-    runs = ([("mle", 0.0)] if args.compare_mle else []) + [("mixed" if args.gamma > 0 else "mle", args.gamma)]
-    summaries = {}
     try:
-        if args.warmup_epochs:
-            run_phase("warmstart", model, tokenizer, train, evaluation, reward, args, 0.0, args.warmup_epochs,
-                      args.lr if args.warmup_lr is None else args.warmup_lr, budget)
-        start = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        for name, gamma in dict(runs).items():
-            model.load_state_dict(start)
-            summaries[name] = run_phase(name, model, tokenizer, train, evaluation, reward, args, gamma,
-                                        args.epochs, args.lr, budget)
+        summaries = run_phases(model, tokenizer, train, evaluation, reward, args)
     except Interrupted as stop:
         print(f"{stop}; continue with --resume", file=sys.stderr)
         return {"interrupted": str(stop)}
+    return write_summary(summaries, reward.signature, time.perf_counter() - started, args)
 
-    result = {"wall_seconds": time.perf_counter() - started, "reward": reward.signature, "runs": {}}
+
+def run_phases(model, tokenizer, train, evaluation, reward, args) -> dict[str, dict]:
+    """The MLE warm start (unless ``--warmup-epochs 0``), then every run from its final weights with a
+    fresh optimiser: ``mle`` (γ = 0, with ``--compare-mle``) and ``mixed`` (γ = ``--gamma``); the
+    runs' summaries by name. Raises :class:`Interrupted` after ``--stop-after-steps`` steps."""
+    budget = {"steps": -1 if args.stop_after_steps is None else args.stop_after_steps}
+    runs = ([("mle", 0.0)] if args.compare_mle else []) + [("mixed" if args.gamma > 0 else "mle", args.gamma)]
+    if args.warmup_epochs:
+        run_phase("warmstart", model, tokenizer, train, evaluation, reward, args, 0.0, args.warmup_epochs,
+                  args.lr if args.warmup_lr is None else args.warmup_lr, budget)
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    summaries = {}
+    for name, gamma in dict(runs).items():
+        model.load_state_dict(start)
+        summaries[name] = run_phase(name, model, tokenizer, train, evaluation, reward, args, gamma,
+                                    args.epochs, args.lr, budget)
+    return summaries
+
+
+def write_summary(summaries: dict[str, dict], reward_signature: str, wall_seconds: float, args) -> dict:
+    """``summary.json`` (and printed): each run's held-out rewards at its start and end; and the plot."""
+    result = {"wall_seconds": wall_seconds, "reward": reward_signature, "runs": {}}
     for name, summary in summaries.items():
         evals = [e for e in summary["eval"] if e["split"] == "eval"]
         if evals:

@@ -122,6 +122,38 @@ def test_resume_continues_exactly(setup, full_run, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def files(root: Path) -> dict:
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_run_directory_is_never_overwritten_silently(setup, tmp_path, capsys):
+    """Issue 32: run again without --resume over a run's directory, the recipe refuses, naming --resume
+    and --overwrite, and leaves the run as it was; --resume continues it, --overwrite starts over."""
+    out = tmp_path / "run"
+    quick = ("--epochs", "1", "--max-train-pairs", "12", "--skip-baseline", "--dev-fraction", "0", "--save-every", "1")
+    stopped = recipe.main(argv(setup, out, *quick, "--stop-after", "1"))
+    assert stopped["stopped"] and stopped["global_step"] == 1
+    before = files(out)
+    with pytest.raises(SystemExit, match="--resume.*--overwrite"):
+        recipe.main(argv(setup, out, *quick))
+    assert files(out) == before  # the checkpoints and the log untouched
+    resumed = recipe.main(argv(setup, out, *quick, "--resume"))
+    assert resumed["global_step"] == 3 and not resumed["stopped"]
+    finished = files(out)
+    with pytest.raises(SystemExit, match="--resume.*--overwrite"):  # a finished run, too
+        recipe.main(argv(setup, out, *quick))
+    assert files(out) == finished
+    (out / "notes.txt").write_text("mine")
+    again = recipe.main(argv(setup, out, *quick, "--overwrite"))
+    assert again["global_step"] == 3 and again["calibration"] == resumed["calibration"]
+    events = [json.loads(line)["event"] for line in (out / "log.jsonl").read_text().splitlines()]
+    assert events.count("config") == 1 and "resume" not in events  # the old log went with the old run
+    assert (out / "notes.txt").read_text() == "mine"  # only the run's own outputs are deleted
+    with pytest.raises(SystemExit):
+        recipe.main(argv(setup, out, "--resume", "--overwrite"))
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
 def test_identity_calibration_and_frozen_blocks(setup, tmp_path):
     result = recipe.main(argv(setup, tmp_path / "run", "--calibration-init", "identity", "--calibration-lr", "0",
                               "--freeze-below", "1", "--epochs", "1", "--skip-baseline", "--dev-fraction", "0",

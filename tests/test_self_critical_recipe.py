@@ -105,6 +105,26 @@ def test_runs_checkpoints_and_resumes_exactly(recipe, scorer, tmp_path):
     assert resumed["runs"] == straight["runs"]
 
 
+def test_a_run_directory_is_never_overwritten_silently(recipe, scorer, tmp_path):
+    """Issue 32: run again without --resume over a run's directory, the recipe refuses, naming --resume
+    and --overwrite, and leaves the run as it was; --overwrite deletes the run's outputs (all of them:
+    here the MLE run, which the new run does not have) and starts over."""
+    out = tmp_path / "run"
+    quick = ("--warmup-epochs", "0", "--epochs", "1", "--eval-every", "2")  # 2 steps per run
+    first = recipe.main(args(out, *quick), scorer=scorer)
+    files = lambda: {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}  # noqa: E731
+    before = files()
+    with pytest.raises(SystemExit, match="--resume.*--overwrite"):
+        recipe.main(args(out, *quick), scorer=scorer)
+    assert files() == before  # checkpoints, logs, final models and summary untouched
+    mixed = steps(out / "mixed" / "log.jsonl")
+    again = recipe.main([a for a in args(out, *quick, "--overwrite") if a != "--compare-mle"], scorer=scorer)
+    assert not (out / "mle").exists() and set(again["runs"]) == {"mixed"}
+    assert again["runs"]["mixed"] == first["runs"]["mixed"] and steps(out / "mixed" / "log.jsonl") == mixed
+    assert [json.loads(line)["event"] for line in (out / "mixed" / "log.jsonl").read_text().splitlines()].count(
+        "config") == 1
+
+
 def tiny_setup(recipe, n: int = 8):
     rows = recipe.make_toy_examples(n, seed=1)
     options = recipe.build_parser().parse_args(["--output-dir", "unused", "--max-target-length", "10"])
