@@ -390,3 +390,15 @@ def test_texts_the_token_policy_leaves_empty_score_zero_on_every_path(tiny_encod
     tolerance = {"atol": 1e-3, "rtol": 0} if method == "moverscore" else {}  # converged to its tolerance
     torch.testing.assert_close(listed, forward, **tolerance)
     torch.testing.assert_close(rewarded, forward, **tolerance)
+
+
+@pytest.mark.parametrize("method", ["twmd", "trwmd", "bertscore", "sbert"])
+def test_gradients_are_finite_without_centering_when_texts_are_padded(tiny_encoder, method):
+    """Without centering the padding holds the encoder's (non-zero) vectors: the unit vectors' fast
+    path must still send no NaN back through a padding norm (fine-tuning the default centering)."""
+    scorer = Scorer(tiny_encoder, method=method, centering="none").train()
+    scores = scorer(["the cat sat on the mat today", "a dog"], ["a cat", "the dog barked at the red car"])
+    scores.sum().backward()
+    grads = [p.grad for p in scorer.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    assert any(g.abs().sum() > 0 for g in grads)
