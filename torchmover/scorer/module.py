@@ -25,7 +25,7 @@ from ..functional.members import get_member, member_term
 from ..runtime.devices import resolve_device, resolve_dtype
 from ..runtime.distributed import shard
 from ..text.documents import encode_documents
-from ..text.encoder import DEFAULT_MODEL, Encoder
+from ..text.encoder import DEFAULT_MODEL, Encoder, weights_digest
 from ..text.weights import IDF, fit_idf_over_ranks, keep_mask, ngrams, pool_subwords
 from . import corpus, serialization
 from .config import ScorerConfig
@@ -126,6 +126,7 @@ class Scorer(nn.Module):
         self.centering = Centering(self.config.centering, dim=encoder.hidden_size)
         self.idf: dict[str, IDF] = {}  # "hyp" / "ref" dictionaries, from fit_idf
         self.baseline = None  # scores of unrelated pairs, from fit_baseline
+        self._finetuned = None  # what the encoder was fine-tuned on, from mark_finetuned
         self.compile_transport = check_compile(compile, self.config.method, self.config.n_iter)
         self.to(device=device, dtype=dtype)  # the centering mean stays float32 (Centering._apply)
         self.eval()  # like a loaded Hugging Face model: call .train() to fine-tune (dropout on)
@@ -166,7 +167,26 @@ class Scorer(nn.Module):
     def signature(self) -> str:
         """One line pinning model, revision, layer, token policy, method, direction, T, iterations,
         centering, weights, reference pooling, window and library versions (:mod:`torchmover.scorer.signature`)."""
-        return scorer_signature(self.config, self.idf, self.centering, self.baseline)
+        return scorer_signature(self.config, self.idf, self.centering, self.baseline, self.finetuned)
+
+    @property
+    def finetuned(self) -> str | None:
+        """What the encoder was fine-tuned on and the digest of its weights (``"<on>@weights-<hash>"``,
+        from :meth:`mark_finetuned` or a saved scorer), or None for the weights as loaded. The
+        signature shows it after the model it started from."""
+        return self._finetuned
+
+    def mark_finetuned(self, on: str) -> "Scorer":
+        """Record that the encoder was fine-tuned on ``on`` (a name for the training data, e.g.
+        ``"wmt15-da-1790pairs"``: no whitespace, no ``|``), pinned with a digest of the weights as
+        they are now (:func:`~torchmover.text.encoder.weights_digest`): call it when training is
+        done, before :meth:`save_pretrained`. The :attr:`signature` then says that the scorer was
+        fine-tuned, on what, and which weights it reads, and :meth:`from_signature` refuses it (the
+        weights are not on the hub: load the saved directory)."""
+        if not isinstance(on, str) or not on or any(ch.isspace() or ch == "|" for ch in on):
+            raise ValueError(f"on must be a non-empty name without whitespace or '|' (a signature field), got {on!r}")
+        self._finetuned = f"{on}@weights-{weights_digest(self.encoder.model)}"
+        return self
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "Scorer":

@@ -95,6 +95,9 @@ def signature_options(signature: str, stopwords=None) -> dict:
     (``stopwords=...``). Warns when the signature was made with other library versions.
     """
     method, f = parse_signature(signature)
+    if "finetuned" in f:
+        raise ValueError(f"the signature is of a scorer fine-tuned on {f['finetuned']}: its weights are not on the "
+                         "hub; load the directory it was saved to with Scorer.from_pretrained")
     model, _, revision = f["model"].partition("@")
     options = dict(model=model, revision=revision or None, layer=int(f["layer"]), method=method,
                    multi_ref=f.get("refs", "max"), max_length=int(f["maxlen"]) if "maxlen" in f else None,
