@@ -1,13 +1,16 @@
-"""Choose the default layer, temperature, direction and centering of the default model on WMT15-16.
+"""Choose the default layer, temperature, direction and centering of an encoder on WMT15-16.
 
 Measures the segment-level agreement (Pearson r and Kendall tau-b, ``scipy.stats``) between members
 of the TWMD family and human direct-assessment scores on WMT15-16 (10 groups: language pair x year,
-5,344 segments), for ``sentence-transformers/all-MiniLM-L6-v2`` (loaded offline through
-``torchmover.text.encoder.resolve_model_path``). The default is the configuration with the best average
-Pearson r over the 10 groups.
+5,344 segments), for ``--model`` (default ``sentence-transformers/all-MiniLM-L6-v2``, loaded offline
+through ``torchmover.text.encoder.resolve_model_path``; or a local directory, e.g. of
+``all-mpnet-base-v2``). The default is the configuration with the best average Pearson r over the 10
+groups.
 
-Every distinct text is encoded once (all 6 layers, length-sorted batches, special tokens dropped via
-the tokenizer's special-tokens mask as in ``torchmover.text.encoder.Encoder``) and kept in memory. Scores
+Every distinct text is encoded once (every layer, length-sorted batches, special tokens kept and
+flagged by the tokenizer's special-tokens mask; the sweep drops them, as ``torchmover.text.encoder.
+Encoder`` does by default) and kept in memory, or memory-mapped from ``--cache DIR`` (a base-size
+encoder's 12 layers do not fit in memory). Scores
 come from ``torchmover.functional`` on batches of 32 pairs formed exactly as ``Scorer.score`` forms
 them (pairs sorted by decreasing ``len(hyp) + len(ref)``; the distinct texts of a batch are padded
 together and centered together), so the sweep's numbers can be compared with ``Scorer().score``
@@ -19,27 +22,31 @@ the paper's choice); ``fixed`` (mean of all real tokens of every distinct text o
 ``sentence`` (each text minus its own mean).
 
 Sweep (staged, to keep the grid small):
-  A. layer 1-6 x centering, TWMD (n_iter=1) T=0.1 recall;
+  A. every layer x centering, TWMD (n_iter=1) T=0.1 recall;
   B. layer x T for TWMD (n_iter=1, recall) with the best centering of A, then direction x T at the
      best layer;
   C. per layer: BERTScore (P/R/F), SBERT, CKA, TRWMD (T=0.1, recall); at the best layer: TRWMD
      (T x direction), exact WMD, TWMD with n_iter=3 and converged;
-  D. every centering at the chosen (layer, T, direction).
+  D. every centering at the chosen (layer, T, direction), and at the library's current default.
 Exact WMD is solved per pair as a linear program with POT (``ot.emd2``, the ``test`` extra): the
 library's ``torchmover.functional.wmd`` (entropic, T=1e-3, run to convergence) takes seconds per batch
 on real text, too slow for this sweep; it is checked against the LP on the first ``--wmd-check``
 batches instead (agreement and time). Then ``torchmover.Scorer()`` (library defaults) scores the same data with ``batch_size=32``, to check
 that the library reproduces the sweep's numbers.
 
-Command (from the repository root)::
+Commands (from the repository root)::
 
     python bench/select_defaults.py --data ../shared/data/wmt15-16 --out bench/results/
+    python bench/select_defaults.py --data ../shared/data/wmt15-16 --model <all-mpnet-base-v2 dir> \
+        --cache <scratch dir> --out bench/results/
 
-Writes ``select_defaults.md`` (tables) and ``select_defaults.json`` (every number) into ``--out``.
+Writes ``select_defaults.md`` (tables) and ``select_defaults.json`` (every number) into ``--out``, for
+another model ``select_defaults_<name>.md`` / ``.json``.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -57,16 +64,16 @@ from tqdm.auto import tqdm
 import torchmover
 import torchmover.functional as F
 from torchmover.functional.centering import center
+from torchmover.functional.family import pair_similarity, token_cloud
+from torchmover.functional.members import get_member, member_term
+from torchmover.text.weights import IDF
 from torchmover.evaluation.data import read_tsv_dir
 from torchmover.text.encoder import DEFAULT_MODEL, resolve_model_path
 
 from bench_common import wmt_parser
-LAYERS = (1, 2, 3, 4, 5, 6)
 TEMPERATURES = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3)
 DIRECTIONS = ("recall", "precision", "f1")
 CENTERINGS = ("none", "batch", "fixed", "sentence")
-# The library's defaults when this script was written (torchmover.text.encoder / torchmover.scorer).
-CURRENT_DEFAULT = dict(layer=4, centering="batch", method="twmd", temperature=0.15, direction="recall", n_iter=1)
 
 
 # --- data -------------------------------------------------------------------------------------------
@@ -82,9 +89,18 @@ def load_wmt(data_dir: Path) -> list[dict]:
 # --- encoding (once, every layer) -------------------------------------------------------------------
 
 class EmbeddingCache:
-    """Token vectors of every distinct text at every layer: ``flat[layer]`` ``[T, D]`` + offsets."""
+    """Token vectors of every distinct text at every layer, special tokens included and flagged:
+    ``flat[layer]`` ``[T, D]`` float32 rows, text ``i`` at ``offsets[i]:offsets[i + 1]``, with each row's
+    token id (``ids``) and special-token flag (``special``).
 
-    def __init__(self, texts: list[str], model_name: str, batch_size: int):
+    With ``directory`` the rows live in ``.npy`` files there, memory-mapped (a base-size encoder's
+    12 layers of a data set do not fit in memory), and are written as the batches are encoded; a
+    directory that already holds the encoding of the same texts by the same model is read instead
+    (so a later script — ``bench/robustness.py`` — reuses it). ``padded`` gives a batch of texts under a
+    special-tokens policy, as :class:`torchmover.Encoder` keeps them.
+    """
+
+    def __init__(self, texts: list[str], model_name: str, batch_size: int, directory: Path | None = None):
         from transformers import AutoModel, AutoTokenizer
 
         path = resolve_model_path(model_name)
@@ -92,32 +108,84 @@ class EmbeddingCache:
         model = AutoModel.from_pretrained(path).eval()
         limits = [m for m in (tokenizer.model_max_length, model.config.max_position_embeddings) if m < 1_000_000]
         max_length = min(limits) if limits else 512
-        self.n_layers = model.config.num_hidden_layers
-        lengths = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]]
-        order = sorted(range(len(texts)), key=lambda i: -lengths[i])
+        self.n_layers, dim = model.config.num_hidden_layers, model.config.hidden_size
+        self.tokenizer = tokenizer
+        tokens = tokenizer(texts, truncation=True, max_length=max_length, return_special_tokens_mask=True)
+        self.lengths = torch.tensor([len(ids) for ids in tokens["input_ids"]])
+        self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), self.lengths.cumsum(0)])
+        self.ids = torch.tensor([i for ids in tokens["input_ids"] for i in ids])
+        self.special = torch.tensor([m for mask in tokens["special_tokens_mask"] for m in mask], dtype=torch.bool)
         layers = range(1, self.n_layers + 1)  # hidden_states[0] (embeddings) is not swept
-        pieces: dict[int, list] = {layer: [None] * len(texts) for layer in layers}
+        meta = {"model": model_name, "texts": hashlib.sha256("\0".join(texts).encode()).hexdigest(),
+                "rows": int(self.offsets[-1]), "dim": dim, "layers": self.n_layers}
+        done = directory is not None and (directory / "meta.json").is_file() and json.loads(
+            (directory / "meta.json").read_text()) == meta
+        if done:
+            self.flat = {layer: torch.from_numpy(np.load(directory / f"layer{layer}.npy", mmap_mode="r"))
+                         for layer in layers}
+        else:
+            self.flat = self._encode(model, texts, layers, dim, batch_size, max_length, directory)
+            if directory is not None:
+                (directory / "meta.json").write_text(json.dumps(meta))  # last: the files are complete
+        self._rows: dict[str, list[torch.Tensor]] = {}
+        self._means: dict[tuple[int, str], torch.Tensor] = {}
+
+    def _encode(self, model, texts, layers, dim, batch_size, max_length, directory) -> dict[int, torch.Tensor]:
+        n_rows = int(self.offsets[-1])
+        if directory is None:
+            flat = {layer: torch.empty(n_rows, dim) for layer in layers}
+        else:
+            directory.mkdir(parents=True, exist_ok=True)
+            flat = {layer: torch.from_numpy(np.lib.format.open_memmap(
+                directory / f"layer{layer}.npy", mode="w+", dtype=np.float32, shape=(n_rows, dim))) for layer in layers}
+        order = sorted(range(len(texts)), key=lambda i: -int(self.lengths[i]))
         with torch.no_grad():
             for start in tqdm(range(0, len(order), batch_size), desc="encoding (all layers)", unit="batch"):
                 idx = order[start:start + batch_size]
-                batch = tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=max_length,
-                                  return_special_tokens_mask=True, return_tensors="pt")
-                special = batch.pop("special_tokens_mask").bool()
-                mask = batch["attention_mask"].bool() & ~special  # [n, L], as in Encoder.forward
+                batch = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=max_length,
+                                       return_tensors="pt")
                 hidden = model(**batch, output_hidden_states=True, return_dict=True).hidden_states
                 for layer in layers:
                     for k, i in enumerate(idx):
-                        pieces[layer][i] = hidden[layer][k][mask[k]].clone()  # [n_i, D]
-        self.lengths = torch.tensor([p.shape[0] for p in pieces[1]])
-        self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), self.lengths.cumsum(0)])
-        self.flat = {layer: torch.cat(pieces.pop(layer)) for layer in layers}  # [T, D]
-        self.dataset_mean = {layer: x.double().mean(0).float() for layer, x in self.flat.items()}  # [D]
+                        flat[layer][self.offsets[i]:self.offsets[i + 1]] = hidden[layer][k][:int(self.lengths[i])]
+        return flat
 
-    def padded(self, layer: int, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[N, L, D]`` zero-padded vectors of texts ``ids`` and their ``[N, L]`` mask."""
-        x = pad_sequence([self.flat[layer][self.offsets[i]:self.offsets[i + 1]] for i in ids], batch_first=True)
-        mask = torch.arange(x.shape[1]).unsqueeze(0) < self.lengths[ids].unsqueeze(1)
-        return x, mask
+    def rows(self, special_tokens: str) -> list[torch.Tensor]:
+        """Per text, the rows of its tokens that ``special_tokens`` keeps (``drop``: none of the
+        special tokens; ``cls``: the first token too; ``keep`` / ``target``: all)."""
+        if special_tokens not in self._rows:
+            out = []
+            for i in range(len(self.lengths)):
+                a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+                keep = ~self.special[a:b]
+                if special_tokens == "cls":
+                    keep[0] = True
+                elif special_tokens in ("keep", "target"):
+                    keep[:] = True
+                out.append(torch.arange(a, b)[keep])
+            self._rows[special_tokens] = out
+        return self._rows[special_tokens]
+
+    def padded(self, layer: int, ids: list[int], special_tokens: str = "drop"):
+        """``[N, L, D]`` zero-padded vectors of texts ``ids``, their ``[N, L]`` mask, and ``[N, L]`` token
+        ids (0 at padding) and special flags, under ``special_tokens``."""
+        rows = [self.rows(special_tokens)[i] for i in ids]
+        x = pad_sequence([self.flat[layer][r] for r in rows], batch_first=True)
+        mask = pad_sequence([torch.ones(len(r), dtype=torch.bool) for r in rows], batch_first=True)
+        token_ids = pad_sequence([self.ids[r] for r in rows], batch_first=True)
+        special = pad_sequence([self.special[r] for r in rows], batch_first=True)
+        return x, mask, token_ids, special
+
+    def dataset_mean(self, layer: int, special_tokens: str = "drop") -> torch.Tensor:
+        """``[D]`` mean of every token kept by ``special_tokens`` over all texts (``fixed`` centering)."""
+        key = (layer, special_tokens)
+        if key not in self._means:
+            total, count = torch.zeros(self.flat[layer].shape[1], dtype=torch.float64), 0
+            for r in self.rows(special_tokens):
+                total += self.flat[layer][r].double().sum(0)
+                count += len(r)
+            self._means[key] = (total / count).float()
+        return self._means[key]
 
 
 # --- batches and scoring ----------------------------------------------------------------------------
@@ -144,12 +212,19 @@ def config_key(c: dict) -> str:
         parts.append(c["direction"])
     if c["method"] == "twmd" and c.get("n_iter", 1) != 1:
         parts.append(f"iter={'conv' if c['n_iter'] is None else c['n_iter']}")
+    if c.get("special_tokens", "drop") != "drop":
+        parts.append(f"special={c['special_tokens']}")
+    if c.get("idf"):
+        parts.append("idf")
     return "/".join(parts)
 
 
-def cfg(layer, centering, method, temperature=None, direction=None, n_iter=1) -> dict:
+def cfg(layer, centering, method, temperature=None, direction=None, n_iter=1, special_tokens="drop",
+        idf=False) -> dict:
+    """A configuration (``special_tokens``: the encoder's policy; ``idf``: IDF weights from the
+    references, as ``Scorer(idf=True).fit_idf(references)``)."""
     return dict(layer=layer, centering=centering, method=method, temperature=temperature,
-                direction=direction, n_iter=n_iter)
+                direction=direction, n_iter=n_iter, special_tokens=special_tokens, idf=idf)
 
 
 def wmd_lp(h, r, hm, rm) -> torch.Tensor:
@@ -171,25 +246,25 @@ def wmd_lp(h, r, hm, rm) -> torch.Tensor:
     return out
 
 
-def score_batch(c: dict, h, r, hm, rm) -> torch.Tensor:
+def score_batch(c: dict, h, r, hm, rm, hw=None, rw=None) -> torch.Tensor:
+    """Scores of aligned pairs (``h``: hypotheses, ``r``: references, with masks and optional token
+    weights) under configuration ``c``, through the family as ``Scorer`` runs it (``special_tokens=
+    "target"``: weight-0 tokens stay matching targets)."""
     m = c["method"]
     if m == "wmd":
         return wmd_lp(h, r, hm, rm)
-    if m == "twmd":
-        return F.tempered_wmd(h, r, hm, rm, temperature=c["temperature"], n_iter=c["n_iter"], direction=c["direction"])
-    if m == "trwmd":
-        return F.tempered_rwmd(h, r, hm, rm, temperature=c["temperature"], direction=c["direction"])
-    if m == "bertscore":
-        p, rec, f = F.bertscore(h, r, hm, rm)
-        return {"precision": p, "recall": rec, "f1": f}[c["direction"]]
-    return {"sbert": F.sbert, "cka": F.cka}[m](h, r, hm, rm)
+    term = member_term(m, c["temperature"], c["n_iter"])
+    targets = c.get("special_tokens") == "target"
+    clouds = [token_cloud(x, mask, w, zero_mass_targets=targets) for x, mask, w in ((h, hm, hw), (r, rm, rw))]
+    return pair_similarity(term, *clouds, normalize=get_member(m).normalized, direction=c["direction"] or "recall")
 
 
 class Sweep:
     """Scores configurations on the cached embeddings; memoises scores and correlations by key."""
 
-    def __init__(self, cache: EmbeddingCache, batches, n_pairs: int, groups: np.ndarray, human: np.ndarray):
-        self.cache, self.batches, self.n_pairs = cache, batches, n_pairs
+    def __init__(self, cache: EmbeddingCache, batches, n_pairs: int, groups: np.ndarray, human: np.ndarray,
+                 idf: IDF | None = None):
+        self.cache, self.batches, self.n_pairs, self.idf = cache, batches, n_pairs, idf
         self.groups, self.human = groups, human
         self.group_names = sorted(set(groups.tolist()))
         self.scores: dict[str, np.ndarray] = {}
@@ -199,22 +274,18 @@ class Sweep:
         todo = {config_key(c): c for c in configs if config_key(c) not in self.scores}
         by_view = defaultdict(list)
         for c in todo.values():
-            by_view[(c["layer"], c["centering"])].append(c)
+            by_view[(c["layer"], c["centering"], c["special_tokens"])].append(c)
         bar = tqdm(total=len(self.batches) * len(by_view), desc=desc, unit="batch")
-        for (layer, centering), group in by_view.items():
+        for (layer, centering, special_tokens), group in by_view.items():
             out = {config_key(c): torch.zeros(self.n_pairs, dtype=torch.float64) for c in group}
             for idx, distinct, hpos, rpos in self.batches:
-                x, mask = self.cache.padded(layer, distinct)  # [N, L, D], [N, L]
-                x = self._center(x, mask, layer, centering)
+                x, mask, ids, special = self.cache.padded(layer, distinct, special_tokens)  # [N, L, D], [N, L] x3
+                x = self._center(x, mask, layer, centering, special_tokens)
                 h, r, hm, rm = x[hpos], x[rpos], mask[hpos], mask[rpos]
-                bert = {}
                 for c in group:
-                    if c["method"] == "bertscore":  # P, R and F from one call
-                        bert = bert or dict(zip(("precision", "recall", "f1"), F.bertscore(h, r, hm, rm)))
-                        scores = bert[c["direction"]]
-                    else:
-                        scores = score_batch(c, h, r, hm, rm)
-                    out[config_key(c)][idx] = scores.double()
+                    w = self.weights(c, ids, mask, special)
+                    hw, rw = (None, None) if w is None else (w[hpos], w[rpos])
+                    out[config_key(c)][idx] = score_batch(c, h, r, hm, rm, hw, rw).double()
                 bar.update()
             for key, s in out.items():
                 self.scores[key] = s.numpy()
@@ -227,7 +298,7 @@ class Sweep:
         mid = len(self.batches) // 2  # typical lengths (the batches are sorted by length)
         chosen = self.batches[mid:mid + n_batches]
         for idx, distinct, hpos, rpos in tqdm(chosen, desc="check F.wmd vs LP", unit="batch"):
-            x, mask = self.cache.padded(layer, distinct)
+            x, mask, _, _ = self.cache.padded(layer, distinct)
             x = self._center(x, mask, layer, centering)
             h, r, hm, rm = x[hpos], x[rpos], mask[hpos], mask[rpos]
             t = time.perf_counter()
@@ -242,9 +313,16 @@ class Sweep:
                 "max_abs_diff": max(diffs), "library_s_per_batch": t_lib / len(chosen),
                 "lp_s_per_batch": t_lp / len(chosen), "library_not_converged": not_converged}
 
-    def _center(self, x, mask, layer, centering):
+    def weights(self, c: dict, ids, mask, special) -> torch.Tensor | None:
+        """Token weights of configuration ``c``: IDF, 0 at special tokens (``target``), or None (uniform)."""
+        if not c.get("idf") and c["special_tokens"] != "target":
+            return None
+        w = self.idf(ids) if c.get("idf") else mask.float()
+        return w * ~special if c["special_tokens"] == "target" else w
+
+    def _center(self, x, mask, layer, centering, special_tokens="drop"):
         if centering == "fixed":
-            return center(x, mask, "fixed", self.cache.dataset_mean[layer])
+            return center(x, mask, "fixed", self.cache.dataset_mean(layer, special_tokens))
         return center(x, mask, centering)
 
     def correlate(self, scores: np.ndarray) -> dict:
@@ -326,6 +404,8 @@ def main(argv=None) -> None:
     parser.add_argument("--wmd-check", type=int, default=2,
                         help="batches on which torchmover.functional.wmd is compared with the LP (0: skip)")
     parser.add_argument("--no-scorer-check", action="store_true", help="skip the torchmover.Scorer() check")
+    parser.add_argument("--cache", type=Path, help="keep the encoded texts in this directory (memory-mapped; "
+                                                   "reused when it holds them already)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
@@ -339,21 +419,27 @@ def main(argv=None) -> None:
     human = np.array([r["score"] for r in rows])
     print(f"{len(rows)} pairs, {len(texts)} distinct texts, {len(set(groups.tolist()))} groups")
 
+    library = torchmover.Scorer(args.model, device="cpu").config  # the library's defaults for the model now
+    current_default = dict(layer=library.layer, centering=library.centering, method=library.method,
+                           temperature=library.temperature, direction=library.direction, n_iter=library.n_iter)
+    name = library.model
+    report_name = "select_defaults" + ("" if name == DEFAULT_MODEL else "_" + name.rsplit("/", 1)[-1])
     t0 = time.perf_counter()
-    cache = EmbeddingCache(texts, args.model, args.encode_batch_size)
+    cache = EmbeddingCache(texts, args.model, args.encode_batch_size, args.cache)
     timings["encode_all_layers_s"] = time.perf_counter() - t0
     batches = make_batches(hyps, refs, [len(t) for t in texts], args.batch_size)
     sweep = Sweep(cache, batches, len(rows), groups, human)
+    layers = range(1, cache.n_layers + 1)
 
     # A. layer x centering, TWMD T=0.1 recall
     t0 = time.perf_counter()
-    stage_a = [cfg(l, c, "twmd", 0.1, "recall") for l in LAYERS for c in CENTERINGS]
-    sweep.run(stage_a + [cfg(**CURRENT_DEFAULT)], "A: layer x centering")
+    stage_a = [cfg(l, c, "twmd", 0.1, "recall") for l in layers for c in CENTERINGS]
+    sweep.run(stage_a + [cfg(**current_default)], "A: layer x centering")
     best_a = sweep.results[sweep.best([config_key(c) for c in stage_a])]
     centering = best_a["centering"]
 
     # B. layer x T (recall), then direction x T at the best layer; TWMD n_iter=1, best centering of A
-    stage_b = [cfg(l, centering, "twmd", t, "recall") for l in LAYERS for t in TEMPERATURES]
+    stage_b = [cfg(l, centering, "twmd", t, "recall") for l in layers for t in TEMPERATURES]
     sweep.run(stage_b, "B: layer x T")
     layer = sweep.results[sweep.best([config_key(c) for c in stage_b])]["layer"]
     stage_b2 = [cfg(layer, centering, "twmd", t, d) for t in TEMPERATURES for d in DIRECTIONS]
@@ -362,9 +448,9 @@ def main(argv=None) -> None:
     layer = best_b["layer"]
 
     # C. other members: per layer (cheap ones) and at the best layer (all)
-    stage_c = [cfg(l, centering, "bertscore", direction=d) for l in LAYERS for d in DIRECTIONS]
-    stage_c += [cfg(l, centering, m) for l in LAYERS for m in ("sbert", "cka")]
-    stage_c += [cfg(l, centering, "trwmd", 0.1, "recall") for l in LAYERS]
+    stage_c = [cfg(l, centering, "bertscore", direction=d) for l in layers for d in DIRECTIONS]
+    stage_c += [cfg(l, centering, m) for l in layers for m in ("sbert", "cka")]
+    stage_c += [cfg(l, centering, "trwmd", 0.1, "recall") for l in layers]
     stage_c += [cfg(layer, centering, "trwmd", t, d) for t in TEMPERATURES for d in DIRECTIONS]
     sweep.run(stage_c, "C: other members per layer")
     t_best, d_best = best_b["temperature"], best_b["direction"]
@@ -379,14 +465,14 @@ def main(argv=None) -> None:
 
     # D. every centering at the chosen TWMD configuration (and at the current default's layer/T)
     stage_d = [cfg(layer, c, "twmd", t_best, d_best) for c in CENTERINGS]
-    stage_d += [cfg(CURRENT_DEFAULT["layer"], c, "twmd", CURRENT_DEFAULT["temperature"], "recall") for c in CENTERINGS]
+    stage_d += [cfg(current_default["layer"], c, "twmd", current_default["temperature"], "recall") for c in CENTERINGS]
     sweep.run(stage_d, "D: centering at the chosen config")
     timings["sweep_s"] = time.perf_counter() - t0
 
     twmd_keys = [k for k, v in sweep.results.items() if v["method"] == "twmd"]
     chosen_key = sweep.best([k for k in twmd_keys if sweep.results[k]["n_iter"] == 1])
     chosen = sweep.results[chosen_key]
-    current_key = config_key(cfg(**CURRENT_DEFAULT))
+    current_key = config_key(cfg(**current_default))
     current = sweep.results[current_key]
     overall_key = sweep.best(list(sweep.results))
     near = [k for k in twmd_keys if sweep.results[k]["n_iter"] == 1
@@ -412,15 +498,16 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     env = {"torch": torch.__version__, "torchmover": torchmover.__version__, "python": platform.python_version(),
            "threads": args.threads, "cpu_count": os.cpu_count(), "batch_size": args.batch_size}
-    with open(args.out / "select_defaults.json", "w") as fh:
-        json.dump({"model": args.model, "n_pairs": len(rows), "n_texts": len(texts), "env": env,
+    with open(args.out / f"{report_name}.json", "w") as fh:
+        json.dump({"model": name, "n_pairs": len(rows), "n_texts": len(texts), "env": env,
                    "timings": timings, "chosen": chosen_key, "current_default": current_key,
                    "best_overall": overall_key, "near_ties_0.005": near, "bootstrap_chosen_minus_current": boot,
                    "scorer_check": scorer_check, "wmd_check": wmd_check, "results": sweep.results}, fh, indent=1)
 
     pct = lambda v: f"{v:.4f}"  # noqa: E731
-    L = [f"# Default layer / temperature / direction / centering for `{args.model}` on WMT15–16", "",
-         f"Generated by `python bench/select_defaults.py --data <wmt15-16 dir> --out {args.out}` "
+    model_arg = "" if args.model == DEFAULT_MODEL else f" --model <{name.rsplit('/', 1)[-1]} dir> --cache <dir>"
+    L = [f"# Default layer / temperature / direction / centering for `{name}` on WMT15–16", "",
+         f"Generated by `python bench/select_defaults.py --data <wmt15-16 dir>{model_arg} --out {args.out}` "
          f"({len(rows)} pairs, {len(texts)} distinct texts, {len(sweep.group_names)} groups = language pair × year). "
          f"Cells are the average over the groups of Pearson r / Kendall τ-b against the human DA score. "
          f"Scoring batches: {args.batch_size} pairs, formed as `Scorer.score` forms them. "
@@ -439,9 +526,9 @@ def main(argv=None) -> None:
                  f"{boot['mean']:+.4f}, 95% CI [{boot['ci95'][0]:+.4f}, {boot['ci95'][1]:+.4f}], "
                  f"P(diff ≤ 0) = {boot['p_le_0']:.3f}.")
     L += ["", "## A. Layer × centering (TWMD, n_iter=1, T=0.1, recall)", ""]
-    L += grid_table(sweep, LAYERS, CENTERINGS, lambda l, c: config_key(cfg(l, c, "twmd", 0.1, "recall")), "layer", str)
+    L += grid_table(sweep, layers, CENTERINGS, lambda l, c: config_key(cfg(l, c, "twmd", 0.1, "recall")), "layer", str)
     L += ["", f"## B. Layer × temperature (TWMD, n_iter=1, recall, centering={centering})", ""]
-    L += grid_table(sweep, LAYERS, TEMPERATURES, lambda l, t: config_key(cfg(l, centering, "twmd", t, "recall")),
+    L += grid_table(sweep, layers, TEMPERATURES, lambda l, t: config_key(cfg(l, centering, "twmd", t, "recall")),
                     "layer", lambda t: f"T={t:g}")
     L += ["", f"## B'. Direction × temperature at layer {layer} (TWMD, n_iter=1, centering={centering})", ""]
     L += grid_table(sweep, DIRECTIONS, TEMPERATURES, lambda d, t: config_key(cfg(layer, centering, "twmd", t, d)),
@@ -453,7 +540,7 @@ def main(argv=None) -> None:
           f"TWMD: T grid × recall, plus directions at layer {layer}; TRWMD: T=0.1 recall, plus the grid at layer {layer})", ""]
     members = ["twmd", "trwmd", "bertscore", "sbert", "cka"] + ([] if args.no_wmd else ["wmd"])
     L += ["| layer | " + " | ".join(members) + " |", "|---|" + "---|" * len(members)]
-    for l in LAYERS:
+    for l in layers:
         cells = []
         for m in members:
             ks = [k for k, v in sweep.results.items() if v["method"] == m and v["layer"] == l
@@ -496,7 +583,7 @@ def main(argv=None) -> None:
               f"max |score difference| over the {len(rows)} pairs = {scorer_check['max_abs_diff_vs_sweep']:.2e}."]
     L += ["", "## Timings", "", "| step | seconds |", "|---|---|"]
     L += [f"| {k} | {v:.1f} |" for k, v in timings.items()]
-    (args.out / "select_defaults.md").write_text("\n".join(L) + "\n")
+    (args.out / f"{report_name}.md").write_text("\n".join(L) + "\n")
     print("\n".join(L))
 
 

@@ -10,10 +10,12 @@ with an L2 loss against the human score through an affine calibration:
 Centering: training vs evaluation
 ---------------------------------
 In training, ``forward`` centers each (global) micro-batch on its own mean token (``--centering batch``,
-the paper's protocol; ``fixed`` keeps the untuned training texts' mean instead). Every evaluation —
-untuned baseline, dev per epoch, final test — and the saved ``final/`` scorer center on a *fixed*
-mean: the mean token of the training texts (``--centering-fit-size`` of them, seeded) under the
-encoder being evaluated, so a pair's score does not depend on the other pairs scored with it.
+the paper's protocol; ``fixed`` keeps the untuned training texts' mean instead). Under a centering
+that depends on other texts (``batch``, ``running``, ``fixed``) every evaluation — untuned baseline,
+dev per epoch, final test — and the saved ``final/`` scorer center on a *fixed* mean: the mean token
+of the training texts (``--centering-fit-size`` of them, seeded) under the encoder being evaluated,
+so a pair's score does not depend on the other pairs scored with it. A centering of each text on its
+own (``none``, ``sentence``, ``dimension``) is evaluated and saved as it was trained.
 
 Model selection and seeds
 -------------------------
@@ -73,7 +75,10 @@ Outputs (``--output DIR``)
   over).
 - ``final/``: the fine-tuned scorer (``Scorer.from_pretrained("DIR/final")``: encoder safetensors,
   ``torchmover.json``, ``centering="fixed"`` with the training texts' mean) and
-  ``final/calibration.json`` (``a``, ``b``); ``result.json``: the run's summary.
+  ``final/calibration.json`` (``a``, ``b``); ``result.json``: the run's summary. Its signature says
+  that it was fine-tuned, on which ratings, and which weights it reads (``finetuned:da:2015:cs-en+...:
+  1790-pairs@weights-<hash>``, after the model it started from; ``Scorer.mark_finetuned``). With
+  ``--seeds``, ``OUTPUT/final`` is the seed of the best dev r.
 - ``test_report.json`` and ``table.txt``: per-language-pair Kendall τ and Pearson r before and after
   fine-tuning (the paper's Table 4 layout), on ``--test`` or, without it, on the dev split.
 
@@ -149,6 +154,8 @@ RESUME_FIXED = ("train", "year", "dev_fraction", "max_train_pairs", "model", "la
                 "temperature", "centering", "centering_fit_size", "max_length", "freeze_below", "epochs",
                 "batch_size", "grad_accum", "seed", "warmup", "schedule", "calibration_init", "loss",
                 "loss_weight", "layer_decay", "patience")
+# Centerings under which a text's vectors do not depend on the other texts: evaluated as trained.
+SELF_CONTAINED_CENTERINGS = ("none", "sentence", "dimension")
 # What a run writes in --output: a directory with any of them holds a run (common.claim_run_directory).
 RUN_OUTPUTS = ("checkpoints", "log.jsonl", "final", "result.json", "test_report.json", "table.txt", "curves.png")
 
@@ -177,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--centering", default="batch", choices=("batch", "fixed", "running", "sentence", "dimension", "none"),
                    help="centering while training. batch: the paper's protocol (synchronised over processes); "
                         "fixed: the mean of the training texts under the untuned encoder, kept. Evaluation "
-                        "always uses a fixed mean fitted on the training texts (see --centering-fit-size)")
+                        "of batch / running / fixed uses a fixed mean fitted on the training texts (see "
+                        "--centering-fit-size); none / sentence / dimension are evaluated as trained")
     m.add_argument("--centering-fit-size", type=int, default=1024,
                    help="training texts (a seeded subset, hypotheses and references) whose mean token is "
                         "the fixed evaluation mean (0: all)")
@@ -523,8 +531,12 @@ def centering_texts(records: list[Rating], size: int, seed: int) -> list[str]:
 def fixed_centering(scorer: tm.Scorer, texts: list[str], args, progress: bool):
     """Inside the block, ``scorer`` centers every text on the fixed mean token of ``texts`` (fitted
     now, with the encoder as it is): the evaluation rule, so that a pair's score does not depend on
-    the other pairs scored with it. The training centering is restored after the block."""
+    the other pairs scored with it. The training centering is restored after the block. A centering
+    of each text on its own (``none``, ``sentence``, ``dimension``) already is: it is kept."""
     config, centering = scorer.config, scorer.centering
+    if config.centering in SELF_CONTAINED_CENTERINGS:
+        yield scorer
+        return
     device = next(scorer.parameters()).device
     scorer.config = dataclasses.replace(config, centering="fixed")
     scorer.centering = Centering("fixed", dim=scorer.encoder.hidden_size).to(device)
@@ -921,6 +933,7 @@ def finish(run: Run) -> dict:
     final = run.output / "final"
     if run.main:
         scorer.eval()
+        scorer.mark_finetuned(training_name(run.train_set))  # the signature says what it was trained on
         with fixed_centering(scorer, run.eval_texts, args, run.progress):
             scorer.save_pretrained(final)  # with centering="fixed" and the training texts' mean
             report = evaluate(scorer, run.test_set, args, args.n_boot, run.progress) if run.test_set else None
@@ -935,6 +948,14 @@ def finish(run: Run) -> dict:
     result["final"] = str(final)
     common.barrier()
     return result
+
+
+def training_name(records: list[Rating]) -> str:
+    """The fine-tuning data as the signature names it: human ratings, their years and language pairs,
+    and how many pairs, e.g. ``da:2015:cs-en+de-en+fi-en+ru-en:1790-pairs``."""
+    years = "+".join(str(y) for y in sorted({r.year for r in records}))
+    pairs = "+".join(sorted({r.lp for r in records}))
+    return f"da:{years}:{pairs}:{len(records)}-pairs"
 
 
 def write_test_report(run: Run, report: Report) -> dict:
@@ -964,7 +985,9 @@ def run_seeds(args: argparse.Namespace) -> dict:
     ``--overwrite``. Writes ``OUTPUT/seeds.md`` and ``OUTPUT/seeds.json``: per seed
     the best dev epoch and its dev r, test Pearson r and Kendall τ before and after fine-tuning, and
     their mean ± sample standard deviation and range over the seeds; and, unless ``--no-plot``,
-    ``OUTPUT/seeds.png`` (:func:`plot_seeds`)."""
+    ``OUTPUT/seeds.png`` (:func:`plot_seeds`). With a dev split, ``OUTPUT/final`` is the fine-tuned
+    metric to keep: the scorer (and calibration) of the seed with the best dev r — chosen on dev,
+    never on the test set — which ``Scorer.from_pretrained("OUTPUT/final")`` loads."""
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
@@ -991,12 +1014,26 @@ def run_seeds(args: argparse.Namespace) -> dict:
         return {"stopped": False}
     stats = {key: spread([r[key] for r in rows]) for key, _, _ in SEED_COLUMNS}
     table = {"seeds": rows, "stats": stats, "args": {k: v for k, v in vars(args).items() if k != "seed"}}
+    best = max((r for r in rows if r["dev_r"] is not None), key=lambda r: r["dev_r"], default=None)
+    note = ""
+    if best is not None:  # the fine-tuned metric to keep: chosen on dev, never on the test set
+        publish_final(output / f"seed-{best['seed']}" / "final", output / "final")
+        table["final"] = {"seed": best["seed"], "dev_r": best["dev_r"], "path": str(output / "final")}
+        note = f"\n`final/`: the fine-tuned scorer of seed {best['seed']}, the best dev r ({best['dev_r']:.3f}).\n"
     atomic_write_text(output / "seeds.json", json.dumps(table, indent=1) + "\n")
-    atomic_write_text(output / "seeds.md", seed_markdown(rows, stats))
+    atomic_write_text(output / "seeds.md", seed_markdown(rows, stats) + note)
     if not args.no_plot:
         plot_seeds(results, output / "seeds.png")
     print(seed_markdown(rows, stats), flush=True)
     return {"stopped": False, **table}
+
+
+def publish_final(source: Path, target: Path) -> None:
+    """Save the fine-tuned scorer and calibration of ``source`` (a seed's ``final/``) to ``target``,
+    atomically (``Scorer.save_pretrained``), replacing an earlier copy."""
+    scorer, _ = load_finetuned(source)
+    scorer.save_pretrained(target)
+    atomic_write_text(target / "calibration.json", (source / "calibration.json").read_text(encoding="utf-8"))
 
 
 def seed_row(seed: int, result: dict) -> dict:

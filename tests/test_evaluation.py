@@ -17,7 +17,7 @@ CORPUS = ["the cat sat on the mat", "a dog barked at night", "the quick brown fo
           "the sun is red", "she eats good food", "the old man was in the house", "a small child runs"]
 
 
-@pytest.mark.parametrize("scope", ["joint", "separate"])
+@pytest.mark.parametrize("scope", ["joint", "separate", "pairs"])
 @pytest.mark.parametrize("method", ["twmd", "bertscore", "sms"])
 def test_batch_centered_score_does_not_depend_on_batching_and_equals_forward(tiny_encoder, scope, method):
     scorer = Scorer(tiny_encoder, centering="batch", center_scope=scope, method=method,
@@ -47,6 +47,30 @@ def test_separate_scope_centers_each_side_on_all_of_its_texts(tiny_encoder):
         expected = scorer.score_call(plan, scorer.embed(texts),
                                      means=(token_mean(h.vectors, h.mask), token_mean(r.vectors, r.mask)))
     torch.testing.assert_close(scorer.score(hyps, refs, batch_size=1, progress=False), expected)
+
+
+def test_pairs_scope_counts_a_text_once_per_pair_it_is_in(tiny_encoder):
+    """center_scope="pairs": each side on the mean of its texts as the pairs list them, repeats included
+    (a hypothesis with two references twice) — the mean of the texts encoded pair by pair — unlike
+    "separate" (distinct texts) where a text repeats."""
+    from torchmover.functional.centering import token_mean
+    from torchmover.scorer.plan import call_plan
+
+    hyps, refs = HYPS[:5], REFS[:4] + ["a cat was on the mat"]  # one reference twice, one hypothesis with two
+    pair_hyps = [h for h, r in zip(hyps, refs) for _ in ([r] if isinstance(r, str) else r)]
+    pair_refs = [x for r in refs for x in ([r] if isinstance(r, str) else r)]
+    scorer = Scorer(tiny_encoder, centering="batch", center_scope="pairs")
+    groups = [[r] if isinstance(r, str) else r for r in refs]
+    texts = list(dict.fromkeys(hyps + pair_refs))
+    with torch.no_grad():
+        h, r = scorer.embed(pair_hyps), scorer.embed(pair_refs)
+        plan = call_plan(hyps, groups, texts).to_device(None)
+        expected = scorer.score_call(plan, scorer.embed(texts),
+                                     means=(token_mean(h.vectors, h.mask), token_mean(r.vectors, r.mask)))
+        torch.testing.assert_close(scorer(hyps, refs), expected)
+        separate = Scorer(tiny_encoder, centering="batch", center_scope="separate")(hyps, refs)
+    torch.testing.assert_close(scorer.score(hyps, refs, batch_size=2, progress=False), expected)
+    assert (separate - expected).abs().max() > 1e-4
 
 
 def test_score_encodes_every_text_once_under_batch_centering(tiny_encoder, monkeypatch):

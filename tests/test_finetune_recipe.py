@@ -89,6 +89,9 @@ def test_trains_checkpoints_and_saves_a_loadable_scorer(setup, full_run):
     loaded, calibration = recipe.load_finetuned(out / "final")
     assert calibration.to_dict() == pytest.approx(result["calibration"])
     assert loaded.config.centering == "fixed" and "center:fixed-" in loaded.signature
+    # its signature says it was fine-tuned, on what (18 training pairs: 24 minus the dev split), and which weights
+    assert loaded.finetuned.startswith("da:2016:cs-en+de-en:18-pairs@weights-")
+    assert f"|model:local-bert@weights-" in loaded.signature and f"|finetuned:{loaded.finetuned}|" in loaded.signature
     model, data = setup
     train, _ = recipe.split_dev(recipe.read_all([str(data)], None), 0.25, seed=0)
     texts = recipe.centering_texts(train, 1024, 0)
@@ -271,6 +274,10 @@ def test_seeds_table_is_written_and_finished_seeds_are_not_rerun(setup, tmp_path
         assert result["best_epoch"] == max(dev, key=dev.get)
         stop = next((e for e in sorted(dev) if e - max((k for k in dev if k <= e), key=dev.get) >= 1), 3)
         assert max(dev) == stop  # early stopping after one epoch without a better dev r
+    best = max((0, 1), key=lambda seed: rows[seed]["dev_r"])  # the metric to keep: the best dev r
+    assert table["final"]["seed"] == best and f"seed {best}, the best dev r" in (out / "seeds.md").read_text()
+    kept, _ = recipe.load_finetuned(out / "final")
+    assert kept.signature == recipe.load_finetuned(out / f"seed-{best}" / "final")[0].signature
     deltas = [rows[s]["delta_r"] for s in (0, 1)]
     assert table["stats"]["delta_r"]["mean"] == pytest.approx(np.mean(deltas))
     assert table["stats"]["delta_r"]["sd"] == pytest.approx(np.std(deltas, ddof=1))
@@ -291,6 +298,15 @@ def test_other_members_train(setup, tmp_path, method, direction):
     loaded, _ = recipe.load_finetuned(tmp_path / method / "final")
     assert loaded.config.method == method and loaded.config.centering == "fixed"
     assert math.isfinite(result["after"]["pearson"]) and result["best_epoch"] == 1
+
+
+def test_a_self_contained_centering_is_evaluated_and_saved_as_trained(setup, tmp_path):
+    """--centering none: no fixed mean at evaluation (each text's vectors depend on nothing else)."""
+    result = recipe.main(argv(setup, tmp_path / "none", "--centering", "none", "--epochs", "1",
+                              "--max-train-pairs", "8"))
+    loaded, _ = recipe.load_finetuned(tmp_path / "none" / "final")
+    assert loaded.config.centering == "none" and "|center:none|" in loaded.signature
+    assert math.isfinite(result["after"]["pearson"])
 
 
 def test_default_layer_is_the_top_one(setup, tmp_path):

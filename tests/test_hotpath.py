@@ -59,7 +59,8 @@ POLICIES = {"default": {}, "idf": {"idf": True}, "stopwords": {"stopwords": "eng
             "subwords-first": {"subwords": "first"}, "subwords-mean": {"subwords": "mean"},
             "bigrams+idf": {"ngram": 2, "idf": True}, "f1": {"direction": "f1"}, "trwmd": {"method": "trwmd"},
             "bertscore": {"method": "bertscore"}, "sbert": {"method": "sbert"}, "cka": {"method": "cka"},
-            "separate": {"centering": "batch", "center_scope": "separate"}}
+            "separate": {"centering": "batch", "center_scope": "separate"},
+            "pairs": {"centering": "batch", "center_scope": "pairs"}}
 
 
 def make_scorer(tiny_encoder, **options) -> Scorer:

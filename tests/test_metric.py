@@ -46,7 +46,7 @@ def test_two_updates_equal_one_on_the_union(fixed_scorer):
     torch.testing.assert_close(twice.compute(), once.compute())
 
 
-@pytest.mark.parametrize("scope", ["joint", "separate"])
+@pytest.mark.parametrize("scope", ["joint", "separate", "pairs"])
 def test_batch_centering_result_does_not_depend_on_the_updates(tiny_encoder, scope):
     """With centering="batch" compute() centers on every text seen: the same result however the data
     is cut into updates, equal to the scorer's forward on the whole list at once."""

@@ -280,17 +280,25 @@ def test_separate_centering_centers_each_side_on_its_own_mean(tiny_encoder):
                                   h.mask, r.mask, temperature=0.10)
     torch.testing.assert_close(got, expected)
     assert "center:batch-separate" in scorer.signature
-    with pytest.raises(ValueError, match="center_scope"):
-        Scorer(tiny_encoder, center_scope="separate", centering="fixed")
+    for scope in ("separate", "pairs"):
+        with pytest.raises(ValueError, match=f"center_scope='{scope}' needs centering='batch'"):
+            Scorer(tiny_encoder, center_scope=scope, centering="fixed")
+
+
+def test_pairs_scope_is_signed_and_read_back(tiny_encoder):
+    scorer = Scorer(tiny_encoder, centering="batch", center_scope="pairs")
+    assert "|center:batch-pairs|" in scorer.signature
+    assert Scorer.from_signature(scorer.signature, model=tiny_encoder).config == scorer.config
 
 
 def test_moverscore_method_and_new_options_change_the_signature(tiny_encoder):
     base = Scorer(tiny_encoder).signature
     variants = [Scorer(tiny_encoder, subwords="first"), Scorer(tiny_encoder, stopwords=["cat"]),
                 Scorer(tiny_encoder, punctuation="drop"), Scorer(tiny_encoder, ngram=2),
-                Scorer(tiny_encoder, center_scope="separate"), Scorer(tiny_encoder, method="moverscore")]
+                Scorer(tiny_encoder, center_scope="separate"), Scorer(tiny_encoder, center_scope="pairs"),
+                Scorer(tiny_encoder, method="moverscore")]
     signatures = {base, *(s.signature for s in variants)}
-    assert len(signatures) == 7
+    assert len(signatures) == 8
     assert "stop:custom-" in variants[1].signature
 
 
@@ -382,3 +390,15 @@ def test_texts_the_token_policy_leaves_empty_score_zero_on_every_path(tiny_encod
     tolerance = {"atol": 1e-3, "rtol": 0} if method == "moverscore" else {}  # converged to its tolerance
     torch.testing.assert_close(listed, forward, **tolerance)
     torch.testing.assert_close(rewarded, forward, **tolerance)
+
+
+@pytest.mark.parametrize("method", ["twmd", "trwmd", "bertscore", "sbert"])
+def test_gradients_are_finite_without_centering_when_texts_are_padded(tiny_encoder, method):
+    """Without centering the padding holds the encoder's (non-zero) vectors: the unit vectors' fast
+    path must still send no NaN back through a padding norm (fine-tuning the default centering)."""
+    scorer = Scorer(tiny_encoder, method=method, centering="none").train()
+    scores = scorer(["the cat sat on the mat today", "a dog"], ["a cat", "the dog barked at the red car"])
+    scores.sum().backward()
+    grads = [p.grad for p in scorer.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    assert any(g.abs().sum() > 0 for g in grads)

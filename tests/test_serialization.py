@@ -368,3 +368,32 @@ def test_round_trip_keeps_the_token_policy_and_idf(tiny_encoder, tmp_path):
     assert loaded.signature == scorer.signature and loaded.config == scorer.config
     with torch.no_grad():
         torch.testing.assert_close(loaded(hyps, refs), scorer(hyps, refs))
+
+
+def test_a_fine_tuned_scorer_says_so_in_its_signature_and_keeps_it_when_saved(tmp_path):
+    """mark_finetuned pins what the encoder was trained on and its weights' digest, after the model it
+    started from; saving and loading keeps it; a signature of it cannot be rebuilt from the hub."""
+    from conftest import tiny_model, tiny_tokenizer
+    from torchmover import Encoder
+
+    scorer = Scorer(Encoder(tiny_model(), tiny_tokenizer(), 2, name="tiny-bert"))
+    untuned = scorer.signature
+    assert scorer.finetuned is None and "finetuned:" not in untuned
+    with torch.no_grad():
+        next(scorer.encoder.model.parameters()).add_(0.01)  # "training"
+    scorer.mark_finetuned("wmt15-da-1790pairs")
+    assert scorer.finetuned.startswith("wmt15-da-1790pairs@weights-")
+    assert scorer.signature.startswith(f"twmd|model:tiny-bert|finetuned:{scorer.finetuned}|layer:2|")
+    assert scorer.signature.replace(f"|finetuned:{scorer.finetuned}", "") == untuned
+    first = scorer.finetuned
+    with torch.no_grad():
+        next(scorer.encoder.model.parameters()).add_(0.01)
+    assert scorer.mark_finetuned("wmt15-da-1790pairs").finetuned != first  # other weights, another digest
+    scorer.save_pretrained(tmp_path / "tuned")
+    loaded = Scorer.from_pretrained(tmp_path / "tuned")
+    assert loaded.finetuned == scorer.finetuned and loaded.signature == scorer.signature
+    with pytest.raises(ValueError, match="fine-tuned on wmt15-da-1790pairs.*Scorer.from_pretrained"):
+        Scorer.from_signature(loaded.signature)
+    for bad in ("", "wmt 15", "a|b", None):
+        with pytest.raises(ValueError, match="without whitespace"):
+            scorer.mark_finetuned(bad)

@@ -401,7 +401,7 @@ def _levels(factor: str, config, idf_corpus: str, n_layers: int) -> tuple[list[s
         if config.centering not in values:
             values.append(config.centering)
         changes = [{"centering": c, "center_scope": config.center_scope if c == "batch" else "joint"} for c in values]
-        names = [c + ("-separate" if c == "batch" and config.center_scope == "separate" else "") for c in values]
+        names = [c + (f"-{config.center_scope}" if c == "batch" and config.center_scope != "joint" else "") for c in values]
         return names, changes, values.index(config.centering)
     if factor == "temperature":
         values = sorted(set(TEMPERATURES) | {config.temperature})

@@ -142,7 +142,7 @@ class Centering(nn.Module):
             if self.mode != "batch":
                 raise ValueError(f"an explicit mean is only defined for mode='batch', this module uses {self.mode!r}")
             return center(x, mask, "fixed", mean)
-        sync = self.sync and self.training and is_distributed()  # batch mean over all ranks
+        sync = self._syncs()  # batch mean over all ranks
         x = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16/fp16 encoders: means in float32
         if self.mode in ("none", "dimension", "sentence") or (self.mode == "batch" and not sync):
             return center(x, mask, self.mode)
@@ -161,6 +161,17 @@ class Centering(nn.Module):
                 + (" or run it in training mode" if self.mode == "running" else "")
             )
         return center(x, mask, "fixed", self.mean)
+
+    def batch_mean(self, x: Tensor, mask: Tensor) -> Tensor:
+        """``[D]`` the mean that ``batch`` mode subtracts from ``x`` (``[B, L, D]``, ``mask``: ``[B, L]``):
+        of its real tokens, over every rank in training under ``torch.distributed`` (as :meth:`forward`);
+        in float32 or wider. For a caller that centers other vectors on it (``forward(y, m, mean=...)``)."""
+        x = x.to(torch.promote_types(x.dtype, torch.float32))
+        return global_token_mean(x, mask) if self._syncs() else token_mean(x, mask)
+
+    def _syncs(self) -> bool:
+        """Whether a batch mean is taken over all ranks (``sync``, in training, in a distributed job)."""
+        return self.sync and self.training and is_distributed()
 
     @torch.no_grad()
     def _update_running_mean(self, batch_mean: Tensor, n_tokens: int) -> None:

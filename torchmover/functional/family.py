@@ -102,13 +102,15 @@ def _unit_vectors(x: Tensor, mask: Tensor, finite_padding: bool = False) -> Tens
 
     ``finite_padding``: the caller knows that padding holds finite values (an encoder's output, a
     centered or gathered batch), so zeroing it first (a select over all of ``x``, a scalar loop on
-    the CPU) is not needed: the norms are divided by the mask instead, which
-    makes them ``inf`` at padding, where ``x / inf`` is then 0 (signed); real tokens are divided by
-    the same norms, to the bit."""
+    the CPU) is not needed: the norms (``[..., 1]``, small) are replaced by ``inf`` at padding
+    instead, where ``x / inf`` is then 0 (signed); real tokens are divided by the same norms, to the
+    bit. The replacement is a select, so no gradient reaches a padding norm: dividing the norms by
+    the mask would give the same values but a NaN gradient (``0 · inf``) wherever padding is not zero
+    (no centering, which zeroes it)."""
     if not finite_padding:
         x = torch.where(mask.unsqueeze(-1), x, 0.0)
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
-    return x / (norm.div(mask.unsqueeze(-1)) if finite_padding else norm)
+    return x / (torch.where(mask.unsqueeze(-1), norm, torch.inf) if finite_padding else norm)
 
 
 def _placeholder_for_empty(x: Tensor, mask: Tensor, w: Tensor, empty: Tensor):

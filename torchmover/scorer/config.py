@@ -28,7 +28,7 @@ from ..text.encoder import DEFAULT_MODEL, SPECIAL_TOKEN_POLICIES
 from ..text.weights import ENGLISH_STOPWORDS, PUNCTUATION_POLICIES, SUBWORD_POLICIES
 
 MULTI_REF = ("max", "mean")
-CENTER_SCOPES = ("joint", "separate")
+CENTER_SCOPES = ("joint", "separate", "pairs")
 NAMED_STOPWORDS = {"english": ENGLISH_STOPWORDS}
 GROUPS = ("encoder", "metric", "token policy")
 
@@ -66,7 +66,10 @@ class ScorerConfig:
     ``stopwords`` (a tuple of words, or ``"english"``), ``punctuation`` (``keep``/``drop``/``ascii``),
     ``idf`` (weights from :meth:`Scorer.fit_idf <torchmover.Scorer.fit_idf>`) and ``ngram``.
     ``center_scope``: ``joint`` centers hypotheses and references together (the paper), ``separate``
-    each side on its own batch mean (the TWMD authors' released code).
+    each side on the mean of its own distinct texts, ``pairs`` each side on the mean of its texts as
+    the pairs list them, a text counted once per pair it is in (the TWMD authors' released code, which
+    concatenates the 32 references and the 32 candidates of a mini-batch, repeats included, and
+    subtracts each side's token mean).
     ``rescale``: map every score ``s`` to ``(s − b) / (1 − b)`` with the baseline ``b`` of unrelated
     pairs (:meth:`Scorer.fit_baseline <torchmover.Scorer.fit_baseline>`).
     """
@@ -83,8 +86,9 @@ class ScorerConfig:
     centering: str | None = _option(
         None, "metric", "default: the model's measured choice (none for the default model), else batch; "
                         "fixed/running: fitted on the references", choices=lambda: MODULE_MODES)
-    center_scope: str = _option("joint", "metric", "batch centering of both sides together, or each apart "
-                                                   "(default: joint)", choices=lambda: CENTER_SCOPES)
+    center_scope: str = _option("joint", "metric", "batch centering of both sides together, each apart, or each "
+                                                   "apart with a text counted once per pair it is in, as the TWMD "
+                                                   "authors' code (default: joint)", choices=lambda: CENTER_SCOPES)
     multi_ref: str = _option("max", "metric", "how several references combine (default: max)",
                              choices=lambda: MULTI_REF)
     max_length: int | None = _option(None, "encoder", "encoder window in tokens (default: the model's)")
@@ -123,8 +127,8 @@ class ScorerConfig:
         for name in ("idf", "rescale"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.center_scope == "separate" and self.centering not in (None, "batch"):
-            raise ValueError("center_scope='separate' needs centering='batch' (each side's own batch mean)")
+        if self.center_scope != "joint" and self.centering not in (None, "batch"):
+            raise ValueError(f"center_scope={self.center_scope!r} needs centering='batch' (each side's own batch mean)")
         if member.documents and not (self.token_policy_is_identity and not self.idf and self.ngram == 1):
             raise ValueError(f"method={self.method!r} moves words and sentences of whole documents: it takes no "
                              "subwords/stopwords/punctuation/idf/ngram options")

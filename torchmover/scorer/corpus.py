@@ -206,6 +206,15 @@ def side_texts(hyps: list[str], groups: list[list[str]], side: str | None) -> li
     return [t for h, g in zip(hyps, groups) for t in (h, *g)]
 
 
+def pair_texts(hyps: list[str], groups: list[list[str]], side: str) -> list[str]:
+    """The texts of a side once per (hypothesis, reference) pair, repeats included: each hypothesis once
+    per reference of its group (``hyp``), each reference (``ref``). What ``center_scope="pairs"``
+    averages (the TWMD authors' mini-batches concatenate the pairs' texts)."""
+    if side == "hyp":
+        return [h for h, g in zip(hyps, groups) for _ in g]
+    return [r for g in groups for r in g]
+
+
 def call_means(scorer: nn.Module, chunks: Iterable[tuple[list[str], list[list[str]]]], batch_size: int, *,
                group=None, sum_group=None, bar: PairProgress | None = None) -> tuple[tuple[Tensor, ...], TokenArena | None, Share | None]:
     """The first pass under ``batch`` centering: the mean unit vector of the distinct texts of every
@@ -240,8 +249,11 @@ def token_sums(scorer: nn.Module, chunks: Iterable[tuple[list[str], list[list[st
         encoded = dict.fromkeys(t for side in sides for t in side_texts(mine_h, mine_g, side))
         arena = embed_distinct(scorer, list(encoded), batch_size, credit(bar, len(hyps) * weight))
         for k, side in enumerate(sides):
-            texts = side_texts(hyps, groups, side)
-            counted = owned_texts(seen[side].new(texts), texts, side, groups, share) if group else seen[side].new(texts)
+            if scorer.config.center_scope == "pairs":  # repeats included: a text's rows are summed once per pair
+                counted = pair_texts(mine_h, mine_g, side)
+            else:
+                texts = side_texts(hyps, groups, side)
+                counted = owned_texts(seen[side].new(texts), texts, side, groups, share) if group else seen[side].new(texts)
             for units in arena.flat(arena.in_storage_order(counted)):
                 stats[k, :-1] += token_sum(units.vectors[None], units.mask[None], torch.float64)
                 stats[k, -1] += units.mask.sum()

@@ -26,7 +26,7 @@ from ..runtime.devices import resolve_device, resolve_dtype
 from ..runtime.distributed import shard
 from ..runtime.progress import show_progress
 from ..text.documents import encode_documents
-from ..text.encoder import DEFAULT_MODEL, Encoder
+from ..text.encoder import DEFAULT_MODEL, Encoder, weights_digest
 from ..text.weights import IDF, fit_idf_over_ranks, keep_mask, ngrams, pool_subwords
 from . import corpus, serialization
 from .config import ScorerConfig
@@ -140,6 +140,7 @@ class Scorer(nn.Module):
         self.centering = Centering(self.config.centering, dim=encoder.hidden_size)
         self.idf: dict[str, IDF] = {}  # "hyp" / "ref" dictionaries, from fit_idf
         self.baseline = None  # scores of unrelated pairs, from fit_baseline
+        self._finetuned = None  # what the encoder was fine-tuned on, from mark_finetuned
         self.compile_transport = check_compile(compile, self.config.method, self.config.n_iter)
         self.to(device=device, dtype=dtype)  # the centering mean stays float32 (Centering._apply)
         self.eval()  # like a loaded Hugging Face model: call .train() to fine-tune (dropout on)
@@ -180,7 +181,26 @@ class Scorer(nn.Module):
     def signature(self) -> str:
         """One line pinning model, revision, layer, token policy, method, direction, T, iterations,
         centering, weights, reference pooling, window and library versions (:mod:`torchmover.scorer.signature`)."""
-        return scorer_signature(self.config, self.idf, self.centering, self.baseline)
+        return scorer_signature(self.config, self.idf, self.centering, self.baseline, self.finetuned)
+
+    @property
+    def finetuned(self) -> str | None:
+        """What the encoder was fine-tuned on and the digest of its weights (``"<on>@weights-<hash>"``,
+        from :meth:`mark_finetuned` or a saved scorer), or None for the weights as loaded. The
+        signature shows it after the model it started from."""
+        return self._finetuned
+
+    def mark_finetuned(self, on: str) -> "Scorer":
+        """Record that the encoder was fine-tuned on ``on`` (a name for the training data, e.g.
+        ``"wmt15-da-1790pairs"``: no whitespace, no ``|``), pinned with a digest of the weights as
+        they are now (:func:`~torchmover.text.encoder.weights_digest`): call it when training is
+        done, before :meth:`save_pretrained`. The :attr:`signature` then says that the scorer was
+        fine-tuned, on what, and which weights it reads, and :meth:`from_signature` refuses it (the
+        weights are not on the hub: load the saved directory)."""
+        if not isinstance(on, str) or not on or any(ch.isspace() or ch == "|" for ch in on):
+            raise ValueError(f"on must be a non-empty name without whitespace or '|' (a signature field), got {on!r}")
+        self._finetuned = f"{on}@weights-{weights_digest(self.encoder.model)}"
+        return self
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "Scorer":
@@ -459,9 +479,11 @@ class Scorer(nn.Module):
                    means: tuple[Tensor, ...] | None = None, nonempty: bool = False) -> Tensor | PRF:
         """Center ``units`` (one row per distinct text of the call, hypotheses first) and score every
         pair of ``plan`` (``[B]``, or ``PRF``). ``means``: explicit batch-centering means (one, joint;
-        or the hypotheses' and the references', separate) instead of those of ``units`` (see :meth:`score`).
-        ``nonempty``: every text has a unit (:meth:`token_clouds`)."""
+        or the hypotheses' and the references', separate / pairs) instead of those of ``units`` (see
+        :meth:`score`). ``nonempty``: every text has a unit (:meth:`token_clouds`)."""
         hyp_rows = slice(0, plan.n_hyp_texts)
+        if means is None and self.config.center_scope == "pairs":
+            means = self.pair_means(units, plan)
         hyp_mean, ref_mean = (None, None) if means is None else (means[0], means[-1])
         if self.config.center_scope == "joint":
             centered = self.center(units, hyp_mean)
@@ -472,6 +494,17 @@ class Scorer(nn.Module):
         if return_all:
             return self.score_all_pairs(hyp_units, ref_units, plan.index, plan.n_hyps, nonempty=nonempty)
         return self.score_pairs(hyp_units, ref_units, plan.index, plan.n_hyps, nonempty=nonempty)
+
+    def pair_means(self, units: Units, plan: CallPlan) -> tuple[Tensor, Tensor]:
+        """``center_scope="pairs"``: the hypotheses' and the references' batch means over the texts of
+        ``plan``'s pairs, each text of ``units`` counted once per pair it is in (the rows of each side
+        gathered pair by pair, repeats included, as the TWMD authors' code concatenates them)."""
+        index = plan.index
+        n_pairs = plan.n_hyps if index.owner is None else len(index.owner)
+        every_pair = torch.arange(n_pairs, device=units.mask.device)
+        hyp_rows = every_pair if index.hyp is None else index.hyp
+        ref_rows = plan.ref_rows.index_select(0, every_pair if index.ref is None else index.ref)
+        return tuple(self.centering.batch_mean(*units.select(rows)[:2]) for rows in (hyp_rows, ref_rows))
 
     @torch.no_grad()
     def score(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]],

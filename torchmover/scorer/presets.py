@@ -16,10 +16,16 @@ Presets:
 ``twmd-b``           the TWMD paper's defaults: roberta-base, layer 10, TWMD, T = 0.10, one iteration,
                      recall, batch centering of hypotheses and references together.
 ``twmd-b-authors``   the released TWMD-b code's choices where they differ: [CLS] kept and the final
-                     separator dropped, references and candidates centered separately on their own batch
-                     means (their code centers each mini-batch of 32 pairs: call the scorer on slices
-                     of 32 pairs to reproduce that; ``scorer.score`` centers on the whole call), and its
-                     "recall" (= precision here).
+                     separator dropped (for the centering mean as for the clouds), references and
+                     candidates centered separately, each on the mean of its side's texts of the batch's
+                     pairs, a text counted once per pair it is in (``center_scope="pairs"``; their code
+                     centers each mini-batch of 32 pairs: call the scorer on slices of 32 pairs to
+                     reproduce that; ``scorer.score`` centers on the whole call), and its "recall"
+                     (= precision here). Its P, R and F1 are torchmover's ``precision``, ``recall`` and
+                     ``f1`` directions (their F1 ``f1_12 / sqrt(f1_11 · f1_22)`` is torchmover's ``f1``:
+                     the self-terms of both directions are equal, so normalising the harmonic mean and
+                     taking the harmonic mean of normalised scores agree); ``bench/compare_authors.py``
+                     checks all three, for TWMD, TRWMD and BERTScore, with and without centering.
 ``trwmd-b``          TRWMD-b: the closed-form relaxation, T = 0.15.
 ``twmd``             TWMD without centering at the paper's T = 0.02.
 ``moverscore``       MoverScore v2: distilbert-base-uncased, last layer, [CLS]/[SEP] kept (IDF gives them
@@ -41,13 +47,14 @@ from __future__ import annotations
 
 import warnings
 
+from .config import CENTER_SCOPES
 from .signature import library_versions, parse_signature
 
 PRESETS: dict[str, dict] = {
     "twmd-b": dict(model="roberta-base", method="twmd", temperature=0.10, n_iter=1, direction="recall",
                    centering="batch"),
     "twmd-b-authors": dict(model="roberta-base", method="twmd", temperature=0.10, n_iter=1,
-                           direction="precision", centering="batch", center_scope="separate",
+                           direction="precision", centering="batch", center_scope="pairs",
                            special_tokens="cls"),
     "trwmd-b": dict(model="roberta-base", method="trwmd", temperature=0.15, direction="recall", centering="batch"),
     "twmd": dict(model="roberta-base", method="twmd", temperature=0.02, n_iter=1, direction="recall",
@@ -88,6 +95,9 @@ def signature_options(signature: str, stopwords=None) -> dict:
     (``stopwords=...``). Warns when the signature was made with other library versions.
     """
     method, f = parse_signature(signature)
+    if "finetuned" in f:
+        raise ValueError(f"the signature is of a scorer fine-tuned on {f['finetuned']}: its weights are not on the "
+                         "hub; load the directory it was saved to with Scorer.from_pretrained")
     model, _, revision = f["model"].partition("@")
     options = dict(model=model, revision=revision or None, layer=int(f["layer"]), method=method,
                    multi_ref=f.get("refs", "max"), max_length=int(f["maxlen"]) if "maxlen" in f else None,
@@ -110,7 +120,7 @@ def signature_options(signature: str, stopwords=None) -> dict:
     if center[0] not in _CENTERINGS:
         raise ValueError(f"unknown centering {f.get('center')!r} in the signature")
     options["centering"] = center[0]
-    options["center_scope"] = "separate" if "separate" in center else "joint"
+    options["center_scope"] = next((scope for scope in CENTER_SCOPES if scope in center[1:]), "joint")
     mismatched = {k: (v, f[k]) for k, v in library_versions().items() if k in f and f[k] != v}
     if mismatched:
         warnings.warn("the signature was made with other library versions (installed, signed): "

@@ -5,6 +5,7 @@ Layout of a saved scorer::
     path/
       torchmover.json          {"format": 1, "torchmover": "<version>", "config": {ScorerConfig fields},
                                 "encoder_dtype": "float32", "signature": "...", "baseline": [P, R, F1] or null,
+                                "finetuned": "<what it was fine-tuned on>@weights-<hash>" or null,
                                 "files": {"<relative path>": "<SHA-256>", ...},
                                 "manifest_sha256": "<SHA-256 of the rest of this file's content>"}
       encoder/                 the encoder cut at ``layer`` (``model.safetensors``, ``config.json``)
@@ -105,6 +106,7 @@ def save_scorer(scorer, path: str | os.PathLike) -> Path:
             "config": dataclasses.asdict(scorer.config),
             "encoder_dtype": str(encoder.dtype).removeprefix("torch."),
             "baseline": None if scorer.baseline is None else list(scorer.baseline),  # rescaling, fit_baseline
+            "finetuned": scorer.finetuned,  # what the encoder was fine-tuned on (mark_finetuned), or None
             "signature": scorer.signature,  # informative only: the signature of the saved scorer
         }
         _install(tmp, target, meta)
@@ -284,6 +286,7 @@ class SavedScorer(NamedTuple):
     baseline: list[float] | None
     idf: dict[str, IDF]
     root: Path
+    finetuned: str | None = None
 
     def restore(self, scorer) -> None:
         """Put the fitted statistics into ``scorer`` (built from :attr:`config` on :attr:`encoder`)."""
@@ -301,6 +304,7 @@ class SavedScorer(NamedTuple):
                 raise ValueError(f"corrupt baseline in {str(self.root / CONFIG_FILE)!r}: {e}") from e
         if self.idf:
             scorer.idf = self.idf
+        scorer._finetuned = self.finetuned
 
 
 def load_saved(path: str | os.PathLike, dtype: str | torch.dtype | None = None, verify: bool = True) -> SavedScorer:
@@ -355,7 +359,10 @@ def load_saved(path: str | os.PathLike, dtype: str | torch.dtype | None = None, 
             idf = {side: IDF.from_dict(saved[side]) for side in ("hyp", "ref")}
         except (OSError, KeyError, TypeError, ValueError) as e:  # UnicodeDecodeError, JSONDecodeError: ValueErrors
             raise ValueError(f"corrupt {str(root / IDF_FILE)!r}: {e}") from e
-    return SavedScorer(config, encoder, buffers, meta.get("baseline"), idf, root)
+    finetuned = meta.get("finetuned")
+    if finetuned is not None and not isinstance(finetuned, str):
+        raise ValueError(f"corrupt 'finetuned' in {str(root / CONFIG_FILE)!r}: expected a string, got {finetuned!r}")
+    return SavedScorer(config, encoder, buffers, meta.get("baseline"), idf, root, finetuned)
 
 
 def _load_encoder_files(directory: Path):

@@ -35,13 +35,18 @@ def tensor_digest(t: torch.Tensor) -> str:
     return hashlib.sha256(data).hexdigest()[:10]
 
 
-def scorer_signature(config: ScorerConfig, idf: dict, centering, baseline) -> str:
+def scorer_signature(config: ScorerConfig, idf: dict, centering, baseline, finetuned: str | None = None) -> str:
     """The signature of a scorer of (resolved) ``config``, with its fitted statistics: the ``idf``
     dictionaries (``{"hyp": IDF, "ref": IDF}`` or empty), its ``centering`` module (a fitted mean is
-    pinned by a digest) and its rescaling ``baseline`` (``PRF`` or None). A member's traits decide
-    which of ``direction``, ``T`` and ``iter`` it has."""
+    pinned by a digest), its rescaling ``baseline`` (``PRF`` or None) and, for an encoder fine-tuned
+    after loading, what it was fine-tuned on and the digest of its weights (``finetuned``, the field
+    after ``model``, which then names the model it started from). A member's traits decide which of
+    ``direction``, ``T`` and ``iter`` it has."""
     c, member = config, get_member(config.method)
-    fields = {"model": c.model + (f"@{c.revision}" if c.revision else ""), "layer": c.layer}
+    fields = {"model": c.model + (f"@{c.revision}" if c.revision else "")}
+    if finetuned is not None:
+        fields["finetuned"] = finetuned
+    fields["layer"] = c.layer
     if c.power_mean_layers > 1:
         fields["pmeans"] = c.power_mean_layers
     stop = "none" if not c.stopwords else next(
@@ -58,7 +63,7 @@ def scorer_signature(config: ScorerConfig, idf: dict, centering, baseline) -> st
         fields["T"] = WMD_TEMPERATURE if member.temperature == "fixed" else (c.temperature or "exact")
     if member.iterations and (member.temperature == "tuned" or c.temperature):
         fields["iter"] = "converged" if c.n_iter is None else c.n_iter
-    center = c.centering + ("-separate" if c.center_scope == "separate" else "")
+    center = c.centering + ("" if c.center_scope == "joint" else f"-{c.center_scope}")
     if c.centering in ("fixed", "running") and centering.fitted:
         center += f"-{tensor_digest(centering.mean)}"
     fields.update({"center": center, "refs": c.multi_ref, "maxlen": c.max_length})

@@ -1,0 +1,216 @@
+"""Which choices make TWMD robust beyond WMT: chosen on WMT15-16, checked on held-out sentence similarity.
+
+The question (issue 30, §4): on a benchmark of another kind, sentence similarity (the SemEval STS12-16
+English test sets), the WMT-chosen default trails bert_score's F1, and torchmover's own ``bertscore``
+member beats it. bert_score keeps [CLS]/[SEP] as zero-mass matching targets; TWMD drops them. This
+script finds, **on WMT15-16 only**, the best settings of each variant of the choices in question, then
+scores the chosen configurations once on STS, which never chooses anything:
+
+- TWMD with each special-tokens policy (``drop``: [CLS]/[SEP] removed, the default; ``cls``: [CLS]
+  kept, the TWMD authors' code; ``keep``: both kept as tokens with mass — a transport plan with exact
+  marginals sends nothing to a zero-mass target, so ``keep`` is TWMD's analogue of bert_score's
+  targets), with and without IDF weights (fitted on the distinct references), in the directions
+  recall and f1: for each, the best layer at T = 0.10, then the best T of {0.05, 0.10, 0.15, 0.20}
+  at that layer;
+- BERTScore F1 as bert_score computes it (``special_tokens="target"``; with and without IDF) and
+  torchmover's ``bertscore`` member with special tokens dropped: each at its best layer;
+- TRWMD f1 (T = 0.15) with special tokens dropped or as targets: each at its best layer.
+
+Every configuration keeps the model's default centering (``MODEL_DEFAULTS``, else ``batch``). Scores
+come from the same code as ``bench/select_defaults.py`` (its cached encodings, batches of 32 pairs as
+``Scorer.score`` forms them, the family's functions as ``Scorer`` runs them); with ``--cache`` the
+WMT encoding of ``select_defaults.py --cache`` is reused.
+
+STS is read by path (``--sts``, e.g. the TWMD authors' ``dataset/STS``: ``STS1x-en-test/STS.input.
+<subset>.txt`` and ``STS.gs.<subset>.txt``; pairs without a gold score dropped) and never copied. Its
+score is the TWMD authors' protocol (``run_STS.py``): Pearson r per subset, averaged per year weighted
+by the subsets' sizes, then over the five years; the first sentence is the hypothesis, the second the
+reference. WMT15-16 is the average Pearson r over its 10 language-pair × year groups.
+
+Command (from the repository root)::
+
+    python bench/robustness.py --data ../shared/data/wmt15-16 --sts ../authors-code/dataset/STS \\
+        [--model <local dir>] [--cache <scratch dir>] --out bench/results/
+
+Writes ``robustness[_<name>].md`` and ``.json`` into ``--out``.
+"""
+from __future__ import annotations
+
+import io
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_common import wmt_parser  # noqa: E402
+from select_defaults import EmbeddingCache, Sweep, cfg, config_key, load_wmt, make_batches  # noqa: E402
+
+STS_SUBSETS = {  # the TWMD authors' run_STS.py (STS13's SMT input is not distributed)
+    12: ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
+    13: ["FNWN", "headlines", "OnWN"],
+    14: ["deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"],
+    15: ["answers-forums", "answers-students", "belief", "headlines", "images"],
+    16: ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"],
+}
+TEMPERATURES = (0.05, 0.10, 0.15, 0.20)
+POLICIES = ("drop", "cls", "keep")
+
+
+# --- data -----------------------------------------------------------------------------------------
+
+def read_sts(root: Path) -> list[dict]:
+    """Rows ``{group, year, hyp, ref, score}`` of every STS subset with a gold score."""
+    rows = []
+    for year, subsets in STS_SUBSETS.items():
+        for subset in subsets:
+            folder = root / f"STS{year}-en-test"
+            pairs = io.open(folder / f"STS.input.{subset}.txt", encoding="utf8").read().splitlines()
+            gold = io.open(folder / f"STS.gs.{subset}.txt", encoding="utf8").read().splitlines()
+            if len(pairs) != len(gold):
+                raise SystemExit(f"{folder}: {subset} has {len(pairs)} pairs and {len(gold)} gold lines")
+            for line, score in zip(pairs, gold):
+                if score.strip():
+                    first, second = line.split("\t")[:2]
+                    rows.append({"group": f"STS{year} {subset}", "year": year, "hyp": first, "ref": second,
+                                 "score": float(score)})
+    return rows
+
+
+class Benchmark:
+    """One data set's texts encoded once (:class:`EmbeddingCache`), its batches and a :class:`Sweep`
+    (IDF fitted on its distinct references)."""
+
+    def __init__(self, rows: list[dict], model: str, args, cache_dir: Path | None):
+        from torchmover.text.weights import IDF
+
+        texts = list(dict.fromkeys([r["hyp"] for r in rows] + [r["ref"] for r in rows]))
+        tid = {t: i for i, t in enumerate(texts)}
+        self.cache = EmbeddingCache(texts, model, args.encode_batch_size, cache_dir)
+        batches = make_batches([tid[r["hyp"]] for r in rows], [tid[r["ref"]] for r in rows],
+                               [len(t) for t in texts], args.batch_size)
+        idf = IDF.fit(list(dict.fromkeys(r["ref"] for r in rows)), self.cache.tokenizer)
+        self.sweep = Sweep(self.cache, batches, len(rows), np.array([r["group"] for r in rows]),
+                           np.array([r["score"] for r in rows]), idf)
+        self.sizes = {g: sum(r["group"] == g for r in rows) for g in self.sweep.group_names}
+
+    def score(self, configs: list[dict], desc: str) -> None:
+        self.sweep.run(configs, desc)
+
+    def r(self, c: dict) -> float:
+        return self.sweep.results[config_key(c)]["avg_r"]
+
+
+def sts_average(result: dict, sizes: dict[str, int]) -> tuple[float, dict[int, float]]:
+    """The authors' STS average: per year the size-weighted mean Pearson r of its subsets, then the
+    mean over the years; and the per-year values."""
+    years = {}
+    for year in STS_SUBSETS:
+        groups = [g for g in sizes if g.startswith(f"STS{year} ")]
+        years[year] = float(np.average([result["per_group"][g]["r"] for g in groups],
+                                       weights=[sizes[g] for g in groups]))
+    return float(np.mean(list(years.values()))), years
+
+
+# --- selection on WMT ------------------------------------------------------------------------------
+
+def best(wmt: Benchmark, configs: list[dict]) -> dict:
+    return max(configs, key=wmt.r)
+
+
+def select_on_wmt(wmt: Benchmark, n_layers: int, centering: str) -> dict[str, dict]:
+    """Each variant's configuration of best WMT15-16 average r (module docs)."""
+    layers = range(1, n_layers + 1)
+    chosen = {}
+    twmd = {(p, idf, d): [cfg(l, centering, "twmd", 0.10, d, special_tokens=p, idf=idf) for l in layers]
+            for p in POLICIES for idf in (False, True) for d in ("recall", "f1")}
+    wmt.score([c for cs in twmd.values() for c in cs], "WMT: TWMD variants x layer")
+    for (p, idf, d), configs in twmd.items():
+        layer = best(wmt, configs)["layer"]
+        at_layer = [cfg(layer, centering, "twmd", t, d, special_tokens=p, idf=idf) for t in TEMPERATURES]
+        wmt.score(at_layer, f"WMT: T at layer {layer}")
+        chosen[f"twmd/{d}/special={p}" + ("/idf" if idf else "")] = best(wmt, at_layer)
+    others = {
+        "bert_score F1 (special=target)": [cfg(l, centering, "bertscore", direction="f1", special_tokens="target")
+                                           for l in layers],
+        "bert_score F1 (special=target)/idf": [cfg(l, centering, "bertscore", direction="f1",
+                                                   special_tokens="target", idf=True) for l in layers],
+        "bertscore member F1 (special=drop)": [cfg(l, centering, "bertscore", direction="f1") for l in layers],
+        "trwmd/f1/special=drop": [cfg(l, centering, "trwmd", 0.15, "f1") for l in layers],
+        "trwmd/f1/special=target": [cfg(l, centering, "trwmd", 0.15, "f1", special_tokens="target") for l in layers],
+    }
+    wmt.score([c for cs in others.values() for c in cs], "WMT: other members x layer")
+    chosen.update({name: best(wmt, configs) for name, configs in others.items()})
+    return chosen
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+def run(args) -> dict:
+    import torchmover
+    from torchmover.scorer.config import DEFAULT_CENTERING, MODEL_DEFAULTS
+
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    library = torchmover.Scorer(args.model, device="cpu").config
+    name = library.model
+    default = cfg(library.layer, library.centering, library.method, library.temperature, library.direction)
+    centering = MODEL_DEFAULTS.get(name, {}).get("centering", DEFAULT_CENTERING)
+    wmt = Benchmark(load_wmt(args.data), args.model, args, args.cache and args.cache / "wmt")
+    wmt.score([default], "WMT: the library default")
+    chosen = {"library default": default, **select_on_wmt(wmt, wmt.cache.n_layers, centering)}
+    sts = Benchmark(read_sts(args.sts), args.model, args, args.cache and args.cache / "sts")
+    sts.score(list(chosen.values()), "STS (held out)")
+    rows = {}
+    for label, c in chosen.items():
+        sts_r, per_year = sts_average(sts.sweep.results[config_key(c)], sts.sizes)
+        rows[label] = {"config": config_key(c), "wmt_r": wmt.r(c), "sts_r": sts_r, "sts_years": per_year}
+    return {"model": name, "centering": centering, "rows": rows, "n_wmt": wmt.sweep.n_pairs,
+            "n_sts": sts.sweep.n_pairs, "threads": args.threads, "torch": torch.__version__,
+            "wall_s": time.perf_counter() - t0, "wmt_results": wmt.sweep.results}
+
+
+def report(args, res: dict) -> str:
+    model = "" if args.model.startswith("sentence-transformers/all-MiniLM") else f" --model <{res['model'].rsplit('/', 1)[-1]} dir>"
+    lines = [f"# Robustness beyond WMT: `{res['model']}`, chosen on WMT15-16, checked on STS12-16", "",
+             f"`python bench/robustness.py --data ../shared/data/wmt15-16 --sts ../authors-code/dataset/STS{model} "
+             f"--cache <dir> --out bench/results/`", "",
+             f"- WMT15-16: {res['n_wmt']} pairs, average Pearson r over the 10 language-pair × year groups; every "
+             "configuration below except the library default was chosen there (best layer, then best T).",
+             f"- STS12-16 (held out, never chooses): {res['n_sts']} pairs with a gold score; Pearson r per subset, "
+             "size-weighted per year, averaged over the five years (the TWMD authors' `run_STS.py`).",
+             f"- Centering: the model's default, `{res['centering']}`, throughout. torch {res['torch']}, "
+             f"{res['threads']} thread(s); wall time {res['wall_s'] / 60:.0f} min.", "",
+             "| variant | configuration (chosen on WMT) | WMT15-16 r | STS12-16 r | STS12 | STS13 | STS14 | STS15 | STS16 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for label, row in sorted(res["rows"].items(), key=lambda kv: -kv[1]["sts_r"]):
+        years = " | ".join(f"{row['sts_years'][y]:.3f}" for y in STS_SUBSETS)
+        lines.append(f"| {label} | `{row['config']}` | {row['wmt_r']:.4f} | **{row['sts_r']:.4f}** | {years} |")
+    return "\n".join(lines + [""])
+
+
+def main(argv=None) -> None:
+    parser = wmt_parser(__doc__)
+    parser.add_argument("--sts", type=Path, required=True, help="the STS12-16 English test sets (STS1x-en-test/)")
+    parser.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2", help="encoder (default: %(default)s)")
+    parser.add_argument("--cache", type=Path, help="keep the encodings here (wmt/, sts/; memory-mapped, reused)")
+    parser.add_argument("--batch-size", type=int, default=32, help="pairs per scoring/centering batch")
+    parser.add_argument("--encode-batch-size", type=int, default=64, help="texts per encoder forward")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
+    args = parser.parse_args(argv)
+    res = run(args)
+    suffix = "" if res["model"].endswith("all-MiniLM-L6-v2") else "_" + res["model"].rsplit("/", 1)[-1]
+    text = report(args, res)
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"robustness{suffix}.md").write_text(text)
+    (args.out / f"robustness{suffix}.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
