@@ -185,7 +185,7 @@ def on_meta(scorer: Scorer) -> Scorer:
 
     def shapes_only(input_ids, **_):
         h = torch.empty(*input_ids.shape, width, device="meta")
-        return SimpleNamespace(hidden_states=(h,) * (layers + 1))
+        return SimpleNamespace(hidden_states=(h,) * (layers + 1), last_hidden_state=h)
     model.forward = shapes_only
     return scorer
 

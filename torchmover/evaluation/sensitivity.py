@@ -457,7 +457,7 @@ class _MemoEncoder(Encoder):
         self.layer, self.name, self.revision = inner.layer, inner.name, inner.revision
         self.max_length, self.special_tokens = inner.max_length, inner.special_tokens
         self.power_mean_layers, self.reads_type_ids = inner.power_mean_layers, inner.reads_type_ids
-        self.special_ends = inner.special_ends
+        self.special_ends, self.last_state_is_layer = inner.special_ends, inner.last_state_is_layer
         self._memo: dict[tuple[str, ...], TokenEmbeddings] = {}
 
     def forward(self, texts: Sequence[str], token_policy=None, *, with_word_ids: bool = True) -> TokenEmbeddings:

@@ -79,7 +79,7 @@ def score_corpus(scorer: nn.Module, hyps: Sequence[str], refs, batch_size: int =
             parts.append(score_chunk(scorer, *chunks[c], batch_size, means=means, return_all=return_all, group=group,
                                      arena=arena, share=share, bar=bar))
             kept = None
-    out = torch.cat(parts[::-1], dim=1).cpu() if parts else torch.zeros(3 if return_all else 1, 0)
+    out = torch.cat(parts[::-1], dim=1).cpu() if parts else torch.zeros(3 if return_all else 1, 0, device="cpu")
     return PRF(*out) if return_all else out[0]
 
 

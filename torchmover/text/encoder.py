@@ -588,19 +588,18 @@ class Encoder(nn.Module):
         """The model's token vectors of :attr:`layer` (:meth:`_layer_vectors`) for ``inputs``.
 
         The model is cut at :attr:`layer`, so its last hidden state is usually that layer's. The first
-        call asks for every hidden state and checks, bit for bit, whether the last one is the layer's
-        (:attr:`last_state_is_layer`; not for a model that changes its output after the last layer,
-        e.g. a final norm); if so, later calls ask for the last state alone, which spares holding every
-        layer's output of a batch until its forward ends (on a batch of long texts, several times the
-        vectors kept)."""
+        call asks for every hidden state and checks whether the model returned the layer's tensor itself
+        as its last state (:attr:`last_state_is_layer`: an identity test on the host, so no device read;
+        false for a model that changes its output after the last layer, e.g. a final norm); if so, later
+        calls ask for the last state alone, which spares holding every layer's output of a batch until
+        its forward ends (on a batch of long texts, several times the vectors kept)."""
         if self.last_state_is_layer:
             return self.model(**inputs, return_dict=True).last_hidden_state
         outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
         vectors = self._layer_vectors(outputs.hidden_states)
         if self.last_state_is_layer is None:
             last = getattr(outputs, "last_hidden_state", None)
-            self.last_state_is_layer = (self.power_mean_layers == 1 and isinstance(last, Tensor)
-                                        and last.shape == vectors.shape and bool(torch.equal(last, vectors)))
+            self.last_state_is_layer = self.power_mean_layers == 1 and last is vectors
         return vectors
 
     def _layer_vectors(self, hidden_states) -> Tensor:
