@@ -27,7 +27,8 @@ score is the TWMD authors' protocol (``run_STS.py``): Pearson r per subset, aver
 by the subsets' sizes, then over the five years; the first sentence is the hypothesis, the second the
 reference. WMT15-16 is the average Pearson r over its 10 language-pair × year groups.
 
-Command (from the repository root)::
+Without ``--sts`` only the selection on WMT15-16 runs (e.g. to choose bert_score's layer for
+``bench/base_encoder.py``). Command (from the repository root)::
 
     python bench/robustness.py --data ../shared/data/wmt15-16 --sts ../authors-code/dataset/STS \\
         [--model <local dir>] [--cache <scratch dir>] --out bench/results/
@@ -164,39 +165,51 @@ def run(args) -> dict:
     wmt = Benchmark(load_wmt(args.data), args.model, args, args.cache and args.cache / "wmt")
     wmt.score([default], "WMT: the library default")
     chosen = {"library default": default, **select_on_wmt(wmt, wmt.cache.n_layers, centering)}
-    sts = Benchmark(read_sts(args.sts), args.model, args, args.cache and args.cache / "sts")
-    sts.score(list(chosen.values()), "STS (held out)")
-    rows = {}
-    for label, c in chosen.items():
-        sts_r, per_year = sts_average(sts.sweep.results[config_key(c)], sts.sizes)
-        rows[label] = {"config": config_key(c), "wmt_r": wmt.r(c), "sts_r": sts_r, "sts_years": per_year}
+    rows = {label: {"config": config_key(c), "wmt_r": wmt.r(c), "sts_r": None, "sts_years": None}
+            for label, c in chosen.items()}
+    sts = None
+    if args.sts is not None:
+        sts = Benchmark(read_sts(args.sts), args.model, args, args.cache and args.cache / "sts")
+        sts.score(list(chosen.values()), "STS (held out)")
+        for label, c in chosen.items():
+            rows[label]["sts_r"], rows[label]["sts_years"] = sts_average(sts.sweep.results[config_key(c)], sts.sizes)
     return {"model": name, "centering": centering, "rows": rows, "n_wmt": wmt.sweep.n_pairs,
-            "n_sts": sts.sweep.n_pairs, "threads": args.threads, "torch": torch.__version__,
+            "n_sts": sts and sts.sweep.n_pairs, "threads": args.threads, "torch": torch.__version__,
             "wall_s": time.perf_counter() - t0, "wmt_results": wmt.sweep.results}
 
 
 def report(args, res: dict) -> str:
     model = "" if args.model.startswith("sentence-transformers/all-MiniLM") else f" --model <{res['model'].rsplit('/', 1)[-1]} dir>"
-    lines = [f"# Robustness beyond WMT: `{res['model']}`, chosen on WMT15-16, checked on STS12-16", "",
-             f"`python bench/robustness.py --data ../shared/data/wmt15-16 --sts ../authors-code/dataset/STS{model} "
-             f"--cache <dir> --out bench/results/`", "",
+    sts = res["n_sts"] is not None
+    lines = [f"# Robustness beyond WMT: `{res['model']}`, chosen on WMT15-16" + (", checked on STS12-16" if sts else ""),
+             "", f"`python bench/robustness.py --data ../shared/data/wmt15-16"
+             + (" --sts ../authors-code/dataset/STS" if sts else "") + f"{model} --cache <dir> --out bench/results/`", "",
              f"- WMT15-16: {res['n_wmt']} pairs, average Pearson r over the 10 language-pair × year groups; every "
-             "configuration below except the library default was chosen there (best layer, then best T).",
-             f"- STS12-16 (held out, never chooses): {res['n_sts']} pairs with a gold score; Pearson r per subset, "
-             "size-weighted per year, averaged over the five years (the TWMD authors' `run_STS.py`).",
-             f"- Centering: the model's default, `{res['centering']}`, throughout. torch {res['torch']}, "
-             f"{res['threads']} thread(s); wall time {res['wall_s'] / 60:.0f} min.", "",
-             "| variant | configuration (chosen on WMT) | WMT15-16 r | STS12-16 r | STS12 | STS13 | STS14 | STS15 | STS16 |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for label, row in sorted(res["rows"].items(), key=lambda kv: -kv[1]["sts_r"]):
-        years = " | ".join(f"{row['sts_years'][y]:.3f}" for y in STS_SUBSETS)
-        lines.append(f"| {label} | `{row['config']}` | {row['wmt_r']:.4f} | **{row['sts_r']:.4f}** | {years} |")
+             "configuration below except the library default was chosen there (best layer, then best T)."]
+    if sts:
+        lines.append(f"- STS12-16 (held out, never chooses): {res['n_sts']} pairs with a gold score; Pearson r per "
+                     "subset, size-weighted per year, averaged over the five years (the TWMD authors' `run_STS.py`).")
+    else:
+        lines.append("- STS not given (`--sts`): the selection on WMT15-16 alone.")
+    lines += [f"- Centering: the model's default, `{res['centering']}`, throughout. torch {res['torch']}, "
+              f"{res['threads']} thread(s); wall time {res['wall_s'] / 60:.0f} min.", ""]
+    if sts:
+        lines += ["| variant | configuration (chosen on WMT) | WMT15-16 r | STS12-16 r | STS12 | STS13 | STS14 | STS15 | STS16 |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for label, row in sorted(res["rows"].items(), key=lambda kv: -kv[1]["sts_r"]):
+            years = " | ".join(f"{row['sts_years'][y]:.3f}" for y in STS_SUBSETS)
+            lines.append(f"| {label} | `{row['config']}` | {row['wmt_r']:.4f} | **{row['sts_r']:.4f}** | {years} |")
+    else:
+        lines += ["| variant | configuration (chosen on WMT) | WMT15-16 r |", "|---|---|---|"]
+        for label, row in sorted(res["rows"].items(), key=lambda kv: -kv[1]["wmt_r"]):
+            lines.append(f"| {label} | `{row['config']}` | **{row['wmt_r']:.4f}** |")
     return "\n".join(lines + [""])
 
 
 def main(argv=None) -> None:
     parser = wmt_parser(__doc__)
-    parser.add_argument("--sts", type=Path, required=True, help="the STS12-16 English test sets (STS1x-en-test/)")
+    parser.add_argument("--sts", type=Path, help="the STS12-16 English test sets (STS1x-en-test/); "
+                                                 "without it, the WMT15-16 selection alone")
     parser.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2", help="encoder (default: %(default)s)")
     parser.add_argument("--cache", type=Path, help="keep the encodings here (wmt/, sts/; memory-mapped, reused)")
     parser.add_argument("--batch-size", type=int, default=32, help="pairs per scoring/centering batch")
