@@ -32,7 +32,7 @@ from pathlib import Path
 from ._version import __version__
 import torch
 
-from .evaluation.corpus import Column, format_rows, score_files, write_atomically
+from .evaluation.corpus import Column, format_rows, score_files
 from .evaluation.correlation import score_and_correlate
 from .evaluation.data import read_ratings
 from .evaluation.scoring import fit_to_call
@@ -210,7 +210,7 @@ def run_score(args: argparse.Namespace) -> None:
         scores = torch.stack(list(scores) if args.all else [scores]).double()
         text = format_rows(scores, 0, args.format, columns)
         if args.output:
-            write_atomically(Path(args.output), text)
+            atomic_write_text(args.output, text)
         else:
             sys.stdout.write(text)
         print_summary(1, dict(zip(columns, scores.mean(1).tolist())), scorer.signature)

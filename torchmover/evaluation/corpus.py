@@ -45,12 +45,14 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 import torch
 import torch.distributed as dist
 
+from ..runtime.checkpoint import atomic_write, atomic_write_text
 from ..runtime.distributed import broadcast_object
 from ..runtime.progress import PairProgress
 from ..scorer import Scorer
 from ..scorer.corpus import (SCORE_CHUNK, SeenTexts, call_means, check_batch_size, eval_mode, score_chunk,
                              sharding_group, token_sums)
 from ..scorer.module import baseline_draws
+from ..scorer.serialization import sha256_file
 from ..text.weights import frequency_counts, idf_of_counts
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow",
@@ -210,14 +212,6 @@ def read_chunks(hyps: Column, refs: Sequence[Column], chunk_pairs: int) -> Itera
                [[r for value in row[1:] for r in ([value] if isinstance(value, str) else value)] for row in chunk])
 
 
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 # --- every rank: what rank 0 reads ----------------------------------------------------------------
 
 def on_rank0(fn: Callable, device, group):
@@ -320,17 +314,6 @@ class RunError(ValueError):
     """An output that another run wrote, or is writing."""
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """``path`` holds ``text`` entirely or keeps what it held: written to a temporary file in the same
-    directory, flushed to disk, then renamed over it."""
-    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(temporary, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
-
-
 class RunFiles:
     """The files of a run writing ``output``: ``<output>.manifest.json`` (what the run is, whether it
     finished), ``<output>.parts/`` (one file per finished chunk — a JSON header line with its row
@@ -376,7 +359,7 @@ class RunFiles:
                            "it, or another --output")
         self.clear()
         self.parts.mkdir(parents=True)
-        write_atomically(self.manifest, json.dumps({**run, "finished": False}, indent=1) + "\n")
+        atomic_write_text(self.manifest, json.dumps({**run, "finished": False}, indent=1) + "\n")
         return {**run, "finished": False, "done": []}
 
     def clear(self) -> None:
@@ -386,26 +369,27 @@ class RunFiles:
 
     def record(self, **fields) -> None:
         """Update the manifest (atomically) with ``fields``."""
-        write_atomically(self.manifest, json.dumps({**self.recorded(), **fields}, indent=1) + "\n")
+        atomic_write_text(self.manifest, json.dumps({**self.recorded(), **fields}, indent=1) + "\n")
 
     def write_part(self, chunk: int, text: str, rows: int, sums: list[float]) -> None:
-        write_atomically(self.part(chunk), json.dumps({"rows": rows, "sums": sums}) + "\n" + text)
+        atomic_write_text(self.part(chunk), json.dumps({"rows": rows, "sums": sums}) + "\n" + text)
 
     def assemble(self, chunks: int) -> tuple[int, list[float]]:
         """Write the output from the parts ``0 … chunks − 1`` (atomically), remove the parts; returns
         the row count and the column sums."""
-        rows, sums = 0, None
-        temporary = self.output.with_name(f".{self.output.name}.tmp{os.getpid()}")
-        with open(temporary, "w", encoding="utf-8") as out:
+        totals = {"rows": 0, "sums": None}
+
+        def copy_parts(out) -> None:
             for chunk in range(chunks):
-                with open(self.part(chunk), encoding="utf-8") as part:
+                with open(self.part(chunk), "rb") as part:
                     header = json.loads(part.readline())
                     shutil.copyfileobj(part, out)
-                rows += header["rows"]
-                sums = header["sums"] if sums is None else [a + b for a, b in zip(sums, header["sums"])]
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, self.output)
+                totals["rows"] += header["rows"]
+                totals["sums"] = header["sums"] if totals["sums"] is None else [
+                    a + b for a, b in zip(totals["sums"], header["sums"])]
+
+        atomic_write(self.output, copy_parts)
+        rows, sums = totals["rows"], totals["sums"]
         return rows, sums
 
 
@@ -498,7 +482,7 @@ def describe_run(scorer: Scorer, hyps: Column, refs: list[Column], format: str, 
     rows = check_inputs(hyps, refs)
 
     def described(column: Column) -> dict:
-        return {"field": column.field if column.format != "text" else None, "sha256": file_sha256(column.path)}
+        return {"field": column.field if column.format != "text" else None, "sha256": sha256_file(column.path)}
     baseline = None if baseline_corpus is None else hashlib.sha256(json.dumps(list(baseline_corpus)).encode()).hexdigest()
     options = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(scorer.config).items()}
     return {"torchmover_run": RUN_FORMAT, "rows": rows, "paths": {"hyps": hyps.path, "refs": [c.path for c in refs]},
@@ -542,7 +526,7 @@ def check_signature(files: RunFiles, state: dict, signature: str) -> None:
 def finish(files: RunFiles, chunks: int) -> tuple[int, list[float]]:
     """Assemble the output, record the run as finished, remove the parts."""
     rows, sums = files.assemble(chunks)
-    files.record(finished=True, means=[s / rows for s in sums], output_sha256=file_sha256(str(files.output)))
+    files.record(finished=True, means=[s / rows for s in sums], output_sha256=sha256_file(str(files.output)))
     shutil.rmtree(files.parts, ignore_errors=True)
     return rows, sums
 
@@ -563,9 +547,7 @@ def save_statistics(files: RunFiles, scorer: Scorer, means) -> None:
     statistics = {"idf": idf, "centering": {k: v.cpu() for k, v in scorer.centering.state_dict().items()},
                   "baseline": None if scorer.baseline is None else list(scorer.baseline),
                   "means": None if means is None else [m.cpu() for m in means]}
-    temporary = files.statistics.with_name(files.statistics.name + ".tmp")
-    torch.save(statistics, temporary)
-    os.replace(temporary, files.statistics)
+    atomic_write(files.statistics, lambda f: torch.save(statistics, f))
 
 
 def load_statistics(files: RunFiles) -> dict | None:
