@@ -274,9 +274,17 @@ def owned_texts(new: list[str], texts: list[str], side: str | None, groups: list
     return [t for t in new if share.start <= first[t] < share.stop]
 
 
+KEEP_FILL = 0.75
+"""An encoded batch at least this full of its texts' units is kept as it came (no copy); a sparser
+one is packed to its units (:func:`embed_distinct`). Batches of similar lengths are mostly full, so
+most are kept: copying a full batch frees little padding for a pass over all its vectors, and what a
+kept batch holds is at most a third more than its units."""
+
+
 def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_batch=None) -> TokenArena:
     """Units of every distinct text of ``texts`` (keyed by text), encoded in :func:`encoder_batches`,
-    the longest batch first, each batch packed into the arena as soon as it is encoded.
+    the longest batch first, each batch stored in the arena as soon as it is encoded: kept as it
+    came, or packed to its units if it is mostly padding (:data:`KEEP_FILL`).
     ``on_batch(fraction)``: called after each batch with the fraction of the texts' characters it
     encoded (a progress bar's credit)."""
     batches = encoder_batches(list(dict.fromkeys(texts)), batch_size)
@@ -284,8 +292,10 @@ def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_
     total = sum(len(t) for batch in batches for t in batch) or 1
     for batch in batches:
         units, spans = scorer.embed_with_spans(batch)
-        arena.pack(batch, units, spans)
-        del units  # the encoder's output is freed before the next batch runs
+        real = sum(stop - first for first, stop in spans)
+        store = arena.keep if real >= KEEP_FILL * units.mask.numel() else arena.pack
+        store(batch, units, spans)
+        del units  # a packed batch's padding is freed before the next batch runs
         if on_batch is not None:
             on_batch(sum(map(len, batch)) / total)
     return arena
