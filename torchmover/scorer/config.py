@@ -43,6 +43,7 @@ DEFAULT_CENTERING = "batch"
 # contrastively trained sentence encoder gains nothing from centering (BERT/RoBERTa do, per the paper).
 MODEL_DEFAULTS = {
     DEFAULT_MODEL: {"centering": "none", "temperatures": {"twmd": 0.10, "trwmd": 0.15}},
+    "sentence-transformers/all-mpnet-base-v2": {"centering": "none", "temperatures": {"twmd": 0.15, "trwmd": 0.15}},
 }
 
 

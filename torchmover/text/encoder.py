@@ -44,6 +44,9 @@ DEFAULT_LAYERS: dict[str, tuple[int, str]] = {
     DEFAULT_MODEL: (4, "measured: best average Pearson r on WMT15-16 DA under every centering "
                        "(0.6887 at T=0.10, no centering; layers 3/5/6: 0.6805/0.6476/0.6571), "
                        "bench/results/select_defaults.md"),
+    "sentence-transformers/all-mpnet-base-v2": (7, "measured: best average Pearson r on WMT15-16 DA "
+                                                  "(0.7550 at T=0.15, no centering; layers 6/8/12: 0.7531/0.7517/0.6882), "
+                                                  "bench/results/select_defaults_all-mpnet-base-v2.md"),
     "roberta-base": (10, "Chen et al. (TWMD paper), tuned on WMT15-16"),
     "roberta-large": (19, "Chen et al. (TWMD paper), tuned on WMT15-16"),
     "bert-base-uncased": (10, "Chen et al. (TWMD paper): layer 10 for base BERT/RoBERTa"),
