@@ -39,7 +39,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_common import package_version, wmt_parser  # noqa: E402
+from bench_common import package_version, publish, wmt_parser  # noqa: E402
 
 SYSTEMS = ("torchmover", "bert_score", "moverscore", "finetuned")
 
@@ -193,12 +193,7 @@ def main(argv=None) -> None:
     for k, path in enumerate(args.finetuned or []):
         results[f"torchmover fine-tuned ({Path(path).parent.name})"] = run_system(
             args, "finetuned", work / f"finetuned-{k}.json", path)
-    suffix = "" if name.endswith("all-MiniLM-L6-v2") else "_" + name.rsplit("/", 1)[-1]
-    text = report(args, results, name)
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"base_encoder{suffix}.md").write_text(text)
-    (args.out / f"base_encoder{suffix}.json").write_text(json.dumps(results, indent=1))
+    publish(args.out, "base_encoder", report(args, results, name), results, name)
 
 
 if __name__ == "__main__":

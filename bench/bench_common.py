@@ -47,6 +47,18 @@ def write_report(out: Path, name: str, title: str, command: str, notes: list[str
     print(report)
 
 
+def publish(out: Path, stem: str, text: str, data, model: str | None = None) -> None:
+    """Print a report and write it as ``<stem>[_<model>].md`` with its numbers as ``.json`` into ``out``
+    (the model's suffix for any model but the default one)."""
+    import json
+
+    suffix = "" if model is None or model.endswith("all-MiniLM-L6-v2") else "_" + model.rsplit("/", 1)[-1]
+    print(text)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}{suffix}.md").write_text(text)
+    (out / f"{stem}{suffix}.json").write_text(json.dumps(data, indent=1, default=str))
+
+
 def load_sample(data_dir: Path, n: int, seed: int = 0) -> list[dict]:
     """``n`` rows spread evenly over every ``*.tsv`` of ``data_dir`` (sorted), seeded per file."""
     files = sorted(data_dir.glob("*.tsv"))

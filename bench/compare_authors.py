@@ -43,7 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_common import agreement, model_dir, package_version, wmt_parser  # noqa: E402
+from bench_common import agreement, model_dir, package_version, publish, wmt_parser  # noqa: E402
 
 METRICS = ("TWMD", "TRWMD", "BERTSCORE")
 OUTPUTS = ("R", "P", "F1")  # the authors' names, in the order their code returns them
@@ -233,11 +233,7 @@ def main(argv=None) -> None:
         write_fixture(args.fixture, args.authors_code)
         return
     res = run(args)
-    text = report(args, res)
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "compare_authors.md").write_text(text)
-    (args.out / "compare_authors.json").write_text(json.dumps(res, indent=1))
+    publish(args.out, "compare_authors", report(args, res), res)
 
 
 if __name__ == "__main__":

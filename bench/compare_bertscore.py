@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_common import agreement, load_sample, model_dir, package_version, wmt_parser  # noqa: E402
+from bench_common import agreement, load_sample, model_dir, package_version, publish, wmt_parser  # noqa: E402
 
 DIRECTIONS = {"P": "precision", "R": "recall", "F": "f1"}
 
@@ -218,11 +218,7 @@ def main(argv=None) -> None:
         write_fixture(args.fixture)
         return
     res = run(args)
-    text = report(args, res)
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "compare_bertscore.md").write_text(text)
-    (args.out / "compare_bertscore.json").write_text(json.dumps(res, indent=1))
+    publish(args.out, "compare_bertscore", report(args, res), res)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ Writes ``robustness[_<name>].md`` and ``.json`` into ``--out``.
 from __future__ import annotations
 
 import io
-import json
 import sys
 import time
 from pathlib import Path
@@ -49,7 +48,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_common import wmt_parser  # noqa: E402
+from bench_common import publish, wmt_parser  # noqa: E402
 from select_defaults import EmbeddingCache, Sweep, cfg, config_key, load_wmt, make_batches  # noqa: E402
 
 STS_SUBSETS = {  # the TWMD authors' run_STS.py (STS13's SMT input is not distributed)
@@ -217,12 +216,7 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
     args = parser.parse_args(argv)
     res = run(args)
-    suffix = "" if res["model"].endswith("all-MiniLM-L6-v2") else "_" + res["model"].rsplit("/", 1)[-1]
-    text = report(args, res)
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"robustness{suffix}.md").write_text(text)
-    (args.out / f"robustness{suffix}.json").write_text(json.dumps(res, indent=1))
+    publish(args.out, "robustness", report(args, res), res, res["model"])
 
 
 if __name__ == "__main__":
