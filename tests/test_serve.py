@@ -20,6 +20,7 @@ import torch
 
 pytest.importorskip("aiohttp")
 
+from conftest import configure_reward_env  # noqa: E402
 from torchmover import Scorer  # noqa: E402
 from torchmover.reward.batching import BatchedReward  # noqa: E402
 from torchmover.reward.rewards import MoverReward  # noqa: E402
@@ -241,17 +242,8 @@ SAME_REQUESTS = [  # (queries, prompts, labels), each one request / one reward_f
 @pytest.fixture
 def file_adapter_env(monkeypatch, tiny_model_dir, tmp_path):
     """The environment of a user's job: the settings as TORCHMOVER_* variables."""
-    refs = tmp_path / "refs.txt"
-    refs.write_text("\n".join(REFS) + "\n")
-    settings = {"TORCHMOVER_MODEL": str(tiny_model_dir), "TORCHMOVER_OPTIONS": '{"layer": 2}',
-                "TORCHMOVER_FIT_REFERENCES": str(refs), "TORCHMOVER_STRIP_REASONING": "1",
-                "TORCHMOVER_MISSING_SCORE": "-0.5", "TORCHMOVER_ON_PROMPT_MISMATCH": "query"}
-    for name in [n for n in os.environ if n.startswith("TORCHMOVER_")]:
-        monkeypatch.delenv(name)
-    for name, value in settings.items():
-        monkeypatch.setenv(name, value)
-    reset_process_reward()
-    yield settings
+    yield configure_reward_env(monkeypatch, tiny_model_dir, tmp_path / "refs.txt", REFS, strip_reasoning="1",
+                               missing_score="-0.5", on_prompt_mismatch="query")
     reset_process_reward()
 
 

@@ -62,23 +62,21 @@ def read_lines(path: str) -> list[str]:
 
 def positive_int(value: str) -> int:
     """An argparse type: an int >= 1."""
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
-    return n
+    return _int_at_least(value, 1, "a positive integer")
 
 
 def non_negative_int(value: str) -> int:
     """An argparse type: an int >= 0."""
+    return _int_at_least(value, 0, "a non-negative integer")
+
+
+def _int_at_least(value: str, low: int, what: str) -> int:
     try:
         n = int(value)
     except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value!r}")
+        n = low - 1
+    if n < low:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {value!r}")
     return n
 
 
@@ -111,15 +109,7 @@ def port_number(value: str) -> int:
 
 
 def _n_iter(value: str) -> int | None:
-    if value == "converged":
-        return None
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer or 'converged', got {value!r}")
-    return n
+    return None if value == "converged" else _int_at_least(value, 1, "a positive integer or 'converged'")
 
 
 def add_scorer_arguments(parser: argparse.ArgumentParser) -> None:
