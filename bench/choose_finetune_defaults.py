@@ -76,12 +76,19 @@ def evaluate(candidates: list[dict], args: argparse.Namespace) -> dict[str, dict
             "--seed", str(job[1]), "--output", str(runs / name_of(job[0]) / f"seed-{job[1]}"), "--overwrite"],
             runs / name_of(job[0]) / f"seed-{job[1]}.log"), todo))
     tables = {}
-    for c in candidates:  # reads the finished seeds: writes seeds.json / seeds.md and final/
+    for c in candidates:  # reads the finished seeds: writes seeds.json / seeds.md and final/, once
         out = runs / name_of(c)
-        run(recipe_args(c, args.data, args) + ["--seeds", ",".join(map(str, args.seeds)), "--output", str(out)],
-            out / "seeds.log")
+        if assembled_seeds(out) != list(args.seeds):  # an incumbent carried over keeps its table
+            run(recipe_args(c, args.data, args) + ["--seeds", ",".join(map(str, args.seeds)), "--output", str(out)],
+                out / "seeds.log")
         tables[name_of(c)] = json.loads((out / "seeds.json").read_text(encoding="utf-8"))
     return tables
+
+
+def assembled_seeds(out: Path) -> list[int] | None:
+    """The seeds of ``out``'s seed table, or None before it is written."""
+    table = out / "seeds.json"
+    return [row["seed"] for row in json.loads(table.read_text(encoding="utf-8"))["seeds"]] if table.is_file() else None
 
 
 def mean_dev(table: dict) -> float:
