@@ -214,7 +214,7 @@ def table(columns: list[str], rows: list[list], align: str | None = None) -> dic
 
 def render_table(t: dict) -> str:
     """A table of :func:`table` as Markdown."""
-    line = lambda cells: "| " + " | ".join(cells) + " |"  # noqa: E731
+    line = lambda cells: "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"  # noqa: E731
     return "\n".join([line(t["columns"]), "|" + "|".join(_ALIGN[a] for a in t["align"]) + "|",
                       *(line(row) for row in t["rows"])])
 
