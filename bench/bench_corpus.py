@@ -320,7 +320,6 @@ def main(argv=None) -> None:
     parser = wmt_parser(__doc__)
     parser.add_argument("--part", choices=("memory", "flat", "sharding"))
     parser.add_argument("--pairs", type=int, default=1000, help="memory: pairs (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="memory, flat: torch threads (default: %(default)s)")
     parser.add_argument("--before", type=Path, help="memory: a tree of torchmover to compare against")

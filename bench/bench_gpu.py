@@ -202,7 +202,6 @@ def main(argv=None) -> int:
     parser = wmt_parser(__doc__)
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu")
     parser.add_argument("--pairs", type=int, default=1000, help="WMT pairs for torchmover vs bert_score")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=10, help="timed reward calls per variant")
     parser.add_argument("--models", default="default,base", help="comma-separated: default, base")

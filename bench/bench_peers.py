@@ -449,7 +449,6 @@ def transformers_version() -> str:
 def main(argv=None) -> None:
     parser = wmt_parser(__doc__)
     parser.add_argument("--pairs", type=int, default=1000, help="number of pairs (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds; best time kept (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=64, help="torchmover / bert_score batch (default: %(default)s)")
     parser.add_argument("--wmd-pairs", type=int, default=32,

@@ -17,7 +17,7 @@ named tables of these files, kept equal by ``bench/docs_tables.py``. Use from a 
     parser = harness.wmt_parser(__doc__)                  # --data, --out, --seed
     args = parser.parse_args(argv)
     pairs = harness.wmt_sample(args.data, 1000, args.seed)
-    timing = harness.time_call(lambda: scorer.score(hyps, refs), repeats=5)   # .median, .min, .runs
+    timing = harness.time_call(lambda: scorer.score(hyps, refs), repeats=5)   # .median, .min, .cpu
     harness.publish(args.out, "my_bench", "What it measures", figures={...},
                     tables={"main": harness.table(["system", "s"], [["torchmover", "1.23"]], align="-r")},
                     body=["A paragraph.", {"table": "main"}],
@@ -61,16 +61,19 @@ def wmt_parser(doc: str) -> argparse.ArgumentParser:
     return parser
 
 
-def wmt_sample(data_dir: Path, n: int, seed: int = 0) -> list[dict]:
-    """The seeded sample of ``n`` rows (``lp year ref hyp score``) of every ``*.tsv`` in ``data_dir``:
-    ``random.Random(seed).sample`` of all rows in file order. Every script draws its WMT pairs here, so
-    "1,000 pairs, seed 0" names the same pairs in every table."""
+def wmt_sample(data_dir: Path, n: int | None, seed: int = 0, distinct: bool = False) -> list[dict]:
+    """The seeded sample of ``n`` rows (``None``: every row, in seeded order) (``lp year ref hyp score``) of every ``*.tsv`` in ``data_dir``:
+    ``random.Random(seed).sample`` of all rows in file order (with ``distinct``, of the first row of each
+    distinct (hyp, ref) pair). Every script draws its WMT pairs here, so "1,000 pairs, seed 0" names
+    the same pairs in every table."""
     from torchmover.evaluation.data import read_tsv_dir  # here, not at import: the MoverScore shim stubs transformers
 
     rows = [dataclasses.asdict(r) for r in read_tsv_dir(Path(data_dir))]
-    if len(rows) < n:
+    if distinct:
+        rows = list({(r["hyp"], r["ref"]): r for r in reversed(rows)}.values())[::-1]
+    if n is not None and len(rows) < n:
         raise SystemExit(f"--data {data_dir}: {len(rows)} rows found, {n} requested")
-    return random.Random(seed).sample(rows, n)
+    return random.Random(seed).sample(rows, len(rows) if n is None else n)
 
 
 def data_provenance(data_dir: Path | None, n: int | None = None, seed: int | None = None, **more) -> dict:
@@ -91,8 +94,10 @@ def data_provenance(data_dir: Path | None, n: int | None = None, seed: int | Non
 
 @dataclasses.dataclass
 class Timing:
-    """Seconds of each timed run (``runs``) with their median and minimum."""
+    """Wall seconds of each timed run (``runs``) and this process's CPU seconds (``cpu``, less sensitive
+    to other processes on a shared machine), with their medians and minima."""
     runs: list[float]
+    cpu: list[float] = dataclasses.field(default_factory=list)
 
     @property
     def median(self) -> float:
@@ -102,27 +107,32 @@ class Timing:
     def min(self) -> float:
         return min(self.runs)
 
+    @property
+    def cpu_median(self) -> float:
+        return statistics.median(self.cpu)
+
     def figures(self) -> dict:
-        return {"median_s": self.median, "min_s": self.min, "runs_s": self.runs}
+        return {"median_s": self.median, "min_s": self.min, "runs_s": self.runs, "cpu_s": self.cpu}
 
 
 def time_call(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
-              sync: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.perf_counter) -> Timing:
-    """Call ``fn`` ``warmup`` times untimed, then ``repeats`` times timed by ``clock`` (wall time by
-    default; ``time.thread_time`` for this thread's CPU time). ``sync`` (e.g. ``torch.cuda.synchronize``)
-    runs before the clock starts and before it stops, so that on a GPU a run is its kernels' time."""
+              sync: Callable[[], None] = lambda: None) -> Timing:
+    """Call ``fn`` ``warmup`` times untimed, then ``repeats`` times timed (wall and process CPU time).
+    ``sync`` (e.g. ``torch.cuda.synchronize``) runs before the clocks start and before they stop, so
+    that on a GPU a run is its kernels' time, not their launch."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
     for _ in range(warmup):
         fn()
-    runs = []
+    timing = Timing([], [])
     for _ in range(repeats):
         sync()
-        start = clock()
+        wall, cpu = time.perf_counter(), time.process_time()
         fn()
         sync()
-        runs.append(clock() - start)
-    return Timing(runs)
+        timing.runs.append(time.perf_counter() - wall)
+        timing.cpu.append(time.process_time() - cpu)
+    return timing
 
 
 # --- provenance -----------------------------------------------------------------------------------

@@ -40,10 +40,12 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_common import agreement, model_dir, package_version, publish, wmt_parser  # noqa: E402
+import harness  # noqa: E402
+from bench_common import agreement, model_dir  # noqa: E402
+from harness import package_version, wmt_parser  # noqa: E402
 
 METRICS = ("TWMD", "TRWMD", "BERTSCORE")
 OUTPUTS = ("R", "P", "F1")  # the authors' names, in the order their code returns them
@@ -175,11 +177,7 @@ def agreement_table(res: dict) -> list[str]:
 def report(args, res: dict) -> str:
     v = res["versions"]
     sig = res["signatures"]["TWMD-batch-preset"]
-    rows = f" --rows {args.rows}" if args.rows else ""
     return "\n".join([
-        "# torchmover's `twmd-b-authors` preset vs the TWMD authors' released code", "",
-        f"`python bench/compare_authors.py --authors-code ../authors-code --data ../shared/data/wmt15-16{rows} "
-        f"--layer {res['layer']} --batch-size {res['batch_size']} --threads {res['threads']}`", "",
         f"- {res['n']} WMT15-16 pairs ({'all' if not args.rows else f'the first {args.rows}'} rows of each of the 10 "
         "language-pair/year files, in file order, as the authors' `run_wmt.py` reads them), scored in mini-batches "
         f"of {res['batch_size']} pairs per file (the authors' `Scorer.batch_size`; torchmover called on the same "
@@ -233,7 +231,8 @@ def main(argv=None) -> None:
         write_fixture(args.fixture, args.authors_code)
         return
     res = run(args)
-    publish(args.out, "compare_authors", report(args, res), res)
+    harness.publish(args.out, "compare_authors", "torchmover's `twmd-b-authors` preset vs the TWMD authors' released code",
+                    res, body=[report(args, res)], data=harness.data_provenance(args.data, rows=args.rows))
 
 
 if __name__ == "__main__":

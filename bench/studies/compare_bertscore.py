@@ -33,10 +33,12 @@ import time
 from pathlib import Path
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_common import agreement, load_sample, model_dir, package_version, publish, wmt_parser  # noqa: E402
+import harness  # noqa: E402
+from bench_common import agreement, model_dir  # noqa: E402
+from harness import package_version, wmt_parser  # noqa: E402
 
 DIRECTIONS = {"P": "precision", "R": "recall", "F": "f1"}
 
@@ -122,7 +124,7 @@ def run(args) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    pairs = load_sample(args.data, args.pairs, args.seed)
+    pairs = harness.wmt_sample(args.data, args.pairs, args.seed)
     refs, hyps = [p["ref"] for p in pairs], [p["hyp"] for p in pairs]
     res: dict = {"n": len(pairs), "layer": args.layer, "scores": {}, "seconds": {}}
     for setting, corpus in (("uniform", None), ("idf", refs)):
@@ -165,10 +167,7 @@ def report(args, res: dict) -> str:
     f, v = res["facts"], res["versions"]
     sig = res["scores"]["tm_uniform"]["signature"]
     return "\n".join([
-        "# torchmover's `bertscore` preset vs the bert-score package", "",
-        f"`python bench/compare_bertscore.py --data ../shared/data/wmt15-16 --pairs {args.pairs} --seed {args.seed} "
-        f"--layer {res['layer']} --threads {res['threads']}`", "",
-        f"- {res['n']} WMT15-16 pairs ({res['n'] // 10} per language-pair/year file, seeded per file), "
+        f"- {res['n']} WMT15-16 pairs (`harness.wmt_sample`, seed {args.seed}), "
         f"{f['texts']} distinct texts, {f['identical_pairs']} pair(s) with hypothesis = reference.",
         f"- Same encoder: `sentence-transformers/all-MiniLM-L6-v2` (offline package), layer {res['layer']} "
         f"(bert_score `num_layers={res['layer']}`: the model cut to {res['layer']} blocks, its last hidden state = "
@@ -208,7 +207,6 @@ def write_fixture(path: Path) -> None:
 def main(argv=None) -> None:
     parser = wmt_parser(__doc__)
     parser.add_argument("--pairs", type=int, default=1000, help="number of pairs (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     parser.add_argument("--layer", type=int, default=4, help="layer of both systems (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=64, help="batch of both systems (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
@@ -218,7 +216,8 @@ def main(argv=None) -> None:
         write_fixture(args.fixture)
         return
     res = run(args)
-    publish(args.out, "compare_bertscore", report(args, res), res)
+    harness.publish(args.out, "compare_bertscore", "torchmover's `bertscore` preset vs the bert-score package",
+                    res, body=[report(args, res)], data=harness.data_provenance(args.data, args.pairs, args.seed))
 
 
 if __name__ == "__main__":

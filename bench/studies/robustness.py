@@ -45,10 +45,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_common import publish, wmt_parser  # noqa: E402
+import harness  # noqa: E402
+from harness import wmt_parser  # noqa: E402
 from select_defaults import EmbeddingCache, Sweep, cfg, config_key, load_wmt, make_batches  # noqa: E402
 
 STS_SUBSETS = {  # the TWMD authors' run_STS.py (STS13's SMT input is not distributed)
@@ -177,13 +178,15 @@ def run(args) -> dict:
             "wall_s": time.perf_counter() - t0, "wmt_results": wmt.sweep.results}
 
 
-def report(args, res: dict) -> str:
-    model = "" if args.model.startswith("sentence-transformers/all-MiniLM") else f" --model <{res['model'].rsplit('/', 1)[-1]} dir>"
+def title(res: dict) -> str:
+    return f"Robustness beyond WMT: `{res['model']}`, chosen on WMT15-16" + (
+        ", checked on STS12-16" if res["n_sts"] is not None else "")
+
+
+def report(res: dict) -> str:
+    """The report's body (Markdown)."""
     sts = res["n_sts"] is not None
-    lines = [f"# Robustness beyond WMT: `{res['model']}`, chosen on WMT15-16" + (", checked on STS12-16" if sts else ""),
-             "", f"`python bench/robustness.py --data ../shared/data/wmt15-16"
-             + (" --sts ../authors-code/dataset/STS" if sts else "") + f"{model} --cache <dir> --out bench/results/`", "",
-             f"- WMT15-16: {res['n_wmt']} pairs, average Pearson r over the 10 language-pair × year groups; every "
+    lines = [f"- WMT15-16: {res['n_wmt']} pairs, average Pearson r over the 10 language-pair × year groups; every "
              "configuration below except the library default was chosen there (best layer, then best T)."]
     if sts:
         lines.append(f"- STS12-16 (held out, never chooses): {res['n_sts']} pairs with a gold score; Pearson r per "
@@ -216,7 +219,8 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
     args = parser.parse_args(argv)
     res = run(args)
-    publish(args.out, "robustness", report(args, res), res, res["model"])
+    harness.publish(args.out, "robustness" + harness.model_suffix(res["model"]), title(res), res, body=[report(res)],
+                    data=harness.data_provenance(args.data, sts=str(args.sts) if args.sts else None))
 
 
 if __name__ == "__main__":
