@@ -72,7 +72,6 @@ from pathlib import Path
 import harness
 from bench_common import (Recorded, Timed, default_layer, measure, model_dir, pearson, run_bert_score,
                           run_torchmover)
-from harness import package_version
 
 SYSTEMS = ("torchmover-twmd", "torchmover-wmd", "bert_score", "moverscore")
 

@@ -3,23 +3,26 @@ WMT15-16 translations against their references, on the same translations against
 reference (an unrelated text), and on the bundled example files.
 
 A reward combined with others (TRL's reward_weights, a format reward, a length penalty) is weighted by
-its spread: this prints mean, standard deviation and percentiles, and the standardisation
-``(r - mean) / std`` they imply, to bench/results/reward_scale.md.
+its spread: this publishes mean, standard deviation and percentiles, and the standardisation
+``(r - mean) / std`` they imply, as ``reward_scale`` into ``--out``.
+
+    python bench/studies/reward_scale.py --threads 2 --pairs 1000
 """
 from __future__ import annotations
 
 import random
 import sys
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from bench_common import REPO, wmt_parser
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import harness  # noqa: E402
+from harness import REPO  # noqa: E402
 
-sys.path.insert(0, str(REPO))
 from torchmover import Scorer  # noqa: E402
-from torchmover.evaluation.data import read_tsv_dir  # noqa: E402
 from torchmover.reward.rewards import MoverReward  # noqa: E402
 
 
@@ -30,27 +33,26 @@ def rewards(reward: MoverReward, hyps: list[str], refs: list, batch_size: int, w
     return torch.cat(out).double()
 
 
-def row(name: str, r: torch.Tensor) -> str:
+def summary(r: torch.Tensor) -> dict:
     q = torch.quantile(r, torch.tensor([0.05, 0.5, 0.95], dtype=r.dtype)).tolist()
-    return (f"| {name} | {len(r)} | {r.mean():.3f} | {r.std():.3f} | {q[0]:.3f} | {q[1]:.3f} | {q[2]:.3f} "
-            f"| {r.min():.3f} | {r.max():.3f} |")
+    return {"n": len(r), "mean": r.mean().item(), "std": r.std().item(), "p5": q[0], "median": q[1], "p95": q[2],
+            "min": r.min().item(), "max": r.max().item()}
 
 
-def main() -> None:
-    parser = wmt_parser(__doc__)
+def main(argv=None) -> None:
+    parser = harness.wmt_parser(__doc__)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=None, help="a seeded random sample of this many pairs (default: all)")
-    args = parser.parse_args()
+    parser.add_argument("--model", help="encoder (default: the library's)")
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    records = read_tsv_dir(args.data)
-    if args.pairs is not None:
-        records = random.Random(0).sample(records, min(args.pairs, len(records)))
-    hyps, refs = [r.hyp for r in records], [r.ref for r in records]
+    records = harness.wmt_sample(args.data, args.pairs, args.seed)
+    hyps, refs = [r["hyp"] for r in records], [r["ref"] for r in records]
     shuffled = refs[:]
-    random.Random(1).shuffle(shuffled)
-    reward = MoverReward(Scorer(), cache_size=0)
+    random.Random(args.seed + 1).shuffle(shuffled)
+    reward = MoverReward(Scorer(**({"model": args.model} if args.model else {})), cache_size=0)
     matched = rewards(reward, hyps, refs, args.batch_size, "translation vs its reference")
     unrelated = rewards(reward, hyps, shuffled, args.batch_size, "translation vs another reference")
     example = REPO / "recipes" / "data"
@@ -58,23 +60,19 @@ def main() -> None:
     bundled = rewards(reward, read("example_hyps.txt"),
                       [list(p) for p in zip(read("example_refs.txt"), read("example_refs2.txt"))],
                       args.batch_size, "bundled examples")
-    lines = [
-        "# Reward scale", "",
-        f"`python bench/reward_scale.py --data {args.data} --threads {args.threads}"
-        f"{'' if args.pairs is None else f' --pairs {args.pairs}'}` "
-        f"({time.perf_counter() - start:.0f} s). Reward: `MoverReward(Scorer())`, {reward.signature}", "",
-        "| pairs | n | mean | std | p5 | median | p95 | min | max |", "|---|---|---|---|---|---|---|---|---|",
-        row("WMT15-16 translations vs their references", matched),
-        row("same translations vs a shuffled (unrelated) reference", unrelated),
-        row("bundled examples (recipes/data, 2 references, max)", bundled), "",
+    figures = {"WMT15-16 translations vs their references": summary(matched),
+               "same translations vs a shuffled (unrelated) reference": summary(unrelated),
+               "bundled examples (recipes/data, 2 references, max)": summary(bundled),
+               "signature": reward.signature, "seconds": time.perf_counter() - start}
+    keys = ("n", "mean", "std", "p5", "median", "p95", "min", "max")
+    table = harness.table(["pairs", *keys], [[name, *(f[k] if k == "n" else f"{f[k]:.3f}" for k in keys)]
+                                             for name, f in figures.items() if isinstance(f, dict)])
+    harness.publish(args.out, "reward_scale", "Reward scale", figures, {"rewards": table}, [
+        f"Reward: `MoverReward(Scorer())`, `{reward.signature}`; {figures['seconds']:.0f} s.", {"table": "rewards"},
         f"Gap between a translation's reward and an unrelated text's: {matched.mean() - unrelated.mean():.3f} "
         f"= {(matched.mean() - unrelated.mean()) / matched.std():.1f} standard deviations of the matched rewards.",
-        f"Standardised reward on this data: `(r - {matched.mean():.3f}) / {matched.std():.3f}`.",
-    ]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "reward_scale.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print("\n".join(lines))
-
+        f"Standardised reward on this data: `(r - {matched.mean():.3f}) / {matched.std():.3f}`."],
+        data=harness.data_provenance(args.data, args.pairs, args.seed))
 
 if __name__ == "__main__":
     main()

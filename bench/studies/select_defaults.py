@@ -11,11 +11,13 @@ Every distinct text is encoded once (every layer, length-sorted batches, special
 flagged by the tokenizer's special-tokens mask; the sweep drops them, as ``torchmover.text.encoder.
 Encoder`` does by default) and kept in memory, or memory-mapped from ``--cache DIR`` (a base-size
 encoder's 12 layers do not fit in memory). Scores
-come from ``torchmover.functional`` on batches of 32 pairs formed exactly as ``Scorer.score`` forms
-them (pairs sorted by decreasing ``len(hyp) + len(ref)``; the distinct texts of a batch are padded
-together and centered together), so the sweep's numbers can be compared with ``Scorer().score``
-(for ``batch`` centering: with the scorer called on those batches of 32 — ``Scorer.score`` itself
-centers ``batch`` on the mean of the whole call, independently of ``batch_size``).
+come from ``torchmover.functional`` on batches of 32 pairs (pairs sorted by decreasing ``len(hyp) +
+len(ref)``; the distinct texts of a batch are padded together and, for ``batch`` centering, centered
+together: the paper's per-batch mean). ``Scorer.score`` does not batch that way: its ``batch``
+centering uses the mean of the whole call's distinct texts, whatever ``batch_size``, so the sweep's
+``batch`` figures are those of a scorer called on the sweep's batches of 32 one by one. The other
+centering modes do not depend on the batch; the last step scores the data with ``Scorer()`` (the
+library default) to check that it reproduces the sweep's number for it.
 
 Centering modes: ``none``; ``batch`` (mean of all real tokens of the batch's distinct hyps and refs,
 the paper's choice); ``fixed`` (mean of all real tokens of every distinct text of the data set);
@@ -36,8 +38,8 @@ that the library reproduces the sweep's numbers.
 
 Commands (from the repository root)::
 
-    python bench/select_defaults.py --data ../shared/data/wmt15-16 --out bench/results/
-    python bench/select_defaults.py --data ../shared/data/wmt15-16 --model <all-mpnet-base-v2 dir> \
+    python bench/studies/select_defaults.py --data ../shared/data/wmt15-16 --out bench/results/
+    python bench/studies/select_defaults.py --data ../shared/data/wmt15-16 --model <all-mpnet-base-v2 dir> \
         --cache <scratch dir> --out bench/results/
 
 Writes ``select_defaults.md`` (tables) and ``select_defaults.json`` (every number) into ``--out``, for
@@ -49,8 +51,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
-import platform
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -70,7 +70,11 @@ from torchmover.text.weights import IDF
 from torchmover.evaluation.data import read_tsv_dir
 from torchmover.text.encoder import DEFAULT_MODEL, resolve_model_path
 
-from bench_common import wmt_parser
+import sys  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import harness  # noqa: E402
+from harness import wmt_parser  # noqa: E402
 TEMPERATURES = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3)
 DIRECTIONS = ("recall", "precision", "f1")
 CENTERINGS = ("none", "batch", "fixed", "sentence")
@@ -96,7 +100,7 @@ class EmbeddingCache:
     With ``directory`` the rows live in ``.npy`` files there, memory-mapped (a base-size encoder's
     12 layers of a data set do not fit in memory), and are written as the batches are encoded; a
     directory that already holds the encoding of the same texts by the same model is read instead
-    (so a later script — ``bench/robustness.py`` — reuses it). ``padded`` gives a batch of texts under a
+    (so a later script — ``bench/studies/robustness.py`` — reuses it). ``padded`` gives a batch of texts under a
     special-tokens policy, as :class:`torchmover.Encoder` keeps them.
     """
 
@@ -495,22 +499,17 @@ def main(argv=None) -> None:
     timings["total_s"] = time.perf_counter() - t_start
 
     # --- write --------------------------------------------------------------------------------------
-    args.out.mkdir(parents=True, exist_ok=True)
-    env = {"torch": torch.__version__, "torchmover": torchmover.__version__, "python": platform.python_version(),
-           "threads": args.threads, "cpu_count": os.cpu_count(), "batch_size": args.batch_size}
-    with open(args.out / f"{report_name}.json", "w") as fh:
-        json.dump({"model": name, "n_pairs": len(rows), "n_texts": len(texts), "env": env,
-                   "timings": timings, "chosen": chosen_key, "current_default": current_key,
-                   "best_overall": overall_key, "near_ties_0.005": near, "bootstrap_chosen_minus_current": boot,
-                   "scorer_check": scorer_check, "wmd_check": wmd_check, "results": sweep.results}, fh, indent=1)
+    env = {"threads": args.threads, "batch_size": args.batch_size}
+    figures = {"model": name, "n_pairs": len(rows), "n_texts": len(texts), "env": env,
+               "timings": timings, "chosen": chosen_key, "current_default": current_key,
+               "best_overall": overall_key, "near_ties_0.005": near, "bootstrap_chosen_minus_current": boot,
+               "scorer_check": scorer_check, "wmd_check": wmd_check, "results": sweep.results}
 
     pct = lambda v: f"{v:.4f}"  # noqa: E731
-    model_arg = "" if args.model == DEFAULT_MODEL else f" --model <{name.rsplit('/', 1)[-1]} dir> --cache <dir>"
-    L = [f"# Default layer / temperature / direction / centering for `{name}` on WMT15–16", "",
-         f"Generated by `python bench/select_defaults.py --data <wmt15-16 dir>{model_arg} --out {args.out}` "
-         f"({len(rows)} pairs, {len(texts)} distinct texts, {len(sweep.group_names)} groups = language pair × year). "
+    title = f"Default layer / temperature / direction / centering for `{name}` on WMT15–16"
+    L = [f"{len(rows)} pairs, {len(texts)} distinct texts, {len(sweep.group_names)} groups = language pair × year). "
          f"Cells are the average over the groups of Pearson r / Kendall τ-b against the human DA score. "
-         f"Scoring batches: {args.batch_size} pairs, formed as `Scorer.score` forms them. "
+         f"Scoring batches: {args.batch_size} pairs, sorted by length, `batch` centering per batch (module docs). "
          f"torch {torch.__version__}, {args.threads} thread(s); wall time {timings['total_s'] / 60:.1f} min.", "",
          "## Choice", "",
          f"- **Chosen default (best average Pearson r among one-iteration TWMD): `{chosen_key}`** — "
@@ -583,8 +582,8 @@ def main(argv=None) -> None:
               f"max |score difference| over the {len(rows)} pairs = {scorer_check['max_abs_diff_vs_sweep']:.2e}."]
     L += ["", "## Timings", "", "| step | seconds |", "|---|---|"]
     L += [f"| {k} | {v:.1f} |" for k, v in timings.items()]
-    (args.out / f"{report_name}.md").write_text("\n".join(L) + "\n")
-    print("\n".join(L))
+    harness.publish(args.out, report_name, title, figures, body=["\n".join(L)],
+                    data=harness.data_provenance(args.data))
 
 
 if __name__ == "__main__":
