@@ -403,7 +403,7 @@ def tm_layer(runs) -> int:
 
 
 def main(argv=None) -> None:
-    parser = wmt_parser(__doc__)
+    parser = harness.wmt_parser(__doc__)
     parser.add_argument("--pairs", type=int, default=1000, help="number of pairs (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds; best time kept (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=64, help="torchmover / bert_score batch (default: %(default)s)")

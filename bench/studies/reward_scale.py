@@ -53,6 +53,8 @@ def main(argv=None) -> None:
     shuffled = refs[:]
     random.Random(args.seed + 1).shuffle(shuffled)
     reward = MoverReward(Scorer(**({"model": args.model} if args.model else {})), cache_size=0)
+    if reward.scorer.config.centering == "batch":  # a model without recorded defaults: center on the references
+        reward.fit(refs)
     matched = rewards(reward, hyps, refs, args.batch_size, "translation vs its reference")
     unrelated = rewards(reward, hyps, shuffled, args.batch_size, "translation vs another reference")
     example = REPO / "recipes" / "data"

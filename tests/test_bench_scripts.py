@@ -1,0 +1,76 @@
+"""Smoke tests of bench/ and bench/studies/: every script imports and parses its command line, and the
+ones that run in seconds on tiny data (the tiny random model of conftest.py, a 24-row WMT-style
+directory) run end to end and publish a result with its provenance."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import WORDS
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+sys.path[:0] = [str(BENCH), str(BENCH / "studies")]
+
+import harness  # noqa: E402
+
+SCRIPTS = sorted(p for p in [*BENCH.glob("*.py"), *(BENCH / "studies").glob("*.py")]
+                 if p.name not in ("harness.py", "bench_common.py"))
+
+
+def load_script(path: Path):
+    spec = importlib.util.spec_from_file_location(f"bench_smoke_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def wmt(tmp_path_factory):
+    """Two WMT-style files of 12 rows each over the tiny model's vocabulary."""
+    import random
+
+    directory = tmp_path_factory.mktemp("wmt")
+    rng = random.Random(0)
+    for k, name in enumerate(("wmt15.cs-en.tsv", "wmt16.de-en.tsv")):
+        rows = ["lp\tyear\tref\thyp\tscore"]
+        for _ in range(12):
+            ref, hyp = (" ".join(rng.choices(WORDS, k=rng.randint(3, 9))) for _ in range(2))
+            rows.append(f"{name[6:11]}\t{2015 + k}\t{ref}\t{hyp}\t{rng.uniform(-1, 1):.3f}")
+        (directory / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return directory
+
+
+def test_every_script_is_smoke_tested():
+    assert {p.stem for p in SCRIPTS} >= {"bench_peers", "bench_gpu", "select_defaults", "choose_finetune_defaults"}
+    assert len(SCRIPTS) == 23
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.stem)
+def test_every_script_parses_its_command_line(path, capsys):
+    module = load_script(path)
+    with pytest.raises(SystemExit) as done:
+        module.main(["--help"])
+    assert done.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+def published(out: Path, name: str, argv: list[str]) -> dict:
+    res = harness.load(out / f"{name}.json")
+    assert (out / f"{name}.md").read_text() == harness.render(res)
+    assert res["provenance"]["commit"] != "unknown" and res["provenance"]["command"]
+    return res
+
+
+@pytest.mark.parametrize("script, name, args", [
+    ("bench_evaluation.py", "bench_evaluation", ["--pairs", "12", "--repeats", "1", "--threads", "1"]),
+    ("bench_ops.py", "bench_ops", ["--pairs", "24"]),
+    ("studies/reward_scale.py", "reward_scale", ["--pairs", "8", "--threads", "1"]),
+], ids=lambda v: v if isinstance(v, str) and v.endswith(".py") else "")
+def test_a_script_runs_on_tiny_data_and_publishes(script, name, args, wmt, tiny_model_dir, tmp_path, capsys):
+    module = load_script(BENCH / script)
+    module.main([*args, "--data", str(wmt), "--out", str(tmp_path), "--model", str(tiny_model_dir)])
+    res = published(tmp_path, name, args)
+    assert res["provenance"]["data"]["files"] == ["wmt15.cs-en.tsv", "wmt16.de-en.tsv"]
+    assert res["tables"] and all(t["rows"] for t in res["tables"].values())
