@@ -219,8 +219,23 @@ def stage_verdict(stage: dict) -> str:
             + ("**Adopted.**" if stage["adopted"] else "Kept the incumbent."))
 
 
+def summary_table(result: dict) -> dict:
+    """One row per stage: its best challenger's paired figures and the decision."""
+    rows = []
+    for stage in result["stages"]:
+        d = stage["decision"]
+        f = d["challengers"][d["best"]]
+        changed = {k: v for k, v in stage["best_challenger"].items() if stage["incumbent"][k] != v}
+        rows.append([stage["stage"], ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                                               for k, v in changed.items()),
+                     f"{f['mean']:+.4f}", f"{f['se']:.4f}", f"{f['t']:+.2f}", f"{f['t_crit']:.2f}",
+                     f"{f['detectable']:.4f}", "adopted" if stage["adopted"] else "kept the incumbent"])
+    return harness.table(["stage", "best challenger", "mean paired Δ dev r", "SE", "t", "t needed",
+                          "smallest detectable Δ", "decision"], rows, align="--rrrrr-")
+
+
 def publish_stages(out: Path, name: str, title: str, result: dict, intro: list[str]) -> Path:
-    tables, body = {}, list(intro)
+    tables, body = {"summary": summary_table(result)}, [*intro, {"table": "summary"}]
     for k, stage in enumerate(result["stages"], 1):
         tables[f"stage{k}"] = stage_table(stage)
         body += [f"## {stage['stage']}", {"table": f"stage{k}"}, stage_verdict(stage)]
