@@ -19,7 +19,7 @@ language-pair × year groups, and over the 6 WMT16 groups (the test year of the 
 Each system runs in its own subprocess (MoverScore's shim replaces ``transformers`` while it is
 imported). Command (from the repository root)::
 
-    python bench/base_encoder.py --data ../shared/data/wmt15-16 --model <dir> --bert-score-layer L \\
+    python bench/studies/base_encoder.py --data ../shared/data/wmt15-16 --model <dir> --bert-score-layer L \\
         [--finetuned runs/.../final ...] --out bench/results/
 
 Writes ``base_encoder[_<name>].md`` and ``.json`` into ``--out``.

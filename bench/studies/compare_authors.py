@@ -24,8 +24,8 @@ with the harmonic mean of torchmover's normalised P and R.
 
 Commands (from the repository root)::
 
-    python bench/compare_authors.py --authors-code ../authors-code --data ../shared/data/wmt15-16
-    python bench/compare_authors.py --authors-code ../authors-code --fixture tests/fixtures/twmd_authors_minilm_l4.json
+    python bench/studies/compare_authors.py --authors-code ../authors-code --data ../shared/data/wmt15-16
+    python bench/studies/compare_authors.py --authors-code ../authors-code --fixture tests/fixtures/twmd_authors_minilm_l4.json
 
 The first writes ``compare_authors.md`` and ``compare_authors.json`` (the agreement figures) into
 ``--out``; the second fills the test fixture's ``authors`` section with the code's R, P and F1 for the

@@ -18,8 +18,8 @@ texts with outer whitespace, truncated or empty texts, tokens of IDF 0).
 
 Commands (from the repository root)::
 
-    python bench/compare_bertscore.py --data ../shared/data/wmt15-16 --pairs 1000
-    python bench/compare_bertscore.py --fixture tests/fixtures/bertscore_minilm_l4.json
+    python bench/studies/compare_bertscore.py --data ../shared/data/wmt15-16 --pairs 1000
+    python bench/studies/compare_bertscore.py --fixture tests/fixtures/bertscore_minilm_l4.json
 
 The first writes ``compare_bertscore.md`` and ``compare_bertscore.json`` (every score) into ``--out``;
 the second fills the test fixture's ``bert_score`` section with the package's P, R and F1 for the

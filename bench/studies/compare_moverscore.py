@@ -29,7 +29,7 @@ also run with ``batch_size=1`` (no padding) to measure its padding effect.
 
 Command (from the repository root)::
 
-    python bench/compare_moverscore.py --data ../shared/data/wmt15-16 --pairs 500
+    python bench/studies/compare_moverscore.py --data ../shared/data/wmt15-16 --pairs 500
 
 Writes ``compare_moverscore.md`` and ``compare_moverscore.json`` (every score) into ``--out``.
 """

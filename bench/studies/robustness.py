@@ -30,7 +30,7 @@ reference. WMT15-16 is the average Pearson r over its 10 language-pair × year g
 Without ``--sts`` only the selection on WMT15-16 runs (e.g. to choose bert_score's layer for
 ``bench/base_encoder.py``). Command (from the repository root)::
 
-    python bench/robustness.py --data ../shared/data/wmt15-16 --sts ../authors-code/dataset/STS \\
+    python bench/studies/robustness.py --data ../shared/data/wmt15-16 --sts ../authors-code/dataset/STS \\
         [--model <local dir>] [--cache <scratch dir>] --out bench/results/
 
 Writes ``robustness[_<name>].md`` and ``.json`` into ``--out``.
