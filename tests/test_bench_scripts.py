@@ -74,3 +74,26 @@ def test_a_script_runs_on_tiny_data_and_publishes(script, name, args, wmt, tiny_
     res = published(tmp_path, name, args)
     assert res["provenance"]["data"]["files"] == ["wmt15.cs-en.tsv", "wmt16.de-en.tsv"]
     assert res["tables"] and all(t["rows"] for t in res["tables"].values())
+
+
+def test_select_defaults_correlates_as_scipy_does_per_group():
+    """The study's correlations come from ``evaluation.correlate``: the Pearson r and Kendall τ-b of
+    each group that ``scipy.stats`` gives, and their unweighted average."""
+    import types
+
+    import numpy as np
+    from scipy import stats
+
+    select_defaults = load_script(BENCH / "studies" / "select_defaults.py")
+    rng = np.random.default_rng(0)
+    groups = np.array(["cs-en 2015"] * 40 + ["de-en 2016"] * 30)
+    human = rng.normal(size=70)
+    scores = human + rng.normal(size=70)
+    scores[:5] = scores[5]  # ties
+    sweep = types.SimpleNamespace(groups=groups, human=human)
+    out = select_defaults.Sweep.correlate(sweep, scores)
+    for g in ("cs-en 2015", "de-en 2016"):
+        sel = groups == g
+        assert out["per_group"][g]["r"] == pytest.approx(stats.pearsonr(scores[sel], human[sel])[0], abs=1e-12)
+        assert out["per_group"][g]["tau"] == pytest.approx(stats.kendalltau(scores[sel], human[sel])[0], abs=1e-12)
+    assert out["avg_r"] == pytest.approx(np.mean([v["r"] for v in out["per_group"].values()]))

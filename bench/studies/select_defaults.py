@@ -1,8 +1,8 @@
 """Choose the default layer, temperature, direction and centering of an encoder on WMT15-16.
 
-Measures the segment-level agreement (Pearson r and Kendall tau-b, ``scipy.stats``) between members
-of the TWMD family and human direct-assessment scores on WMT15-16 (10 groups: language pair x year,
-5,344 segments), for ``--model`` (default ``sentence-transformers/all-MiniLM-L6-v2``, loaded offline
+Measures the segment-level agreement (Pearson r and Kendall tau-b, ``torchmover.evaluation.correlation``)
+between members of the TWMD family and human direct-assessment scores on WMT15-16 (10 groups:
+language pair x year, 5,344 segments), for ``--model`` (default ``sentence-transformers/all-MiniLM-L6-v2``, loaded offline
 through ``torchmover.text.encoder.resolve_model_path``; or a local directory, e.g. of
 ``all-mpnet-base-v2``). The default is the configuration with the best average Pearson r over the 10
 groups.
@@ -57,7 +57,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy import stats
 from torch.nn.utils.rnn import pad_sequence
 from tqdm.auto import tqdm
 
@@ -67,6 +66,7 @@ from torchmover.functional.centering import center
 from torchmover.functional.family import pair_similarity, token_cloud
 from torchmover.functional.members import get_member, member_term
 from torchmover.text.weights import IDF
+from torchmover.evaluation.correlation import correlate
 from torchmover.evaluation.data import read_tsv_dir
 from torchmover.text.encoder import DEFAULT_MODEL, resolve_model_path
 
@@ -330,13 +330,10 @@ class Sweep:
         return center(x, mask, centering)
 
     def correlate(self, scores: np.ndarray) -> dict:
-        per = {}
-        for g in self.group_names:
-            sel = self.groups == g
-            per[g] = {"r": float(stats.pearsonr(scores[sel], self.human[sel])[0]),
-                      "tau": float(stats.kendalltau(scores[sel], self.human[sel])[0])}
-        return {"avg_r": float(np.mean([v["r"] for v in per.values()])),
-                "avg_tau": float(np.mean([v["tau"] for v in per.values()])), "per_group": per}
+        """Pearson r and Kendall τ-b per group and their unweighted average (``evaluation.correlate``)."""
+        report = correlate(scores, self.human, self.groups, n_boot=0)
+        per = {g.name: {"r": g.pearson.value, "tau": g.kendall.value} for g in report.groups}
+        return {"avg_r": report.average.pearson.value, "avg_tau": report.average.kendall.value, "per_group": per}
 
     def best(self, keys) -> str:
         return max(keys, key=lambda k: self.results[k]["avg_r"])
