@@ -205,13 +205,7 @@ def run_reward(pairs: list[dict], repeats: int = 15) -> dict:
     encoder = scorer.encoder
 
     def median_s(fn):
-        fn()
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        return statistics.median(times)
+        return harness.time_call(fn, repeats, warmup=1).median
 
     with torch.no_grad():
         encoder_hyps = median_s(lambda: encoder(hyps))
