@@ -177,8 +177,11 @@ def device_info() -> dict:
         info["torch_threads"] = torch.get_num_threads()
         if torch.cuda.is_available():
             props = torch.cuda.get_device_properties(0)
-            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                    capture_output=True, text=True).stdout.strip().splitlines()
+            try:
+                driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                        capture_output=True, text=True, timeout=30).stdout.split()
+            except (OSError, subprocess.TimeoutExpired):
+                driver = []
             info["gpu"] = {"name": props.name, "memory_mib": props.total_memory // 2**20,
                            "driver": driver[0] if driver else None, "cuda": torch.version.cuda}
     return info
