@@ -6,9 +6,12 @@ import math
 import re
 import statistics
 import sys
+import time
+import types
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -149,6 +152,10 @@ def test_the_gpu_tables_of_the_docs_are_computed_from_the_stored_figures():
         assert computed["docs_reward"] == res["tables"]["docs_reward"]
         stored = res["tables"]["docs_scoring"]["rows"]
         assert computed["docs_scoring"]["rows"] == stored[:len(computed["docs_scoring"]["rows"])]
+        args = types.SimpleNamespace(pairs=pairs, batch_size=64, repeats=10)
+        title, tables, body = bench_gpu.report(args, torch.device("cpu"), res["figures"], time.perf_counter())
+        rendered = harness.render({"title": title, "provenance": {"command": "c"}, "tables": tables, "body": body})
+        assert tables["docs_reward"] == computed["docs_reward"] and "## Tables of the documentation" in rendered
 
 
 # --- the paired decision rule -------------------------------------------------------------------
