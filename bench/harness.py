@@ -196,11 +196,21 @@ def command_line(argv: list[str] | None = None) -> str:
     return shlex.join(["python", *argv])
 
 
-def provenance(data: dict | None = None, command: str | None = None) -> dict:
-    """The commit (and whether tracked files had uncommitted changes), the command, the date (UTC),
-    the versions, the device and ``data`` (see :func:`data_provenance`)."""
+def tree_state() -> tuple[str, bool | None]:
+    """The checked-out commit and whether tracked files differ from it (None outside git)."""
     status = _git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": _git("rev-parse", "HEAD") or "unknown", "dirty": None if status is None else bool(status),
+    return _git("rev-parse", "HEAD") or "unknown", None if status is None else bool(status)
+
+
+STARTED_ON = tree_state()  # when the script imported the harness: the code that runs
+
+
+def provenance(data: dict | None = None, command: str | None = None) -> dict:
+    """The commit the run started on (and whether tracked files had uncommitted changes then, or the
+    tree changed during the run), the command, the date (UTC), the versions, the device and ``data``
+    (see :func:`data_provenance`)."""
+    commit, dirty = STARTED_ON
+    return {"commit": commit, "dirty": dirty if tree_state() == STARTED_ON else True,
             "command": command or command_line(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "versions": versions(), "device": device_info(), "data": data,
