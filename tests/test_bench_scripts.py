@@ -63,17 +63,24 @@ def published(out: Path, name: str, argv: list[str]) -> dict:
     return res
 
 
+TINY = object()  # stands for the tiny model's directory
+
+
 @pytest.mark.parametrize("script, name, args", [
-    ("bench_evaluation.py", "bench_evaluation", ["--pairs", "12", "--repeats", "1", "--threads", "1"]),
-    ("bench_ops.py", "bench_ops", ["--pairs", "24"]),
-    ("studies/reward_scale.py", "reward_scale", ["--pairs", "8", "--threads", "1"]),
+    ("bench_evaluation.py", "bench_evaluation", ["--pairs", "12", "--repeats", "1", "--threads", "1", "--model", TINY]),
+    ("bench_ops.py", "bench_ops", ["--pairs", "24", "--model", TINY]),
+    ("studies/reward_scale.py", "reward_scale", ["--pairs", "8", "--threads", "1", "--model", TINY]),
+    ("bench_batching.py", "bench_batching", ["--calls", "8", "--callers", "2", "--repeats", "1", "--threads", "1"]),
+    ("studies/compare_bertscore.py", "compare_bertscore", ["--pairs", "8", "--batch-size", "4"]),
 ], ids=lambda v: v if isinstance(v, str) and v.endswith(".py") else "")
 def test_a_script_runs_on_tiny_data_and_publishes(script, name, args, wmt, tiny_model_dir, tmp_path, capsys):
+    """(bench_batching and compare_bertscore read the default offline model.)"""
     module = load_script(BENCH / script)
-    module.main([*args, "--data", str(wmt), "--out", str(tmp_path), "--model", str(tiny_model_dir)])
+    args = [str(tiny_model_dir) if a is TINY else a for a in args]
+    module.main([*args, "--data", str(wmt), "--out", str(tmp_path)])
     res = published(tmp_path, name, args)
     assert res["provenance"]["data"]["files"] == ["wmt15.cs-en.tsv", "wmt16.de-en.tsv"]
-    assert res["tables"] and all(t["rows"] for t in res["tables"].values())
+    assert res["body"] and all(t["rows"] for t in res["tables"].values())
 
 
 def test_select_defaults_correlates_as_scipy_does_per_group():
