@@ -104,3 +104,9 @@ def test_select_defaults_correlates_as_scipy_does_per_group():
         assert out["per_group"][g]["r"] == pytest.approx(stats.pearsonr(scores[sel], human[sel])[0], abs=1e-12)
         assert out["per_group"][g]["tau"] == pytest.approx(stats.kendalltau(scores[sel], human[sel])[0], abs=1e-12)
     assert out["avg_r"] == pytest.approx(np.mean([v["r"] for v in out["per_group"].values()]))
+
+
+def test_the_per_group_table_of_the_docs_is_computed_from_the_stored_sweep():
+    select_defaults = load_script(BENCH / "studies" / "select_defaults.py")
+    res = harness.load(BENCH / "results" / "select_defaults.json")
+    assert select_defaults.docs_default_table(res["figures"]) == res["tables"]["docs_default"]
