@@ -32,6 +32,7 @@ Needs ``bert-score`` (``pip install "torchmover[bench]"``); ``--skip-bert-score`
 """
 from __future__ import annotations
 
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -135,7 +136,7 @@ def reward_breakdown(path, layer, pairs, device, n_prompts, repeats, dtype=None,
         reset, read = peak_memory(device)
         reset()
         try:
-            total = [call_s() for _ in range(repeats)]
+            total = harness.time_call(lambda: reward(hyps, refs), repeats, warmup=0, sync=sync).runs
         finally:
             for owner, attr in phases.values():
                 delattr(owner, attr)

@@ -110,3 +110,19 @@ def test_the_per_group_table_of_the_docs_is_computed_from_the_stored_sweep():
     select_defaults = load_script(BENCH / "studies" / "select_defaults.py")
     res = harness.load(BENCH / "results" / "select_defaults.json")
     assert select_defaults.docs_default_table(res["figures"]) == res["tables"]["docs_default"]
+
+
+def test_bench_gpu_measures_on_the_cpu_with_a_tiny_model(wmt, tiny_model_dir):
+    """bench_gpu's two measurements (``--device cpu``), on the tiny model: the systems compared on the
+    same pairs, and a reward call split into its phases, with the table rows built from them."""
+    bench_gpu = load_script(BENCH / "bench_gpu.py")
+    pairs = harness.wmt_sample(wmt, 16, 0)
+    systems = bench_gpu.compare_systems(pairs, str(tiny_model_dir), 2, "cpu", 8, with_bert_score=False)
+    assert set(systems) == {"torchmover", "torchmover bertscore preset"}
+    assert all(s["total_s"] >= s["encoder_s"] > 0 and s["peak_gpu_mib"] is None for s in systems.values())
+    row = bench_gpu.reward_breakdown(str(tiny_model_dir), 2, pairs, "cpu", 2, repeats=2)
+    assert row["completions"] == 2 * bench_gpu.COMPLETIONS_PER_PROMPT and len(row["scores"]) == row["completions"]
+    assert row["call"] >= row["encoder"] > 0 and row["call_without_syncs"] > 0
+    row.update(variant="fp32", max_diff=0.0)
+    tables = bench_gpu.docs_tables({"default": {"layer": 2, "systems": systems, "reward": [row]}}, len(pairs))
+    assert len(tables["docs_scoring"]["rows"]) == 2 and tables["docs_reward"]["rows"][0][2] == "fp32"
