@@ -106,10 +106,18 @@ def test_select_defaults_correlates_as_scipy_does_per_group():
     assert out["avg_r"] == pytest.approx(np.mean([v["r"] for v in out["per_group"].values()]))
 
 
-def test_the_per_group_table_of_the_docs_is_computed_from_the_stored_sweep():
-    select_defaults = load_script(BENCH / "studies" / "select_defaults.py")
-    res = harness.load(BENCH / "results" / "select_defaults.json")
-    assert select_defaults.docs_default_table(res["figures"]) == res["tables"]["docs_default"]
+@pytest.mark.parametrize("study, table, make", [
+    ("select_defaults", "docs_default", "docs_default_table"),
+    ("compare_bertscore", "docs_comparison", "docs_table"),
+    ("compare_moverscore", "docs_comparison", "docs_table"),
+    ("compare_authors", "docs_members", "docs_table"),
+])
+def test_a_docs_table_is_computed_from_the_stored_figures(study, table, make):
+    """The table of ``docs/results.md`` that a study's result holds is what its script computes from
+    the stored figures: rerunning the study regenerates it."""
+    module = load_script(BENCH / "studies" / f"{study}.py")
+    res = harness.load(BENCH / "results" / f"{study}.json")
+    assert getattr(module, make)(res["figures"]) == res["tables"][table]
 
 
 def test_bench_gpu_measures_on_the_cpu_with_a_tiny_model(wmt, tiny_model_dir):

@@ -174,6 +174,15 @@ def agreement_table(res: dict) -> list[str]:
     return lines
 
 
+def docs_table(res: dict) -> dict:
+    """The table of ``docs/results.md`` (``docs_members``): the preset's largest difference per output."""
+    names = {"BERTSCORE": "BERTScore"}
+    rows = [[names.get(key.split("-")[0], key.split("-")[0]), "on" if key.split("-")[1] == "batch" else "off",
+             *(f"{row[k]['max_abs']:.1e}".replace("e-0", "e-") for k in OUTPUTS)]
+            for key, row in res["rows"].items() if key.endswith("-preset")]
+    return harness.table(["member", "batch centering", *(f"{k} max abs diff" for k in OUTPUTS)], rows, "--rrr")
+
+
 def report(args, res: dict) -> str:
     v = res["versions"]
     sig = res["signatures"]["TWMD-batch-preset"]
@@ -232,7 +241,9 @@ def main(argv=None) -> None:
         return
     res = run(args)
     harness.publish(args.out, "compare_authors", "torchmover's `twmd-b-authors` preset vs the TWMD authors' released code",
-                    res, body=[report(args, res)], data=harness.data_provenance(args.data, rows=args.rows))
+                    res, {"docs_members": docs_table(res)},
+                    [report(args, res), "## The table of the documentation", {"table": "docs_members"}],
+                    data=harness.data_provenance(args.data, rows=args.rows))
 
 
 if __name__ == "__main__":

@@ -163,6 +163,28 @@ def agreement_table(res: dict) -> list[str]:
     return lines
 
 
+DOCS_ROWS = (("**`bertscore` preset, no IDF**", "tm_uniform", "bs_uniform"),
+             ("**`bertscore` preset, IDF from the references**", "tm_idf", "bs_idf"),
+             ("the `bertscore` member with special tokens dropped, no IDF", "tm_drop_uniform", "bs_uniform"),
+             ("the same, IDF", "tm_drop_idf", "bs_idf"))
+
+
+def short(x: float) -> str:
+    """Two significant digits: ``0.070``, ``3.6e-7``."""
+    return f"{x:#.2g}" if x >= 0.01 else f"{x:.1e}".replace("e-0", "e-")
+
+
+def docs_table(res: dict) -> dict:
+    """The table of ``docs/results.md`` (``docs_comparison``): max / mean absolute difference of P, R, F1."""
+    s = res["scores"]
+    rows = []
+    for label, a, b in DOCS_ROWS:
+        g = {k: agreement(s[a][k], s[b][k]) for k in DIRECTIONS}
+        rows.append([label, *(f"{short(g[k]['max_abs'])} / {short(g[k]['mean_abs'])}" for k in DIRECTIONS)])
+    return harness.table([f"{res['n']:,} WMT pairs, MiniLM layer {res['layer']}, torchmover − bert_score",
+                          "P max / mean abs diff", "R max / mean", "F1 max / mean"], rows)
+
+
 def report(args, res: dict) -> str:
     f, v = res["facts"], res["versions"]
     sig = res["scores"]["tm_uniform"]["signature"]
@@ -217,7 +239,8 @@ def main(argv=None) -> None:
         return
     res = run(args)
     harness.publish(args.out, "compare_bertscore", "torchmover's `bertscore` preset vs the bert-score package",
-                    res, body=[report(args, res)], data=harness.data_provenance(args.data, args.pairs, args.seed))
+                    res, {"docs_comparison": docs_table(res)},
+                    [report(args, res), "## The table of the documentation", {"table": "docs_comparison"}], data=harness.data_provenance(args.data, args.pairs, args.seed))
 
 
 if __name__ == "__main__":
