@@ -96,7 +96,7 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="auto", help="the server's device (default auto: CUDA when available)")
     args = parser.parse_args(argv)
     pairs = wmt_pairs(args.data, args.requests, args.seed)
-    rows, figures = [], {}
+    rows, docs_rows, figures = [], [], {}
     for label, batch_size in tqdm([("dynamic batching", args.max_batch_size), ("no batching", 1)], desc="servers"):
         process, url = start_server(batch_size, args.max_wait_ms, args.threads, args.device)
         try:
@@ -107,6 +107,9 @@ def main(argv=None) -> None:
             process.wait(timeout=60)
         figures[label] = {"max_batch_size": batch_size, "seconds": seconds, "latencies_s": latencies,
                           "failures": failures}
+        docs_rows.append([f"{label} (max batch {batch_size}" + (f", max wait {args.max_wait_ms:g} ms)" if batch_size > 1 else ")"),
+                          f"{len(pairs) / seconds:,.0f}", f"{1000 * percentile(latencies, 50):.0f}",
+                          f"{1000 * percentile(latencies, 99):.0f}"])
         rows.append([f"{label} (max batch {batch_size})", f"{len(pairs) / seconds:.1f}",
                      f"{1000 * percentile(latencies, 50):.0f}", f"{1000 * percentile(latencies, 99):.0f}",
                      f"{1000 * statistics.mean(latencies):.0f}", failures])
@@ -114,11 +117,15 @@ def main(argv=None) -> None:
     harness.publish(args.out, "bench_serve" + ("" if device == "CPU" else "_cuda"),
                     "Reward server: requests/s and latency on loopback", figures,
                     {"servers": harness.table(["server", "requests/s", "p50 latency ms", "p99 latency ms", "mean ms",
-                                               "failed"], rows, align="-rrrrr")}, [
+                                               "failed"], rows, align="-rrrrr"),
+                     "docs_server": harness.table(["server", "requests/s", "p50 latency ms", "p99 latency ms"],
+                                                  [[r[0], f"**{r[1]}**" if k == 0 else r[1], *r[2:]]
+                                                   for k, r in enumerate(docs_rows)], align="-rrr")}, [
         f"`torchmover serve` (default model, {device}, max wait {args.max_wait_ms:g} ms, torch threads: "
         f"{args.threads or 'torch default'}) in a subprocess on 127.0.0.1; {args.clients} concurrent aiohttp clients "
         f"send {len(pairs)} single-sample OpenRLHF requests (`POST /get_reward`, distinct WMT15-16 pairs) after a "
-        f"warm-up; client and server share the machine's {os.cpu_count()} logical cores.", {"table": "servers"}],
+        f"warm-up; client and server share the machine's {os.cpu_count()} logical cores.", {"table": "servers"},
+        "## The table of the documentation", {"table": "docs_server"}],
         data=harness.data_provenance(args.data, args.requests, args.seed))
 
 
