@@ -178,6 +178,29 @@ def run(args) -> dict:
             "wall_s": time.perf_counter() - t0, "wmt_results": wmt.sweep.results}
 
 
+DOCS_ROWS = {  # the variants of the table of docs/results.md, and how it names them
+    "library default": "library default: `twmd`, recall, layer 4, T = 0.1",
+    "twmd/recall/special=keep": '`twmd`, [CLS]/[SEP] kept as tokens (`special_tokens="keep"`)',
+    "twmd/f1/special=drop": "`twmd`, f1, T = 0.15",
+    "twmd/f1/special=drop/idf": "`twmd`, f1, T = 0.15, IDF",
+    "bert_score F1 (special=target)": "bert_score F1 (its rule: special tokens as zero-mass targets)",
+    "bert_score F1 (special=target)/idf": "bert_score F1, IDF",
+    "bertscore member F1 (special=drop)": "the `bertscore` member, special tokens dropped",
+    "trwmd/f1/special=target": "`trwmd`, f1, T = 0.15, special tokens as targets",
+}
+
+
+def docs_table(res: dict) -> dict:
+    """The table of ``docs/results.md`` (``docs_variants``, with STS): WMT15-16 and STS12-16 r of the
+    variants it shows, the library default's WMT r and the best STS r in bold."""
+    rows = {key: res["rows"][key] for key in DOCS_ROWS}
+    best_sts = max(row["sts_r"] for row in rows.values())
+    bold = lambda text, yes: f"**{text}**" if yes else text  # noqa: E731
+    return harness.table(["variant (chosen on WMT15–16)", "WMT15–16 r", "STS12–16 r"], [
+        [DOCS_ROWS[key], bold(f"{row['wmt_r']:.4f}", key == "library default"),
+         bold(f"{row['sts_r']:.4f}", row["sts_r"] == best_sts)] for key, row in rows.items()], "-rr")
+
+
 def title(res: dict) -> str:
     return f"Robustness beyond WMT: `{res['model']}`, chosen on WMT15-16" + (
         ", checked on STS12-16" if res["n_sts"] is not None else "")
@@ -219,7 +242,10 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
     args = parser.parse_args(argv)
     res = run(args)
-    harness.publish(args.out, "robustness" + harness.model_suffix(res["model"]), title(res), res, body=[report(res)],
+    sts = res["n_sts"] is not None
+    harness.publish(args.out, "robustness" + harness.model_suffix(res["model"]), title(res), res,
+                    {"docs_variants": docs_table(res)} if sts else {},
+                    [report(res), *(["## The table of the documentation", {"table": "docs_variants"}] if sts else [])],
                     data=harness.data_provenance(args.data, sts=str(args.sts) if args.sts else None))
 
 
