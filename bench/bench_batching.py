@@ -5,13 +5,12 @@ script makes ``--calls`` such calls (one real WMT15-16 (translation, reference) 
 distinct) from ``--callers`` threads, three ways: each thread calling ``MoverReward.score`` directly
 (calls serialised by the reward's lock), through a ``BatchedReward`` (concurrent calls coalesced),
 and, as the bound, one ``score`` call on all pairs at once. The reference cache is cleared before
-every run, so every reference is encoded. Writes ``bench_batching.md`` to ``--out``.
+every run, so every reference is encoded. Publishes ``bench_batching`` (``.json`` and ``.md``) to ``--out``.
 
     python bench/bench_batching.py --threads 2
 """
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -22,20 +21,16 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import load_average, wmt_parser, write_report  # noqa: E402
+import harness  # noqa: E402
 
 from torchmover import Scorer  # noqa: E402
 from torchmover.reward.batching import BatchedReward  # noqa: E402
-from torchmover.evaluation.data import read_tsv_dir  # noqa: E402
 from torchmover.reward.rewards import MoverReward  # noqa: E402
 
 
-def wmt_pairs(data_dir: Path, n: int) -> list[tuple[str, str]]:
-    """The first ``n`` distinct (candidate, reference) pairs of the WMT15-16 ratings."""
-    pairs = list(dict.fromkeys((r.hyp, r.ref) for r in read_tsv_dir(data_dir)))
-    if len(pairs) < n:
-        raise SystemExit(f"{data_dir} has {len(pairs)} distinct pairs, fewer than --calls {n}")
-    return pairs[:n]
+def wmt_pairs(data_dir: Path, n: int, seed: int) -> list[tuple[str, str]]:
+    """``n`` distinct (candidate, reference) pairs drawn by :func:`harness.wmt_sample`."""
+    return [(r["hyp"], r["ref"]) for r in harness.wmt_sample(data_dir, n, seed, distinct=True)]
 
 
 def run_calls(call, pairs, callers: int) -> float:
@@ -47,7 +42,7 @@ def run_calls(call, pairs, callers: int) -> float:
 
 
 def main(argv=None) -> None:
-    parser = wmt_parser(__doc__)
+    parser = harness.wmt_parser(__doc__)
     parser.add_argument("--calls", type=int, default=512)
     parser.add_argument("--callers", type=int, default=16, help="calling threads")
     parser.add_argument("--max-batch-size", type=int, default=256)
@@ -58,9 +53,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    pairs = wmt_pairs(args.data, args.calls)
+    pairs = wmt_pairs(args.data, args.calls, args.seed)
     reward = MoverReward(Scorer(device=args.device))
-    load_before = load_average()
 
     def direct(hyp, ref):
         return float(reward.score([hyp], [ref])[0])
@@ -87,23 +81,23 @@ def main(argv=None) -> None:
             seconds["one call"].append(all_at_once())
             progress.update()
 
-    median = {k: statistics.median(v) for k, v in seconds.items()}
-    rows = [
-        f"| {k} | {median[k]:.2f} | {min(v):.2f}–{max(v):.2f} | {args.calls / median[k]:.1f} | "
-        f"{median['direct'] / median[k]:.2f}x |" for k, v in seconds.items()]
-    command = " ".join(["python bench/bench_batching.py"] + (argv if argv is not None else sys.argv[1:]))
-    write_report(args.out, "bench_batching.md",
-                 "Single-sample reward calls from many threads, with and without the micro-batcher", command, [
+    timing = {k: harness.Timing(v) for k, v in seconds.items()}
+    rows = [[k, f"{t.median:.2f}", f"{t.min:.2f}–{max(t.runs):.2f}", f"{args.calls / t.median:.1f}",
+             f"{timing['direct'].median / t.median:.2f}x"] for k, t in timing.items()]
+    notes = [
         f"{args.calls} calls of one distinct WMT15-16 (translation, reference) pair each, from {args.callers} "
         f"threads; reward `MoverReward(Scorer())` ({reward.signature}), reference cache cleared before each run.",
         f"direct: each thread calls `reward.score([hyp], [ref])`; batched: `BatchedReward(reward, "
         f"max_batch_size={args.max_batch_size}, max_wait_ms={args.max_wait_ms:g}).score_one(hyp, ref)` "
         f"(mean {statistics.mean(mean_batch):.1f} pairs per batch); one call: `reward.score` on all pairs at once.",
-        f"Median of {args.repeats} runs after a warm-up; device {args.device}, torch {torch.__version__} with "
-        f"{torch.get_num_threads()} thread(s), {os.cpu_count()} logical cores."],
-        ["| way | seconds (median) | min–max | calls/s | speed-up vs direct |", "|---|---|---|---|---|", *rows],
-        load_before)
-
+        f"Median of {args.repeats} runs after a warm-up, the three ways interleaved; device {args.device}."]
+    harness.publish(args.out, "bench_batching",
+                    "Single-sample reward calls from many threads, with and without the micro-batcher",
+                    {"seconds": seconds, "mean_batch_size": mean_batch, "signature": reward.signature,
+                     "calls": args.calls, "callers": args.callers},
+                    {"ways": harness.table(["way", "seconds (median)", "min–max", "calls/s", "speed-up vs direct"], rows)},
+                    ["\n".join(f"- {n}" for n in notes), {"table": "ways"}],
+                    data=harness.data_provenance(args.data, args.calls, args.seed))
 
 if __name__ == "__main__":
     main()

@@ -1,78 +1,16 @@
-"""What the WMT benchmark scripts share: their command line's data and output directories, seeded
-samples of WMT pairs, agreement statistics between two score lists, a markdown report writer that
-records the machine's load, and the timing of torchmover and bert_score with the encoder's share split
-off (``bench_peers.py`` on the CPU, ``bench_gpu.py`` on a GPU)."""
+"""What the peer comparisons share (the command line, the WMT sample, the timer and the publisher are
+``harness.py``'s): agreement statistics between two score lists, memory readings, and the timing of
+torchmover and bert_score with the encoder's share split off (``bench_peers.py`` on the CPU,
+``bench_gpu.py`` on a GPU)."""
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import os
-import random
 import resource
 import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def wmt_parser(doc: str) -> argparse.ArgumentParser:
-    """A parser described by the first paragraph of ``doc``, with ``--data`` (the WMT15-16 ``*.tsv``
-    directory, by default ``../shared/data/wmt15-16`` next to the repository) and ``--out`` (the
-    results directory, by default ``bench/results``)."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "wmt15-16",
-                        help="WMT15-16 *.tsv directory (default: ../shared/data/wmt15-16 next to the repository)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
-    return parser
-
-
-def load_average() -> str:
-    """The machine's load average (1/5/15 min), e.g. ``0.55/1.06/1.26``."""
-    return "/".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def write_report(out: Path, name: str, title: str, command: str, notes: list[str], table: list[str],
-                 load_before: str) -> None:
-    """Write (and print) a markdown report ``out/name``: the title, the command, the notes as a list
-    (the load average before and now added), then the table."""
-    notes = notes + [f"Load average (1/5/15 min) before {load_before}, after {load_average()}: other "
-                     "processes share the machine when it is high."]
-    report = "\n".join([f"# {title}", "", f"`{command}`", "", *(f"- {n}" for n in notes), "", *table, ""])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / name).write_text(report, encoding="utf-8")
-    print(report)
-
-
-def publish(out: Path, stem: str, text: str, data, model: str | None = None) -> None:
-    """Print a report and write it as ``<stem>[_<model>].md`` with its numbers as ``.json`` into ``out``
-    (the model's suffix for any model but the default one)."""
-    import json
-
-    suffix = "" if model is None or model.endswith("all-MiniLM-L6-v2") else "_" + model.rsplit("/", 1)[-1]
-    print(text)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}{suffix}.md").write_text(text)
-    (out / f"{stem}{suffix}.json").write_text(json.dumps(data, indent=1, default=str))
-
-
-def load_sample(data_dir: Path, n: int, seed: int = 0) -> list[dict]:
-    """``n`` rows spread evenly over every ``*.tsv`` of ``data_dir`` (sorted), seeded per file."""
-    files = sorted(data_dir.glob("*.tsv"))
-    if not files:
-        raise SystemExit(f"--data {data_dir}: no *.tsv files")
-    rows = []
-    for k, path in enumerate(files):
-        from torchmover.evaluation.data import read_tsv  # here, not at import: the MoverScore shim stubs transformers
-
-        file_rows = [dataclasses.asdict(r) for r in read_tsv(path)]
-        take = n // len(files) + (k < n % len(files))
-        rows += random.Random(f"{seed}-{path.name}").sample(file_rows, take)
-    return rows
-
 
 def pearson(x, y) -> float:
     return float(np.corrcoef(np.asarray(x, float), np.asarray(y, float))[0, 1])
@@ -91,18 +29,6 @@ def agreement(a, b) -> dict:
     d = np.abs(a - b)
     return {"pearson": pearson(a, b), "spearman": spearman(a, b), "max_abs": float(d.max()),
             "mean_abs": float(d.mean()), "median_abs": float(np.median(d)), "argmax": int(d.argmax())}
-
-
-# --- data -----------------------------------------------------------------------------------------
-
-def load_pairs(data_dir: Path, n: int, seed: int = 0) -> list[dict]:
-    """A seeded sample of ``n`` rows (``lp year ref hyp score``) of every ``*.tsv`` in ``data_dir``."""
-    from torchmover.evaluation.data import read_tsv_dir  # here, not at import: the MoverScore worker stubs transformers
-
-    rows = [dataclasses.asdict(r) for r in read_tsv_dir(data_dir)]
-    if len(rows) < n:
-        raise SystemExit(f"--data {data_dir}: {len(rows)} rows found, --pairs {n} requested")
-    return random.Random(seed).sample(rows, n)
 
 
 # --- measurement helpers --------------------------------------------------------------------------
@@ -201,15 +127,6 @@ def default_layer() -> int:
     from torchmover.text.encoder import DEFAULT_LAYERS, DEFAULT_MODEL
 
     return DEFAULT_LAYERS[DEFAULT_MODEL][0]
-
-
-def package_version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "not installed"
 
 
 def model_dir() -> str:

@@ -34,10 +34,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import re
-import shlex
 import statistics
 import subprocess
 import sys
@@ -45,7 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import REPO, load_average, load_pairs, package_version, wmt_parser, write_report
+import harness
+from harness import REPO, wmt_parser
 
 BENCH = Path(__file__).resolve().parent
 
@@ -62,13 +61,6 @@ def vm_rss_mb() -> float:
 def reset_hwm() -> None:
     """Reset ``VmHWM`` to the current resident set (Linux: ``5`` into ``/proc/self/clear_refs``)."""
     Path("/proc/self/clear_refs").write_text("5")
-
-
-def environment() -> str:
-    import torch
-
-    return (f"CPU: {platform.machine()}, {os.cpu_count()} logical cores; torch {torch.__version__}, transformers "
-            f"{package_version('transformers')}, bert-score {package_version('bert-score')}")
 
 
 # --- memory ---------------------------------------------------------------------------------------
@@ -117,8 +109,8 @@ def memory_worker(job: dict) -> dict:
             "signature": signature, "scores": [float(s) for s in scores]}
 
 
-def run_memory(args) -> tuple[list[str], list[str], dict]:
-    pairs = load_pairs(args.data, args.pairs, args.seed)
+def run_memory(args) -> tuple[list[str], dict, dict]:
+    pairs = harness.wmt_sample(args.data, args.pairs, args.seed)
     systems = [name for name, (_, _, before) in MEMORY_SYSTEMS.items() if args.before or not before]
     runs: dict[str, list[dict]] = {name: [] for name in systems}
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,14 +131,15 @@ def run_memory(args) -> tuple[list[str], list[str], dict]:
     for name in systems:
         for r in runs[name]:
             r.pop("scores")
-    rows = ["| system | time: s (best) | pairs/s | peak growth during the call: MiB (median) | growth vs bert_score | "
-            "growth of each round: MiB |", "|---|---|---|---|---|---|"]
     bert = statistics.median(r["peak_growth_mb"] for r in runs["bert_score"])
+    cells = []
     for name in systems:
         growth = [r["peak_growth_mb"] for r in runs[name]]
         best = min(r["seconds"] for r in runs[name])
-        rows.append(f"| {name} | {best:.2f} | {args.pairs / best:.0f} | {statistics.median(growth):.0f} | "
-                    f"{statistics.median(growth) / bert:.2f}x | {', '.join(f'{g:.0f}' for g in growth)} |")
+        cells.append([name, f"{best:.2f}", f"{args.pairs / best:.0f}", f"{statistics.median(growth):.0f}",
+                      f"{statistics.median(growth) / bert:.2f}x", ", ".join(f"{g:.0f}" for g in growth)])
+    rows = harness.table(["system", "time: s (best)", "pairs/s", "peak growth during the call: MiB (median)",
+                          "growth vs bert_score", "growth of each round: MiB"], cells)
     notes = [f"{args.pairs} WMT15-16 pairs (seeded sample, seed {args.seed}); the default model "
              "(sentence-transformers/all-MiniLM-L6-v2, offline package) at layer 4 for every system; batch size 64.",
              f"{args.threads} torch thread(s) per process; {args.rounds} round(s), round-robin, each run in its own "
@@ -154,8 +147,7 @@ def run_memory(args) -> tuple[list[str], list[str], dict]:
              "it) minus the resident set before it.",
              "`(before)`: the same runs with the torchmover of `--before` "
              f"({args.before_label or args.before}) first on the path; the largest difference of a score between the "
-             f"two trees: {', '.join(f'{k}: {v:.1e}' for k, v in same.items())}." if args.before else "",
-             environment()]
+             f"two trees: {', '.join(f'{k}: {v:.1e}' for k, v in same.items())}." if args.before else ""]
     return [n for n in notes if n], rows, runs
 
 
@@ -187,7 +179,7 @@ def synthetic_corpus(directory: Path, pairs: int, words: list[str], seed: int = 
     return paths
 
 
-def run_flat(args) -> tuple[list[str], list[str], dict]:
+def run_flat(args) -> tuple[list[str], dict, dict]:
     from torchmover.evaluation.data import read_tsv_dir
 
     words = sorted({w for row in read_tsv_dir(args.data) for w in row.ref.lower().split() if w.isalpha()})
@@ -213,16 +205,15 @@ def run_flat(args) -> tuple[list[str], list[str], dict]:
             results[size] = {"seconds": seconds, "peak_rss_mb": usage.ru_maxrss / 1024, "rows": rows,
                              "input_mb": (hyps.stat().st_size + refs.stat().st_size) / 2**20}
             print(size, results[size], flush=True)
-    rows = ["| pairs | input: MiB | peak resident set: MiB | wall time: s | pairs/s (both passes, with the start) |",
-            "|---|---|---|---|---|"]
-    for size, r in results.items():
-        rows.append(f"| {size:,} | {r['input_mb']:.0f} | {r['peak_rss_mb']:.0f} | {r['seconds']:.0f} | "
-                    f"{size / r['seconds']:.0f} |")
+    rows = harness.table(["pairs", "input: MiB", "peak resident set: MiB", "wall time: s",
+                          "pairs/s (both passes, with the start)"],
+                         [[f"{size:,}", f"{r['input_mb']:.0f}", f"{r['peak_rss_mb']:.0f}", f"{r['seconds']:.0f}",
+                           f"{size / r['seconds']:.0f}"] for size, r in results.items()])
     notes = [f"`torchmover score` on synthetic corpora, `--centering batch` (a first pass over the corpus for the "
              f"mean, then the scoring pass), `--chunk-size {args.chunk_size}`, output to a file; the encoder is a "
              "randomly initialised 1-layer, 32-wide BERT with the default model's tokenizer (module docs).",
              f"Each run in its own process ({args.threads} thread(s)); peak resident set: `ru_maxrss` of that process "
-             "(model, libraries and all).", environment()]
+             "(model, libraries and all)."]
     return notes, rows, results
 
 
@@ -254,7 +245,7 @@ def sharding_worker(job: dict) -> dict | None:
     return out
 
 
-def run_sharding(args) -> tuple[list[str], list[str], dict]:
+def run_sharding(args) -> tuple[list[str], dict, dict]:
     from torchmover.evaluation.data import read_tsv_dir
 
     records = read_tsv_dir(args.data)
@@ -279,19 +270,16 @@ def run_sharding(args) -> tuple[list[str], list[str], dict]:
         in_order = [row["line"] for row in two] == list(range(1, len(one) + 1))
     best = {k: min(r["seconds"] for r in v) for k, v in runs.items()}
     n = len(records)
-    rows = ["| processes (1 thread each) | scoring time: s (best) | pairs/s | speed-up | of the ideal |",
-            "|---|---|---|---|---|"]
-    for k in (1, 2):
-        speedup = best[1] / best[k]
-        rows.append(f"| {k} | {best[k]:.1f} | {n / best[k]:.1f} | {speedup:.2f}x | {100 * speedup / k:.0f}% |")
+    rows = harness.table(["processes (1 thread each)", "scoring time: s (best)", "pairs/s", "speed-up", "of the ideal"],
+                         [[k, f"{best[k]:.1f}", f"{n / best[k]:.1f}", f"{best[1] / best[k]:.2f}x",
+                           f"{100 * best[1] / best[k] / k:.0f}%"] for k in (1, 2)])
     notes = [f"{n} WMT15-16 pairs (every row of the 10 files), `score_files` (the streaming job of `torchmover "
              "score`) with the default scorer (all-MiniLM-L6-v2, layer 4, TWMD recall, no centering), output to a "
              "JSON-lines file; two processes under `torchrun --nproc-per-node 2` (gloo), the shares balanced by "
              "token count.",
              f"Times: the scoring alone, after the model is loaded and the process group joined (between two "
              f"barriers); best of {args.rounds} round(s), one and two processes alternating.",
-             f"Two processes against one: largest score difference {difference:.2e}; rows in input order: {in_order}.",
-             environment()]
+             f"Two processes against one: largest score difference {difference:.2e}; rows in input order: {in_order}."]
     return notes, rows, {"runs": runs, "max_difference": difference, "in_order": in_order}
 
 
@@ -320,7 +308,6 @@ def main(argv=None) -> None:
     parser = wmt_parser(__doc__)
     parser.add_argument("--part", choices=("memory", "flat", "sharding"))
     parser.add_argument("--pairs", type=int, default=1000, help="memory: pairs (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="memory, flat: torch threads (default: %(default)s)")
     parser.add_argument("--before", type=Path, help="memory: a tree of torchmover to compare against")
@@ -336,14 +323,13 @@ def main(argv=None) -> None:
         return worker(args)
     if not args.part:
         parser.error("--part is required")
-    load_before = load_average()
     notes, table, data = {"memory": run_memory, "flat": run_flat, "sharding": run_sharding}[args.part](args)
-    command = "python bench/bench_corpus.py " + shlex.join(sys.argv[1:])
     titles = {"memory": "Peak memory of a scoring call against bert_score (CPU)",
               "flat": "Memory of the streaming job against the corpus size (CPU)",
               "sharding": "One process against two (CPU, gloo)"}
-    write_report(args.out, f"bench_corpus_{args.part}.md", titles[args.part], command, notes, table, load_before)
-    (args.out / f"bench_corpus_{args.part}.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    harness.publish(args.out, f"bench_corpus_{args.part}", titles[args.part], data, {"main": table},
+                    ["\n".join(f"- {n}" for n in notes), {"table": "main"}],
+                    data=harness.data_provenance(args.data, args.pairs if args.part == "memory" else None, args.seed))
 
 
 if __name__ == "__main__":

@@ -26,20 +26,19 @@ Commands (from the repository root)::
     python bench/bench_gpu.py                                      # on a CUDA machine
     python bench/bench_gpu.py --device cpu --pairs 200 --threads 2 --repeats 3
 
-Writes ``bench_gpu_{cuda,cpu}.md`` and ``.json`` into ``--out`` (default ``bench/results``).
+Publishes ``bench_gpu_<device>_<models>`` (e.g. ``bench_gpu_cuda_default``) into ``--out`` (default
+``bench/results``), with the two tables of ``docs/guide/performance.md`` (``docs_scoring``, ``docs_reward``).
 Needs ``bert-score`` (``pip install "torchmover[bench]"``); ``--skip-bert-score`` leaves it out.
 """
 from __future__ import annotations
 
-import json
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from bench_common import (Timed, default_layer, load_pairs, model_dir, run_bert_score, run_torchmover, synchronizer,
-                          wmt_parser)
+import harness
+from bench_common import Timed, default_layer, model_dir, run_bert_score, run_torchmover, synchronizer
 
 COMPLETIONS_PER_PROMPT = 8
 PROMPTS = (8, 64)  # 64 and 512 completions
@@ -125,16 +124,9 @@ def reward_breakdown(path, layer, pairs, device, n_prompts, repeats, dtype=None,
     sync = synchronizer(device)
     encoder, centering = scorer.encoder, reward.centering
 
-    def call_s() -> float:
-        sync()
-        t = time.perf_counter()
-        reward(hyps, refs)
-        sync()
-        return time.perf_counter() - t
-
     with torch.no_grad():
         scores = reward(hyps, refs)  # warm-up (and compilation)
-        plain = statistics.median(call_s() for _ in range(repeats))
+        plain = harness.time_call(lambda: reward(hyps, refs), repeats, warmup=0, sync=sync).median
         phases = {"tokenization": (encoder, "tokenize"), "encoder": (encoder.model, "forward"),
                   "centering": (centering, "forward"), "transport": (scorer, "score_pairs")}
         timers = {}
@@ -144,7 +136,7 @@ def reward_breakdown(path, layer, pairs, device, n_prompts, repeats, dtype=None,
         reset, read = peak_memory(device)
         reset()
         try:
-            total = [call_s() for _ in range(repeats)]
+            total = harness.time_call(lambda: reward(hyps, refs), repeats, warmup=0, sync=sync).runs
         finally:
             for owner, attr in phases.values():
                 delattr(owner, attr)
@@ -164,52 +156,82 @@ def mib(value) -> str:
     return "—" if value is None else f"{value:.0f}"
 
 
-def report(args, device, results, started) -> str:
-    import torch
-    import transformers
+SYSTEM_LABELS = {"torchmover": "torchmover (TWMD)", "torchmover bertscore preset": "torchmover `bertscore` preset",
+                 "bert_score": "bert_score F1"}
+ENCODER_LABELS = {"default": "default (MiniLM, layer {layer})", "base": "base-size (layer {layer})"}
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-    lines = [f"# bench_gpu on {name}", "",
-             f"`python bench/bench_gpu.py {' '.join(args.argv)}` — torch {torch.__version__}, transformers "
-             f"{transformers.__version__}, {args.pairs} WMT15-16 pairs (seed {args.seed}), batch size "
-             f"{args.batch_size}, {args.repeats} repeats; wall {time.perf_counter() - started:.0f} s.", ""]
-    if device.type == "cpu":
-        lines += ["Run on the CPU (`--device cpu`): no GPU figure here.", ""]
+
+def docs_tables(results: dict, pairs: int) -> dict:
+    """The tables of ``docs/guide/performance.md`` (``docs_scoring``, ``docs_reward``) from the figures."""
+    scoring, reward = [], []
     for model, r in results.items():
-        lines += [f"## {model} encoder (layer {r['layer']})", ""]
+        label = ENCODER_LABELS.get(model, model).format(layer=r["layer"])
+        for k, (system, s) in enumerate(r["systems"].items()):
+            name = SYSTEM_LABELS.get(system, system)
+            if system == "torchmover" and "center:batch" in s["signature"]:
+                name = name[:-1] + ", batch centering)"
+            rate = f"{pairs / s['total_s']:,.0f}"
+            scoring.append([label if k == 0 else "", f"{pairs:,}" if k == 0 else "", name,
+                            f"**{rate}**" if k == 0 else rate, f"{s['total_s']:.2f}", f"{s['encoder_s']:.2f}",
+                            f"{s['metric_cached_s']:.3f}", "—" if s["peak_gpu_mib"] is None else f"{s['peak_gpu_mib']:,.0f}"])
+        for k, row in enumerate(r["reward"]):
+            reward.append([(label.split(" (")[0] if k == 0 else ""), row["completions"], row["variant"],
+                           *(f"{1000 * row[key]:.1f}" for key in ("tokenization", "encoder", "host", "transport", "call",
+                                                                 "call_without_syncs")),
+                           "0" if row["max_diff"] == 0 else f"{row['max_diff']:.1e}".replace("e-0", "e-"),
+                           "—" if row["peak_gpu_mib"] is None else f"{row['peak_gpu_mib']:,.0f}"])
+    return {"docs_scoring": harness.table(["encoder", "pairs", "system", "pairs/s", "end to end s", "encoder s",
+                                           "metric part s", "peak GPU MiB"], scoring, "-r-rrrrr"),
+            "docs_reward": harness.table(["encoder", "completions", "variant", "tokenization", "encoder", "host",
+                                          "transport", "call", "call without syncs", "max \\|Δ score\\| vs fp32",
+                                          "peak GPU MiB"], reward, "-r-rrrrrrrr")}
+
+
+def report(args, device, results, started) -> tuple[str, dict, list]:
+    """The title, the named tables and the body of the report."""
+    name = torch_device_name(device)
+    body = [f"{args.pairs} WMT15-16 pairs, batch size {args.batch_size}, {args.repeats} repeats; wall "
+            f"{time.perf_counter() - started:.0f} s."]
+    if device.type == "cpu":
+        body.append("Run on the CPU (`--device cpu`): no GPU figure here.")
+    tables = {}
+    for model, r in results.items():
+        body.append(f"## {model} encoder (layer {r['layer']})")
         if r["systems"]:
-            lines += ["| system | pairs/s | end to end s | encoder s | metric part s (cached embeddings) | peak GPU MiB |",
-                      "|---|---|---|---|---|---|"]
-            for system, s in r["systems"].items():
-                lines.append(f"| {system} | {args.pairs / s['total_s']:.1f} | {s['total_s']:.2f} | {s['encoder_s']:.2f} | "
-                             f"{s['metric_cached_s']:.3f} | {mib(s['peak_gpu_mib'])} |")
-            lines.append("")
-        lines += ["Reward call (`MoverReward`, references cached), ms per call; phases with the device "
-                  "synchronised at their boundaries:", "",
-                  "| completions | variant | tokenization | encoder | host | transport | call | call without syncs | "
-                  "max \\|Δ score\\| vs fp32 | peak GPU MiB |", "|---|---|---|---|---|---|---|---|---|---|"]
-        for row in r["reward"]:
-            lines.append(f"| {row['completions']} | {row['variant']} | {ms(row['tokenization'])} | {ms(row['encoder'])} | "
-                         f"{ms(row['host'])} | {ms(row['transport'])} | {ms(row['call'])} | "
-                         f"{ms(row['call_without_syncs'])} | {row['max_diff']:.1e} | {mib(row['peak_gpu_mib'])} |")
-        lines.append("")
-    return "\n".join(lines)
+            tables[f"{model}_systems"] = harness.table(
+                ["system", "pairs/s", "end to end s", "encoder s", "metric part s (cached embeddings)", "peak GPU MiB"],
+                [[system, f"{args.pairs / s['total_s']:.1f}", f"{s['total_s']:.2f}", f"{s['encoder_s']:.2f}",
+                  f"{s['metric_cached_s']:.3f}", mib(s['peak_gpu_mib'])] for system, s in r["systems"].items()])
+            body.append({"table": f"{model}_systems"})
+        tables[f"{model}_reward"] = harness.table(
+            ["completions", "variant", "tokenization", "encoder", "host", "transport", "call", "call without syncs",
+             "max \\|Δ score\\| vs fp32", "peak GPU MiB"],
+            [[row["completions"], row["variant"], ms(row["tokenization"]), ms(row["encoder"]), ms(row["host"]),
+              ms(row["transport"]), ms(row["call"]), ms(row["call_without_syncs"]), f"{row['max_diff']:.1e}",
+              mib(row["peak_gpu_mib"])] for row in r["reward"]])
+        body += ["Reward call (`MoverReward`, references cached), ms per call; phases with the device "
+                 "synchronised at their boundaries:", {"table": f"{model}_reward"}]
+    tables.update(docs_tables(results, args.pairs))
+    body += ["## Tables of the documentation", {"table": "docs_scoring"}, {"table": "docs_reward"}]
+    return f"bench_gpu on {name}", tables, body
+
+
+def torch_device_name(device) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
 
 
 def main(argv=None) -> int:
-    import sys
-
-    parser = wmt_parser(__doc__)
+    parser = harness.wmt_parser(__doc__)
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu")
     parser.add_argument("--pairs", type=int, default=1000, help="WMT pairs for torchmover vs bert_score")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=10, help="timed reward calls per variant")
     parser.add_argument("--models", default="default,base", help="comma-separated: default, base")
     parser.add_argument("--threads", type=int, help="torch CPU threads")
     parser.add_argument("--skip-bert-score", action="store_true", help="leave the bert_score comparison out")
     args = parser.parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv
 
     import torch
 
@@ -224,7 +246,7 @@ def main(argv=None) -> int:
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
-    pairs = load_pairs(args.data, max(args.pairs, max(PROMPTS) * COMPLETIONS_PER_PROMPT), args.seed)
+    pairs = harness.wmt_sample(args.data, max(args.pairs, max(PROMPTS) * COMPLETIONS_PER_PROMPT), args.seed)
     variants = [("fp32", None, False), ("bf16", "bf16", False), ("fp16", "fp16", False), ("compile", None, True)]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -246,11 +268,9 @@ def main(argv=None) -> int:
                         rows.append(row)
                         bar.update()
                 results[model] = {"layer": layer, "systems": systems, "reward": rows}
-    text = report(args, device, results, started)
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"bench_gpu_{device.type}.md").write_text(text + "\n")
-    (args.out / f"bench_gpu_{device.type}.json").write_text(json.dumps(results, indent=1) + "\n")
+    title, tables, body = report(args, device, results, started)
+    harness.publish(args.out, f"bench_gpu_{device.type}_{'_'.join(results)}", title, results, tables, body,
+                    data=harness.data_provenance(args.data, len(pairs), args.seed))
     return 0
 
 

@@ -8,7 +8,7 @@ Times are CPU time of the calling thread (``time.thread_time``) with one torch t
 machine the wall time of a call also counts the time other processes hold the CPU (on the 2-core
 machine these figures were taken on, the load average was ~15), its CPU time does not.
 
-(a) ``Scorer.score`` on ``--pairs`` WMT15-16 pairs (the sample of ``bench/bench_peers.py``: same seed,
+(a) ``Scorer.score`` on ``--pairs`` WMT15-16 pairs (``harness.wmt_sample``, as ``bench/bench_peers.py``: same seed,
     same default model and layer, ``batch_size=64``), "metric part on cached embeddings": the call with
     the encoding function replaced by a replay of its recorded outputs (torchmover ``Encoder.forward``,
     bert_score ``get_bert_embedding``, both including their tokenization), as ``bench_peers.py`` does,
@@ -36,15 +36,14 @@ import functools
 import itertools
 import os
 import statistics
-import sys
 import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer's work in the timed thread
 
 import torch  # noqa: E402
 
-from bench_common import (Recorded, Timed, default_layer, load_average, load_pairs, model_dir, wmt_parser,  # noqa: E402
-                          write_report)
+import harness  # noqa: E402
+from bench_common import Recorded, Timed, default_layer, model_dir  # noqa: E402
 
 
 CLOCK = time.thread_time
@@ -170,41 +169,42 @@ def replayed_call(reward, hyps: list[str], targets: list[str], repeats: int) -> 
     return statistics.median(times)
 
 
-def main() -> None:
-    parser = wmt_parser(__doc__)
+def main(argv=None) -> None:
+    parser = harness.wmt_parser(__doc__)
     parser.add_argument("--pairs", type=int, default=1000, help="WMT pairs for (a) (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of (a); (b) runs 10x more (default: %(default)s)")
     parser.add_argument("--skip-metric", action="store_true", help="only (b)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)  # thread CPU time is the call's CPU time
-    load_before = load_average()
-    pairs = load_pairs(args.data, args.pairs)
-    table = [f"(b) reward call, references cached, tiny random encoder, medians over {10 * args.repeats} calls, ms", "",
-             "| completions | call | model forward | transport | host work | of which tokenizer | host work without tokenizer "
-             "| host work, all replayed |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for n_prompts in (8, 64):
-        r = reward_call(pairs, n_prompts, 8, 10 * args.repeats)
-        table.append(f"| {r['completions']} ({r['prompts']} prompts x 8) | {r['call_ms']:.2f} | {r['forward_ms']:.2f} "
-                     f"| {r['transport_ms']:.2f} | {r['host_ms']:.2f} | {r['tokenizer_ms']:.2f} "
-                     f"| {r['host_without_tokenizer_ms']:.2f} | {r['replayed_ms']:.2f} |")
+    pairs = harness.wmt_sample(args.data, args.pairs, args.seed)
+    calls = [reward_call(pairs, n_prompts, 8, 10 * args.repeats) for n_prompts in (8, 64)]
+    tables = {"reward": harness.table(
+        ["completions", "call", "model forward", "transport", "host work", "of which tokenizer",
+         "host work without tokenizer", "host work, all replayed"],
+        [[f"{r['completions']} ({r['prompts']} prompts x 8)", *(f"{r[k]:.2f}" for k in (
+            "call_ms", "forward_ms", "transport_ms", "host_ms", "tokenizer_ms", "host_without_tokenizer_ms",
+            "replayed_ms"))] for r in calls], align="rrrrrrrr")}
+    body = ["- 1 torch thread, CPU time of the calling thread (time.thread_time)\n"
+            "- tokenizer: TOKENIZERS_PARALLELISM=false, so its Rust work is in the calling thread",
+            f"(b) reward call, references cached, tiny random encoder, medians over {10 * args.repeats} calls, ms",
+            {"table": "reward"}]
+    figures = {"reward_calls": calls}
     if not args.skip_metric:
-        m = metric_part(pairs, args.repeats)
+        m = figures["metric_part"] = metric_part(pairs, args.repeats)
         times, transport, bert = m["times"], m["transport"], m["times"]["bert_score"]
-        table += ["", f"(a) metric part on cached embeddings, {args.pairs} WMT pairs, medians over {args.repeats} "
-                  "rounds (the three systems in turn in each round), s", "",
-                  "| system | metric part | of which transport terms | the rest (host work) "
-                  "| metric part / bert_score's (median of the rounds' ratios) |", "|---|---:|---:|---:|---:|"]
+        rows = []
         for name, label in (("twmd", "torchmover TWMD (default)"), ("bertscore", "torchmover `bertscore` preset (F1)")):
             ratio = statistics.median(t / b for t, b in zip(times[name], bert))
             rest = statistics.median(t - c for t, c in zip(times[name], transport[name]))
-            table.append(f"| {label} | {statistics.median(times[name]):.3f} | {statistics.median(transport[name]):.3f} "
-                         f"| {rest:.3f} | {ratio:.2f}x |")
-        table.append(f"| bert_score F1 | {statistics.median(bert):.3f} | | | 1.00x |")
-    write_report(args.out, "bench_host.md", "Host overhead: what a call does besides the encoder and the transport",
-                 "python bench/bench_host.py " + " ".join(sys.argv[1:]),
-                 [f"torch {torch.__version__}, 1 torch thread, CPU time of the calling thread (time.thread_time)",
-                  "tokenizer: TOKENIZERS_PARALLELISM=false, so its Rust work is in the calling thread"],
-                 table, load_before)
+            rows.append([label, f"{statistics.median(times[name]):.3f}", f"{statistics.median(transport[name]):.3f}",
+                         f"{rest:.3f}", f"{ratio:.2f}x"])
+        rows.append(["bert_score F1", f"{statistics.median(bert):.3f}", "", "", "1.00x"])
+        tables["metric"] = harness.table(["system", "metric part", "of which transport terms", "the rest (host work)",
+                                          "metric part / bert_score's (median of the rounds' ratios)"], rows, "-rrrr")
+        body += [f"(a) metric part on cached embeddings, {args.pairs} WMT pairs, medians over {args.repeats} "
+                 "rounds (the three systems in turn in each round), s", {"table": "metric"}]
+    harness.publish(args.out, "bench_host", "Host overhead: what a call does besides the encoder and the transport",
+                    figures, tables, body, data=harness.data_provenance(args.data, args.pairs, args.seed))
 
 
 if __name__ == "__main__":

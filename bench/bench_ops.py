@@ -19,16 +19,20 @@ iteration, on WMT15-16 pairs:
 Command (from the repository root)::
 
     python bench/bench_ops.py --data ../shared/data/wmt15-16
+
+Publishes ``bench_ops`` (``.json`` and ``.md``) into ``--out``.
 """
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
-from bench_common import REPO, wmt_parser
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 
-sys.path.insert(0, str(REPO / "tests"))  # the op recorder is a test tool
+sys.path.insert(0, str(harness.REPO / "tests"))  # the op recorder is a test tool
 
 
 def trace(call, scorer) -> "OpTrace":
@@ -43,41 +47,48 @@ def trace(call, scorer) -> "OpTrace":
     return t
 
 
-def main() -> None:
-    args = wmt_parser(__doc__).parse_args()
+def main(argv=None) -> None:
+    parser = harness.wmt_parser(__doc__)
+    parser.add_argument("--model", help="encoder (default: the library's)")
+    parser.add_argument("--pairs", type=int, default=200, help="WMT pairs drawn (default: %(default)s)")
+    args = parser.parse_args(argv)
     from torchmover import Scorer
-    from torchmover.evaluation.data import read_tsv_dir
     from torchmover.reward.rewards import MoverReward
 
     torch.set_num_threads(1)
-    rows = read_tsv_dir(args.data)[:200]
-    hyps, refs = [r.hyp for r in rows], [r.ref for r in rows]
-    print("| call | torchmover ops | syncs | late host data |\n|---|---:|---:|---:|")
+    rows = harness.wmt_sample(args.data, args.pairs, args.seed)
+    hyps, refs = [r["hyp"] for r in rows], [r["ref"] for r in rows]
+    model = {"model": args.model} if args.model else {}
+    table, figures = [], {}
 
     def report(name, t):
-        print(f"| {name} | {len(t.kernel_ops)} | {len(t.syncs)} | {len(t.late_host_data)} |")
-        for op in t.syncs + t.late_host_data:
-            print(f"|  ↳ {op} | | | |")
+        figures[name] = {"ops": len(t.kernel_ops), "syncs": [str(op) for op in t.syncs],
+                         "late_host_data": [str(op) for op in t.late_host_data]}
+        table.append([name, len(t.kernel_ops), len(t.syncs), len(t.late_host_data)])
+        table.extend([f" ↳ {op}", "", "", ""] for op in t.syncs + t.late_host_data)
 
     policies = {"default": {}, "idf": {"idf": True}, "stopwords=english": {"stopwords": "english"},
                 "punctuation=drop": {"punctuation": "drop"}, "subwords=first": {"subwords": "first"},
                 "subwords=mean": {"subwords": "mean"}}
     for name, options in policies.items():
-        scorer = Scorer(**options)
+        scorer = Scorer(**model, **options)
         if options.get("idf"):
             scorer.fit_idf(refs)
         with torch.no_grad():
             scorer(hyps[:16], refs[:16])  # warm-up
             report(f"forward, 16 pairs, {name}", trace(lambda: scorer(hyps[:16], refs[:16]), scorer))
-    scorer = Scorer()
+    scorer = Scorer(**model)
     distinct = list(dict.fromkeys(refs))
-    for n_refs in (4, 16, 64):
+    for n_refs in (n for n in (4, 16, 64) if n <= len(distinct)):
         reward = MoverReward(scorer).fit(distinct[:n_refs])
-        completions, targets = hyps[:64], [distinct[i % n_refs] for i in range(64)]
+        completions = hyps[:64]
+        targets = [distinct[i % n_refs] for i in range(len(completions))]
         reward(completions, targets)
         reward(completions, targets)
         report(f"reward, 64 completions, {n_refs} cached refs", trace(lambda: reward(completions, targets), scorer))
-
+    harness.publish(args.out, "bench_ops", "Aten ops per call, and which would synchronise", figures,
+                    {"ops": harness.table(["call", "torchmover ops", "syncs", "late host data"], table, "-rrr")},
+                    data=harness.data_provenance(args.data, args.pairs, args.seed))
 
 if __name__ == "__main__":
     main()

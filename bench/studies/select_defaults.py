@@ -1,8 +1,8 @@
 """Choose the default layer, temperature, direction and centering of an encoder on WMT15-16.
 
-Measures the segment-level agreement (Pearson r and Kendall tau-b, ``scipy.stats``) between members
-of the TWMD family and human direct-assessment scores on WMT15-16 (10 groups: language pair x year,
-5,344 segments), for ``--model`` (default ``sentence-transformers/all-MiniLM-L6-v2``, loaded offline
+Measures the segment-level agreement (Pearson r and Kendall tau-b, ``torchmover.evaluation.correlation``)
+between members of the TWMD family and human direct-assessment scores on WMT15-16 (10 groups:
+language pair x year, 5,344 segments), for ``--model`` (default ``sentence-transformers/all-MiniLM-L6-v2``, loaded offline
 through ``torchmover.text.encoder.resolve_model_path``; or a local directory, e.g. of
 ``all-mpnet-base-v2``). The default is the configuration with the best average Pearson r over the 10
 groups.
@@ -11,11 +11,13 @@ Every distinct text is encoded once (every layer, length-sorted batches, special
 flagged by the tokenizer's special-tokens mask; the sweep drops them, as ``torchmover.text.encoder.
 Encoder`` does by default) and kept in memory, or memory-mapped from ``--cache DIR`` (a base-size
 encoder's 12 layers do not fit in memory). Scores
-come from ``torchmover.functional`` on batches of 32 pairs formed exactly as ``Scorer.score`` forms
-them (pairs sorted by decreasing ``len(hyp) + len(ref)``; the distinct texts of a batch are padded
-together and centered together), so the sweep's numbers can be compared with ``Scorer().score``
-(for ``batch`` centering: with the scorer called on those batches of 32 — ``Scorer.score`` itself
-centers ``batch`` on the mean of the whole call, independently of ``batch_size``).
+come from ``torchmover.functional`` on batches of 32 pairs (pairs sorted by decreasing ``len(hyp) +
+len(ref)``; the distinct texts of a batch are padded together and, for ``batch`` centering, centered
+together: the paper's per-batch mean). ``Scorer.score`` does not batch that way: its ``batch``
+centering uses the mean of the whole call's distinct texts, whatever ``batch_size``, so the sweep's
+``batch`` figures are those of a scorer called on the sweep's batches of 32 one by one. The other
+centering modes do not depend on the batch; the last step scores the data with ``Scorer()`` (the
+library default) to check that it reproduces the sweep's number for it.
 
 Centering modes: ``none``; ``batch`` (mean of all real tokens of the batch's distinct hyps and refs,
 the paper's choice); ``fixed`` (mean of all real tokens of every distinct text of the data set);
@@ -36,8 +38,8 @@ that the library reproduces the sweep's numbers.
 
 Commands (from the repository root)::
 
-    python bench/select_defaults.py --data ../shared/data/wmt15-16 --out bench/results/
-    python bench/select_defaults.py --data ../shared/data/wmt15-16 --model <all-mpnet-base-v2 dir> \
+    python bench/studies/select_defaults.py --data ../shared/data/wmt15-16 --out bench/results/
+    python bench/studies/select_defaults.py --data ../shared/data/wmt15-16 --model <all-mpnet-base-v2 dir> \
         --cache <scratch dir> --out bench/results/
 
 Writes ``select_defaults.md`` (tables) and ``select_defaults.json`` (every number) into ``--out``, for
@@ -49,15 +51,12 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
-import platform
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import torch
-from scipy import stats
 from torch.nn.utils.rnn import pad_sequence
 from tqdm.auto import tqdm
 
@@ -67,10 +66,15 @@ from torchmover.functional.centering import center
 from torchmover.functional.family import pair_similarity, token_cloud
 from torchmover.functional.members import get_member, member_term
 from torchmover.text.weights import IDF
+from torchmover.evaluation.correlation import correlate
 from torchmover.evaluation.data import read_tsv_dir
 from torchmover.text.encoder import DEFAULT_MODEL, resolve_model_path
 
-from bench_common import wmt_parser
+import sys  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import harness  # noqa: E402
+from harness import wmt_parser  # noqa: E402
 TEMPERATURES = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3)
 DIRECTIONS = ("recall", "precision", "f1")
 CENTERINGS = ("none", "batch", "fixed", "sentence")
@@ -96,7 +100,7 @@ class EmbeddingCache:
     With ``directory`` the rows live in ``.npy`` files there, memory-mapped (a base-size encoder's
     12 layers of a data set do not fit in memory), and are written as the batches are encoded; a
     directory that already holds the encoding of the same texts by the same model is read instead
-    (so a later script — ``bench/robustness.py`` — reuses it). ``padded`` gives a batch of texts under a
+    (so a later script — ``bench/studies/robustness.py`` — reuses it). ``padded`` gives a batch of texts under a
     special-tokens policy, as :class:`torchmover.Encoder` keeps them.
     """
 
@@ -326,13 +330,10 @@ class Sweep:
         return center(x, mask, centering)
 
     def correlate(self, scores: np.ndarray) -> dict:
-        per = {}
-        for g in self.group_names:
-            sel = self.groups == g
-            per[g] = {"r": float(stats.pearsonr(scores[sel], self.human[sel])[0]),
-                      "tau": float(stats.kendalltau(scores[sel], self.human[sel])[0])}
-        return {"avg_r": float(np.mean([v["r"] for v in per.values()])),
-                "avg_tau": float(np.mean([v["tau"] for v in per.values()])), "per_group": per}
+        """Pearson r and Kendall τ-b per group and their unweighted average (``evaluation.correlate``)."""
+        report = correlate(scores, self.human, self.groups, n_boot=0)
+        per = {g.name: {"r": g.pearson.value, "tau": g.kendall.value} for g in report.groups}
+        return {"avg_r": report.average.pearson.value, "avg_tau": report.average.kendall.value, "per_group": per}
 
     def best(self, keys) -> str:
         return max(keys, key=lambda k: self.results[k]["avg_r"])
@@ -358,6 +359,16 @@ def _rowwise_pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 # --- report -----------------------------------------------------------------------------------------
+
+def docs_default_table(figures: dict) -> dict:
+    """The per-group table of ``docs/results.md`` (``docs_default``): the chosen configuration's
+    Pearson r and Kendall τ per group (``cs-en 2015`` shown as ``cs-en 15``) and their average."""
+    res = figures["results"][figures["chosen"]]
+    groups = list(res["per_group"])
+    rows = [[label, *(f"{res['per_group'][g][key]:.3f}" for g in groups), f"**{res[average]:.3f}**"]
+            for label, key, average in (("Pearson r", "r", "avg_r"), ("Kendall τ", "tau", "avg_tau"))]
+    return harness.table(["", *(f"{g.split()[0]} {g.split()[1][2:]}" for g in groups), "**avg**"], rows)
+
 
 def fmt(v: float) -> str:
     return f"{v:.4f}" if not math.isnan(v) else "nan"
@@ -495,22 +506,17 @@ def main(argv=None) -> None:
     timings["total_s"] = time.perf_counter() - t_start
 
     # --- write --------------------------------------------------------------------------------------
-    args.out.mkdir(parents=True, exist_ok=True)
-    env = {"torch": torch.__version__, "torchmover": torchmover.__version__, "python": platform.python_version(),
-           "threads": args.threads, "cpu_count": os.cpu_count(), "batch_size": args.batch_size}
-    with open(args.out / f"{report_name}.json", "w") as fh:
-        json.dump({"model": name, "n_pairs": len(rows), "n_texts": len(texts), "env": env,
-                   "timings": timings, "chosen": chosen_key, "current_default": current_key,
-                   "best_overall": overall_key, "near_ties_0.005": near, "bootstrap_chosen_minus_current": boot,
-                   "scorer_check": scorer_check, "wmd_check": wmd_check, "results": sweep.results}, fh, indent=1)
+    env = {"threads": args.threads, "batch_size": args.batch_size}
+    figures = {"model": name, "n_pairs": len(rows), "n_texts": len(texts), "env": env,
+               "timings": timings, "chosen": chosen_key, "current_default": current_key,
+               "best_overall": overall_key, "near_ties_0.005": near, "bootstrap_chosen_minus_current": boot,
+               "scorer_check": scorer_check, "wmd_check": wmd_check, "results": sweep.results}
 
     pct = lambda v: f"{v:.4f}"  # noqa: E731
-    model_arg = "" if args.model == DEFAULT_MODEL else f" --model <{name.rsplit('/', 1)[-1]} dir> --cache <dir>"
-    L = [f"# Default layer / temperature / direction / centering for `{name}` on WMT15–16", "",
-         f"Generated by `python bench/select_defaults.py --data <wmt15-16 dir>{model_arg} --out {args.out}` "
-         f"({len(rows)} pairs, {len(texts)} distinct texts, {len(sweep.group_names)} groups = language pair × year). "
+    title = f"Default layer / temperature / direction / centering for `{name}` on WMT15–16"
+    L = [f"{len(rows)} pairs, {len(texts)} distinct texts, {len(sweep.group_names)} groups = language pair × year). "
          f"Cells are the average over the groups of Pearson r / Kendall τ-b against the human DA score. "
-         f"Scoring batches: {args.batch_size} pairs, formed as `Scorer.score` forms them. "
+         f"Scoring batches: {args.batch_size} pairs, sorted by length, `batch` centering per batch (module docs). "
          f"torch {torch.__version__}, {args.threads} thread(s); wall time {timings['total_s'] / 60:.1f} min.", "",
          "## Choice", "",
          f"- **Chosen default (best average Pearson r among one-iteration TWMD): `{chosen_key}`** — "
@@ -583,8 +589,9 @@ def main(argv=None) -> None:
               f"max |score difference| over the {len(rows)} pairs = {scorer_check['max_abs_diff_vs_sweep']:.2e}."]
     L += ["", "## Timings", "", "| step | seconds |", "|---|---|"]
     L += [f"| {k} | {v:.1f} |" for k, v in timings.items()]
-    (args.out / f"{report_name}.md").write_text("\n".join(L) + "\n")
-    print("\n".join(L))
+    harness.publish(args.out, report_name, title, figures, {"docs_default": docs_default_table(figures)},
+                    body=["\n".join(L), "## The table of the documentation", {"table": "docs_default"}],
+                    data=harness.data_provenance(args.data))
 
 
 if __name__ == "__main__":

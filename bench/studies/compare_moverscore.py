@@ -29,13 +29,12 @@ also run with ``batch_size=1`` (no padding) to measure its padding effect.
 
 Command (from the repository root)::
 
-    python bench/compare_moverscore.py --data ../shared/data/wmt15-16 --pairs 500
+    python bench/studies/compare_moverscore.py --data ../shared/data/wmt15-16 --pairs 500
 
 Writes ``compare_moverscore.md`` and ``compare_moverscore.json`` (every score) into ``--out``.
 """
 from __future__ import annotations
 
-import json
 import string
 import sys
 import time
@@ -44,10 +43,12 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_common import agreement, load_sample, model_dir, package_version, pearson, spearman, wmt_parser  # noqa: E402
+import harness  # noqa: E402
+from bench_common import agreement, model_dir  # noqa: E402
+from harness import package_version, wmt_parser  # noqa: E402
 from bench_peers import import_moverscore  # noqa: E402  (the shared shim)
 
 LAYER = 6  # the last layer of all-MiniLM-L6-v2: moverscore_v2 reads hidden_states[-1]
@@ -155,7 +156,7 @@ def run(args) -> dict:
     from torchmover.text.encoder import DEFAULT_MODEL
 
     torch.set_num_threads(args.threads)
-    pairs = load_sample(args.data, args.pairs, args.seed)
+    pairs = harness.wmt_sample(args.data, args.pairs, args.seed)
     refs, hyps = [p["ref"] for p in pairs], [p["hyp"] for p in pairs]
     human = [float(p["score"]) for p in pairs]
     res: dict = {"n": len(pairs), "lp": [f"{p['year']}.{p['lp']}" for p in pairs], "human": human, "scores": {},
@@ -268,21 +269,42 @@ COMPARISONS = [
 ]
 
 
+DOCS_ROWS = (("`moverscore` preset vs moverscore_v2, IDF", "tm", "ms"),
+             ("… of which our entropic solver (T = 1e-3) vs an exact EMD", "tm", "tm_exact"),
+             ("… of which moverscore_v2's float32 distances vs exact float64", "msvec_exact_mspolicy", "ms"),
+             ("`moverscore` preset vs moverscore_v2, uniform weights", "tm_uniform", "ms_uniform"))
+
+
+def docs_table(res: dict) -> dict:
+    """The table of ``docs/results.md`` (``docs_comparison``): agreement of the preset and its parts."""
+    sci = lambda x: f"{x:.1e}".replace("e-0", "e-")  # noqa: E731
+    rows = []
+    for label, a, b in DOCS_ROWS:
+        g = agreement(res["scores"][a], res["scores"][b])
+        rows.append([label, f"{g['pearson']:.6f}", sci(g["max_abs"]), sci(g["mean_abs"])])
+    return harness.table([f"comparison ({res['n']} WMT pairs, same MiniLM layer 6)", "Pearson r", "max abs diff",
+                          "mean abs diff"], rows)
+
+
 def report(args, res: dict, wall: float) -> str:
     s, human, lp = res["scores"], res["human"], res["lp"]
     n = res["n"]
     groups = sorted(set(lp))
 
+    from torchmover.evaluation.correlation import correlate
+
+    def pooled(x):
+        return correlate(x, human, n_boot=0).average
+
     def per_group(x):
-        return float(np.mean([pearson([x[i] for i in range(n) if lp[i] == g], [human[i] for i in range(n) if lp[i] == g])
-                              for g in groups]))
+        return correlate(x, human, lp, n_boot=0).average.pearson.value
 
     rows = []
     for label, a, b, what in COMPARISONS:
         g = agreement(s[a], s[b])
         rows.append(f"| {label} | `{a}` − `{b}` | {g['pearson']:.6f} | {g['spearman']:.6f} | {g['max_abs']:.2e} "
                     f"| {g['mean_abs']:.2e} | {g['median_abs']:.2e} | {what} |")
-    human_rows = [f"| `{k}` | {pearson(s[k], human):.4f} | {spearman(s[k], human):.4f} | {per_group(s[k]):.4f} |"
+    human_rows = [f"| `{k}` | {pooled(s[k]).pearson.value:.4f} | {pooled(s[k]).spearman.value:.4f} | {per_group(s[k]):.4f} |"
                   for k in ("ms", "tm", "tm_exact", "tm_exact_mspolicy", "ms_uniform", "tm_uniform")]
     tok = res["tokens"]
 
@@ -309,10 +331,7 @@ def report(args, res: dict, wall: float) -> str:
         ("moverscore_v2 padding: `ms` − `ms_b1`", "ms", "ms_b1"))]
     worst = int(d_all.argmax())
     text = [
-        "# torchmover's `moverscore` preset vs MoverScore v2 (moverscore 1.0.3)", "",
-        f"`python bench/compare_moverscore.py --data ../shared/data/wmt15-16 --pairs {args.pairs} --seed {args.seed}"
-        f" --threads {args.threads}`", "",
-        f"- {n} WMT15-16 pairs, {n // len(groups)} per language-pair/year file (10 files, seeded per file); "
+        f"- {n} WMT15-16 pairs (`harness.wmt_sample`, seed {args.seed}); "
         f"{res['identical_pairs']} pair(s) with hypothesis = reference; {res['truncated_texts']} text(s) longer than "
         f"the window ({res['ms_tokenizer']['max_len']} tokens): truncation plays no part.",
         "- Same encoder for both: `sentence-transformers/all-MiniLM-L6-v2` (offline package), layer 6 = its last "
@@ -343,7 +362,7 @@ def report(args, res: dict, wall: float) -> str:
         "",
         "## Correlation with the human DA scores on these pairs",
         "",
-        f"| scores | Pearson r (pooled) | Spearman ρ (pooled) | mean Pearson r over the 10 files ({n // len(groups)} pairs each) |",
+        f"| scores | Pearson r (pooled) | Spearman ρ (pooled) | mean Pearson r over the {len(groups)} language-pair/year groups |",
         "|---|---|---|---|",
         *human_rows, "",
         "## Each difference, isolated",
@@ -466,24 +485,17 @@ def report(args, res: dict, wall: float) -> str:
 def main(argv=None) -> None:
     parser = wmt_parser(__doc__)
     parser.add_argument("--pairs", type=int, default=500, help="number of pairs (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=64, help="torchmover batch (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
-    parser.add_argument("--report-only", action="store_true",
-                        help="rewrite compare_moverscore.md from OUT/compare_moverscore.json (no scoring)")
     args = parser.parse_args(argv)
-    if args.report_only:  # rewrite the report from a saved run
-        res = json.loads((args.out / "compare_moverscore.json").read_text())
-    else:
-        started = time.perf_counter()
-        res = run(args)
-        res["wall_s"] = time.perf_counter() - started
-    text = report(args, res, res["wall_s"])
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "compare_moverscore.md").write_text(text)
-    if not args.report_only:
-        (args.out / "compare_moverscore.json").write_text(json.dumps(res, indent=1))
+    started = time.perf_counter()
+    res = run(args)
+    res["wall_s"] = time.perf_counter() - started
+    harness.publish(args.out, "compare_moverscore",
+                    f"torchmover's `moverscore` preset vs MoverScore v2 (moverscore {package_version('moverscore')})",
+                    res, {"docs_comparison": docs_table(res)},
+                    [report(args, res, res["wall_s"]), "## The table of the documentation", {"table": "docs_comparison"}],
+                    data=harness.data_provenance(args.data, args.pairs, args.seed))
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 Reads the final models of a ``recipes/self_critical_summarization.py --model tiny --compare-mle`` run
 (``warmstart``, ``mle``, ``mixed``) and samples ``--samples`` summaries for each of the 40 held-out
 documents of the shipped toy data (fixed seed); prints, per phase, the share whose first word is the
-reference's name and whose last word is its city. Used in bench/results/self_critical_toy.md::
+reference's name and whose last word is its city; publishes ``self_critical_names`` into ``--out``.
+Used in bench/results/self_critical_toy.md::
 
-    python bench/self_critical_names.py runs/toy_scst runs/toy_scst_seed1 ...
+    python bench/studies/self_critical_names.py runs/toy_scst runs/toy_scst_seed1 ...
 """
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "recipes"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "recipes"), str(REPO / "bench")]
 
+import harness  # noqa: E402
 import self_critical_summarization as recipe  # noqa: E402
 
 PHASES = ("warmstart", "mle", "mixed")
@@ -50,13 +52,16 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="--output-dir of recipe runs")
     parser.add_argument("--samples", type=int, default=8, help="samples per document (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
     args = parser.parse_args(argv)
     held_out = recipe.make_toy_dataset()[-40:]
-    print("| run | " + " | ".join(f"{p}: name / city" for p in PHASES) + " |")
-    print("|---|" + "---|" * len(PHASES))
-    for run_dir in args.runs:
-        rates = [name_and_city_rates(run_dir, phase, held_out, args.samples) for phase in PHASES]
-        print(f"| {run_dir} | " + " | ".join(f"{a:.2f} / {b:.2f}" for a, b in rates) + " |")
+    rates = {str(run_dir): {phase: name_and_city_rates(run_dir, phase, held_out, args.samples) for phase in PHASES}
+             for run_dir in args.runs}
+    table = harness.table(["run", *(f"{p}: name / city" for p in PHASES)],
+                          [[run, *(f"{a:.2f} / {b:.2f}" for a, b in r.values())] for run, r in rates.items()])
+    harness.publish(args.out, "self_critical_names", "Sampled toy summaries that name the right person and city",
+                    rates, {"rates": table}, [f"{args.samples} samples for each of the 40 held-out documents.",
+                                              {"table": "rates"}])
 
 
 if __name__ == "__main__":

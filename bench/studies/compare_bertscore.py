@@ -18,8 +18,8 @@ texts with outer whitespace, truncated or empty texts, tokens of IDF 0).
 
 Commands (from the repository root)::
 
-    python bench/compare_bertscore.py --data ../shared/data/wmt15-16 --pairs 1000
-    python bench/compare_bertscore.py --fixture tests/fixtures/bertscore_minilm_l4.json
+    python bench/studies/compare_bertscore.py --data ../shared/data/wmt15-16 --pairs 1000
+    python bench/studies/compare_bertscore.py --fixture tests/fixtures/bertscore_minilm_l4.json
 
 The first writes ``compare_bertscore.md`` and ``compare_bertscore.json`` (every score) into ``--out``;
 the second fills the test fixture's ``bert_score`` section with the package's P, R and F1 for the
@@ -33,10 +33,12 @@ import time
 from pathlib import Path
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_common import agreement, load_sample, model_dir, package_version, publish, wmt_parser  # noqa: E402
+import harness  # noqa: E402
+from bench_common import agreement, model_dir  # noqa: E402
+from harness import package_version, wmt_parser  # noqa: E402
 
 DIRECTIONS = {"P": "precision", "R": "recall", "F": "f1"}
 
@@ -122,7 +124,7 @@ def run(args) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    pairs = load_sample(args.data, args.pairs, args.seed)
+    pairs = harness.wmt_sample(args.data, args.pairs, args.seed)
     refs, hyps = [p["ref"] for p in pairs], [p["hyp"] for p in pairs]
     res: dict = {"n": len(pairs), "layer": args.layer, "scores": {}, "seconds": {}}
     for setting, corpus in (("uniform", None), ("idf", refs)):
@@ -161,14 +163,33 @@ def agreement_table(res: dict) -> list[str]:
     return lines
 
 
+DOCS_ROWS = (("**`bertscore` preset, no IDF**", "tm_uniform", "bs_uniform"),
+             ("**`bertscore` preset, IDF from the references**", "tm_idf", "bs_idf"),
+             ("the `bertscore` member with special tokens dropped, no IDF", "tm_drop_uniform", "bs_uniform"),
+             ("the same, IDF", "tm_drop_idf", "bs_idf"))
+
+
+def short(x: float) -> str:
+    """Two significant digits: ``0.070``, ``3.6e-7``."""
+    return f"{x:#.2g}" if x >= 0.01 else f"{x:.1e}".replace("e-0", "e-")
+
+
+def docs_table(res: dict) -> dict:
+    """The table of ``docs/results.md`` (``docs_comparison``): max / mean absolute difference of P, R, F1."""
+    s = res["scores"]
+    rows = []
+    for label, a, b in DOCS_ROWS:
+        g = {k: agreement(s[a][k], s[b][k]) for k in DIRECTIONS}
+        rows.append([label, *(f"{short(g[k]['max_abs'])} / {short(g[k]['mean_abs'])}" for k in DIRECTIONS)])
+    return harness.table([f"{res['n']:,} WMT pairs, MiniLM layer {res['layer']}, torchmover − bert_score",
+                          "P max / mean abs diff", "R max / mean", "F1 max / mean"], rows)
+
+
 def report(args, res: dict) -> str:
     f, v = res["facts"], res["versions"]
     sig = res["scores"]["tm_uniform"]["signature"]
     return "\n".join([
-        "# torchmover's `bertscore` preset vs the bert-score package", "",
-        f"`python bench/compare_bertscore.py --data ../shared/data/wmt15-16 --pairs {args.pairs} --seed {args.seed} "
-        f"--layer {res['layer']} --threads {res['threads']}`", "",
-        f"- {res['n']} WMT15-16 pairs ({res['n'] // 10} per language-pair/year file, seeded per file), "
+        f"- {res['n']} WMT15-16 pairs (`harness.wmt_sample`, seed {args.seed}), "
         f"{f['texts']} distinct texts, {f['identical_pairs']} pair(s) with hypothesis = reference.",
         f"- Same encoder: `sentence-transformers/all-MiniLM-L6-v2` (offline package), layer {res['layer']} "
         f"(bert_score `num_layers={res['layer']}`: the model cut to {res['layer']} blocks, its last hidden state = "
@@ -208,7 +229,6 @@ def write_fixture(path: Path) -> None:
 def main(argv=None) -> None:
     parser = wmt_parser(__doc__)
     parser.add_argument("--pairs", type=int, default=1000, help="number of pairs (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     parser.add_argument("--layer", type=int, default=4, help="layer of both systems (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=64, help="batch of both systems (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
@@ -218,7 +238,9 @@ def main(argv=None) -> None:
         write_fixture(args.fixture)
         return
     res = run(args)
-    publish(args.out, "compare_bertscore", report(args, res), res)
+    harness.publish(args.out, "compare_bertscore", "torchmover's `bertscore` preset vs the bert-score package",
+                    res, {"docs_comparison": docs_table(res)},
+                    [report(args, res), "## The table of the documentation", {"table": "docs_comparison"}], data=harness.data_provenance(args.data, args.pairs, args.seed))
 
 
 if __name__ == "__main__":

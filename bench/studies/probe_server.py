@@ -19,9 +19,9 @@ requests can be sent as they are:
 - ``large``: a 1,500-pair request, then a 1-pair request one second later: the small one's latency;
 - ``sigterm``: 16 requests in flight, then SIGTERM: how many are answered, the exit status.
 
-    python bench/probe_server.py                      # every probe
-    python bench/probe_server.py --only malformed,sigterm
-    python bench/probe_server.py --repo ../old-checkout  # the same probes against another checkout's server
+    python bench/studies/probe_server.py                      # every probe
+    python bench/studies/probe_server.py --only malformed,sigterm
+    python bench/studies/probe_server.py --repo ../old-checkout  # the same probes against another checkout's server
 """
 from __future__ import annotations
 
@@ -38,9 +38,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_batching import wmt_pairs  # noqa: E402
-from bench_common import REPO, load_average  # noqa: E402
+import harness  # noqa: E402
+from harness import REPO  # noqa: E402
 
 PROBES = ("malformed", "load", "slow", "idle", "abandoned", "large", "sigterm")
 
@@ -325,6 +326,7 @@ def main(argv=None) -> None:
     parser.add_argument("--slow", type=int, default=400, help="slow clients")
     parser.add_argument("--large", type=int, default=1500, help="pairs of the large request")
     parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of the server")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
     parser.add_argument("--repo", type=Path, default=REPO, help="the checkout whose server is probed (default: this one)")
     args = parser.parse_args(argv)
     only = args.only.split(",")
@@ -333,8 +335,7 @@ def main(argv=None) -> None:
         parser.error(f"unknown probes {unknown}")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     random.seed(0)
-    pairs = wmt_pairs(args.data, 2000)
-    print(f"load average before: {load_average()}", flush=True)
+    pairs = wmt_pairs(args.data, 2000, seed=0)
     results = {}
 
     def run(name, coroutine_factory, *options, nofile=None):
@@ -360,7 +361,9 @@ def main(argv=None) -> None:
     run("abandoned", lambda p, port: probe_abandoned(port, pairs))
     run("large", lambda p, port: probe_large(port, pairs, args.large))
     run("sigterm", lambda p, port: probe_sigterm(p, port, pairs))
-    print(f"load average after: {load_average()}")
+    harness.publish(args.out, "probe_server", "The reward server probed from outside", results,
+                    body=["Every probe's counts (the figures, as JSON):",
+                          "```json\n" + json.dumps(results, indent=1) + "\n```"])
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ reference. WMT15-16 is the average Pearson r over its 10 language-pair × year g
 Without ``--sts`` only the selection on WMT15-16 runs (e.g. to choose bert_score's layer for
 ``bench/base_encoder.py``). Command (from the repository root)::
 
-    python bench/robustness.py --data ../shared/data/wmt15-16 --sts ../authors-code/dataset/STS \\
+    python bench/studies/robustness.py --data ../shared/data/wmt15-16 --sts ../authors-code/dataset/STS \\
         [--model <local dir>] [--cache <scratch dir>] --out bench/results/
 
 Writes ``robustness[_<name>].md`` and ``.json`` into ``--out``.
@@ -45,10 +45,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_common import publish, wmt_parser  # noqa: E402
+import harness  # noqa: E402
+from harness import wmt_parser  # noqa: E402
 from select_defaults import EmbeddingCache, Sweep, cfg, config_key, load_wmt, make_batches  # noqa: E402
 
 STS_SUBSETS = {  # the TWMD authors' run_STS.py (STS13's SMT input is not distributed)
@@ -177,13 +178,38 @@ def run(args) -> dict:
             "wall_s": time.perf_counter() - t0, "wmt_results": wmt.sweep.results}
 
 
-def report(args, res: dict) -> str:
-    model = "" if args.model.startswith("sentence-transformers/all-MiniLM") else f" --model <{res['model'].rsplit('/', 1)[-1]} dir>"
+DOCS_ROWS = {  # the variants of the table of docs/results.md, and how it names them
+    "library default": "library default: `twmd`, recall, layer 4, T = 0.1",
+    "twmd/recall/special=keep": '`twmd`, [CLS]/[SEP] kept as tokens (`special_tokens="keep"`)',
+    "twmd/f1/special=drop": "`twmd`, f1, T = 0.15",
+    "twmd/f1/special=drop/idf": "`twmd`, f1, T = 0.15, IDF",
+    "bert_score F1 (special=target)": "bert_score F1 (its rule: special tokens as zero-mass targets)",
+    "bert_score F1 (special=target)/idf": "bert_score F1, IDF",
+    "bertscore member F1 (special=drop)": "the `bertscore` member, special tokens dropped",
+    "trwmd/f1/special=target": "`trwmd`, f1, T = 0.15, special tokens as targets",
+}
+
+
+def docs_table(res: dict) -> dict:
+    """The table of ``docs/results.md`` (``docs_variants``, with STS): WMT15-16 and STS12-16 r of the
+    variants it shows, the library default's WMT r and the best STS r in bold."""
+    rows = {key: res["rows"][key] for key in DOCS_ROWS}
+    best_sts = max(row["sts_r"] for row in rows.values())
+    bold = lambda text, yes: f"**{text}**" if yes else text  # noqa: E731
+    return harness.table(["variant (chosen on WMT15–16)", "WMT15–16 r", "STS12–16 r"], [
+        [DOCS_ROWS[key], bold(f"{row['wmt_r']:.4f}", key == "library default"),
+         bold(f"{row['sts_r']:.4f}", row["sts_r"] == best_sts)] for key, row in rows.items()], "-rr")
+
+
+def title(res: dict) -> str:
+    return f"Robustness beyond WMT: `{res['model']}`, chosen on WMT15-16" + (
+        ", checked on STS12-16" if res["n_sts"] is not None else "")
+
+
+def report(res: dict) -> str:
+    """The report's body (Markdown)."""
     sts = res["n_sts"] is not None
-    lines = [f"# Robustness beyond WMT: `{res['model']}`, chosen on WMT15-16" + (", checked on STS12-16" if sts else ""),
-             "", f"`python bench/robustness.py --data ../shared/data/wmt15-16"
-             + (" --sts ../authors-code/dataset/STS" if sts else "") + f"{model} --cache <dir> --out bench/results/`", "",
-             f"- WMT15-16: {res['n_wmt']} pairs, average Pearson r over the 10 language-pair × year groups; every "
+    lines = [f"- WMT15-16: {res['n_wmt']} pairs, average Pearson r over the 10 language-pair × year groups; every "
              "configuration below except the library default was chosen there (best layer, then best T)."]
     if sts:
         lines.append(f"- STS12-16 (held out, never chooses): {res['n_sts']} pairs with a gold score; Pearson r per "
@@ -216,7 +242,11 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
     args = parser.parse_args(argv)
     res = run(args)
-    publish(args.out, "robustness", report(args, res), res, res["model"])
+    sts = res["n_sts"] is not None
+    harness.publish(args.out, "robustness" + harness.model_suffix(res["model"]), title(res), res,
+                    {"docs_variants": docs_table(res)} if sts else {},
+                    [report(res), *(["## The table of the documentation", {"table": "docs_variants"}] if sts else [])],
+                    data=harness.data_provenance(args.data, sts=str(args.sts) if args.sts else None))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ language-pair × year groups, and over the 6 WMT16 groups (the test year of the 
 Each system runs in its own subprocess (MoverScore's shim replaces ``transformers`` while it is
 imported). Command (from the repository root)::
 
-    python bench/base_encoder.py --data ../shared/data/wmt15-16 --model <dir> --bert-score-layer L \\
+    python bench/studies/base_encoder.py --data ../shared/data/wmt15-16 --model <dir> --bert-score-layer L \\
         [--finetuned runs/.../final ...] --out bench/results/
 
 Writes ``base_encoder[_<name>].md`` and ``.json`` into ``--out``.
@@ -36,10 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_common import package_version, publish, wmt_parser  # noqa: E402
+import harness  # noqa: E402
+from harness import package_version, wmt_parser  # noqa: E402
 
 SYSTEMS = ("torchmover", "bert_score", "moverscore", "finetuned")
 
@@ -145,12 +146,8 @@ def averages(groups: dict[str, float]) -> dict[str, float]:
 
 
 def report(args, results: dict[str, dict], name: str) -> str:
-    model = "" if name.endswith("all-MiniLM-L6-v2") else f" --model <{name.rsplit('/', 1)[-1]} dir>"
-    finetuned = "".join(f" --finetuned <run>/seed-{k}/final" for k in range(len(args.finetuned or [])))
-    lines = [f"# torchmover, bert_score and MoverScore v2 on `{name}` (WMT15-16 DA)", "",
-             f"`python bench/base_encoder.py --data ../shared/data/wmt15-16{model} --bert-score-layer "
-             f"{args.bert_score_layer}{finetuned} --out bench/results/`", "",
-             "Segment-level Pearson r with the human DA scores, averaged over the language-pair × year groups "
+    """The report's body (Markdown)."""
+    lines = ["Segment-level Pearson r with the human DA scores, averaged over the language-pair × year groups "
              "(WMT15-16: 10 groups; WMT16: its 6, the fine-tuning recipe's test year). Fine-tuned: trained on "
              "WMT15 (minus its dev split) by `recipes/finetune_wmt.py`, so only WMT16 is held out for it.", "",
              "| system | WMT15-16 r | WMT16 r | signature / setting |", "|---|---|---|---|"]
@@ -193,7 +190,9 @@ def main(argv=None) -> None:
     for k, path in enumerate(args.finetuned or []):
         results[f"torchmover fine-tuned ({Path(path).parent.name})"] = run_system(
             args, "finetuned", work / f"finetuned-{k}.json", path)
-    publish(args.out, "base_encoder", report(args, results, name), results, name)
+    harness.publish(args.out, "base_encoder" + harness.model_suffix(name),
+                    f"torchmover, bert_score and MoverScore v2 on `{name}` (WMT15-16 DA)", results,
+                    body=[report(args, results, name)], data=harness.data_provenance(args.data))
 
 
 if __name__ == "__main__":

@@ -12,9 +12,9 @@ writes, and flipped bits in a saved scorer.
   files, each loaded with verification (the error must name the flipped file) and without (an error
   must name the flipped file, or the scorer loads).
 
-    python bench/probe_saves.py                    # every probe
-    python bench/probe_saves.py --only kills --kills 30
-    python bench/probe_saves.py --repo ../old-checkout   # the same probes on another checkout's code
+    python bench/studies/probe_saves.py                    # every probe
+    python bench/studies/probe_saves.py --only kills --kills 30
+    python bench/studies/probe_saves.py --repo ../old-checkout   # the same probes on another checkout's code
 """
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import REPO, load_average  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import harness  # noqa: E402
+from harness import REPO  # noqa: E402
 
 PROBES = ("kills", "checkpoints", "flips")
 HYPS = ["the cat sat on the mat", "a dog barked at night", "the sun is red"]
@@ -175,6 +176,7 @@ def main(argv=None) -> None:
     parser.add_argument("--kills", type=int, default=30)
     parser.add_argument("--flips", type=int, default=30, help="flips per group and verify setting")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
     parser.add_argument("--repo", type=Path, default=REPO, help="the checkout whose code is probed (default: this one)")
     args = parser.parse_args(argv)
     repo = args.repo.resolve()
@@ -186,14 +188,17 @@ def main(argv=None) -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    print(f"load average before: {load_average()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="probe-saves-") as work:
         probes = {"kills": lambda: probe_kills(args.kills, Path(work), repo),
                   "checkpoints": lambda: probe_checkpoints(args.kills, Path(work), repo),
                   "flips": lambda: probe_flips(args.flips, Path(work))}
+        results = {}
         for name in only:
-            print(f"{name}: {json.dumps(probes[name](), indent=1)}", flush=True)
-    print(f"load average after: {load_average()}")
+            results[name] = probes[name]()
+            print(f"{name}: {json.dumps(results[name], indent=1)}", flush=True)
+    harness.publish(args.out, "probe_saves", "Saving and loading probed from outside", results,
+                    body=["Every probe's counts (the figures, as JSON):",
+                          "```json\n" + json.dumps(results, indent=1) + "\n```"])
 
 
 if __name__ == "__main__":

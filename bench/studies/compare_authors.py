@@ -24,8 +24,8 @@ with the harmonic mean of torchmover's normalised P and R.
 
 Commands (from the repository root)::
 
-    python bench/compare_authors.py --authors-code ../authors-code --data ../shared/data/wmt15-16
-    python bench/compare_authors.py --authors-code ../authors-code --fixture tests/fixtures/twmd_authors_minilm_l4.json
+    python bench/studies/compare_authors.py --authors-code ../authors-code --data ../shared/data/wmt15-16
+    python bench/studies/compare_authors.py --authors-code ../authors-code --fixture tests/fixtures/twmd_authors_minilm_l4.json
 
 The first writes ``compare_authors.md`` and ``compare_authors.json`` (the agreement figures) into
 ``--out``; the second fills the test fixture's ``authors`` section with the code's R, P and F1 for the
@@ -40,10 +40,12 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_common import agreement, model_dir, package_version, publish, wmt_parser  # noqa: E402
+import harness  # noqa: E402
+from bench_common import agreement, model_dir  # noqa: E402
+from harness import package_version, wmt_parser  # noqa: E402
 
 METRICS = ("TWMD", "TRWMD", "BERTSCORE")
 OUTPUTS = ("R", "P", "F1")  # the authors' names, in the order their code returns them
@@ -172,14 +174,19 @@ def agreement_table(res: dict) -> list[str]:
     return lines
 
 
+def docs_table(res: dict) -> dict:
+    """The table of ``docs/results.md`` (``docs_members``): the preset's largest difference per output."""
+    names = {"BERTSCORE": "BERTScore"}
+    rows = [[names.get(key.split("-")[0], key.split("-")[0]), "on" if key.split("-")[1] == "batch" else "off",
+             *(f"{row[k]['max_abs']:.1e}".replace("e-0", "e-") for k in OUTPUTS)]
+            for key, row in res["rows"].items() if key.endswith("-preset")]
+    return harness.table(["member", "batch centering", *(f"{k} max abs diff" for k in OUTPUTS)], rows, "--rrr")
+
+
 def report(args, res: dict) -> str:
     v = res["versions"]
     sig = res["signatures"]["TWMD-batch-preset"]
-    rows = f" --rows {args.rows}" if args.rows else ""
     return "\n".join([
-        "# torchmover's `twmd-b-authors` preset vs the TWMD authors' released code", "",
-        f"`python bench/compare_authors.py --authors-code ../authors-code --data ../shared/data/wmt15-16{rows} "
-        f"--layer {res['layer']} --batch-size {res['batch_size']} --threads {res['threads']}`", "",
         f"- {res['n']} WMT15-16 pairs ({'all' if not args.rows else f'the first {args.rows}'} rows of each of the 10 "
         "language-pair/year files, in file order, as the authors' `run_wmt.py` reads them), scored in mini-batches "
         f"of {res['batch_size']} pairs per file (the authors' `Scorer.batch_size`; torchmover called on the same "
@@ -233,7 +240,10 @@ def main(argv=None) -> None:
         write_fixture(args.fixture, args.authors_code)
         return
     res = run(args)
-    publish(args.out, "compare_authors", report(args, res), res)
+    harness.publish(args.out, "compare_authors", "torchmover's `twmd-b-authors` preset vs the TWMD authors' released code",
+                    res, {"docs_members": docs_table(res)},
+                    [report(args, res), "## The table of the documentation", {"table": "docs_members"}],
+                    data=harness.data_provenance(args.data, rows=args.rows))
 
 
 if __name__ == "__main__":
