@@ -14,6 +14,9 @@ import it.
 ``torchmover sensitivity --data RATINGS [--factors ...] [options]`` varies one preprocessing or metric
 choice at a time and reports how much the correlation moves (:mod:`torchmover.evaluation.sensitivity`).
 
+``torchmover show --hyp TEXT --ref TEXT --output plan.png [options]`` draws what one pair matched: the
+token x token plan (or similarities) with each token's contribution (:mod:`torchmover.evaluation.show`).
+
 ``torchmover serve [--port P] [--fit-references FILE] [options]`` serves the reward over HTTP
 (OpenRLHF's remote reward protocol and ``POST /score``; :mod:`torchmover.integrations.server`), with
 the settings the verl and OpenRLHF adapter files read (:mod:`torchmover.integrations.config`): the
@@ -342,6 +345,31 @@ def run_sensitivity_command(args: argparse.Namespace) -> None:
         report.plot(args.plot, statistic=args.statistic)
 
 
+def add_show_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``torchmover show``: the pair, the picture, the metric (as for ``score``)."""
+    parser.add_argument("--hyp", metavar="TEXT", required=True, help="the hypothesis, as literal text")
+    parser.add_argument("--ref", metavar="TEXT", required=True, help="its reference, as literal text")
+    parser.add_argument("--output", metavar="OUT.png", required=True,
+                        help="the picture to write: .png, .svg or .pdf (needs matplotlib: torchmover[plot])")
+    add_scorer_arguments(parser)
+
+
+def run_show(args: argparse.Namespace) -> None:
+    """Draw the pair's token match (:func:`torchmover.evaluation.show.show`) and print its score, the
+    path written and the signature."""
+    from .evaluation.show import show
+
+    require("matplotlib", "plot", "show")
+    if Path(args.output).suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise CLIError(f"--output must end in .png, .svg or .pdf, got {args.output!r}")
+    prepare_outputs(args.output)
+    scorer = scorer_from_args(args, [args.ref], [args.hyp])
+    match = show(scorer, args.hyp, args.ref, args.output)
+    print(f"{match.score:.6f}")
+    print(f"torchmover: wrote {args.output}", file=sys.stderr)
+    print(f"signature: {match.signature}", file=sys.stderr)
+
+
 # Reward settings given by the scorer's own flags (--model, --device, --preset, --layer, ...)
 _SCORER_SETTINGS = SCORER_OPTIONS | {"preset", "options"}
 
@@ -468,6 +496,11 @@ def build_parser() -> argparse.ArgumentParser:
     sensitivity = commands.add_parser("sensitivity", help="how much each choice moves the correlation with humans")
     add_sensitivity_arguments(sensitivity)
     sensitivity.set_defaults(run=run_sensitivity_command)
+
+    show = commands.add_parser("show", help="draw what one pair matched: the token x token plan and each token's "
+                                            "contribution to the score")
+    add_show_arguments(show)
+    show.set_defaults(run=run_show)
 
     serve = commands.add_parser("serve", help="serve the reward over HTTP (OpenRLHF remote reward protocol, /score)")
     add_serve_arguments(serve)
