@@ -17,6 +17,10 @@ choice at a time and reports how much the correlation moves (:mod:`torchmover.ev
 ``torchmover show --hyp TEXT --ref TEXT --output plan.png [options]`` draws what one pair matched: the
 token x token plan (or similarities) with each token's contribution (:mod:`torchmover.evaluation.show`).
 
+``torchmover stress (--hyps H --refs R | --data RATINGS) [--sample N] [options]`` scores the degenerate
+outputs a policy drifts to (padded, repeated, shuffled, truncated, empty) against the originals
+(:mod:`torchmover.evaluation.stress`).
+
 ``torchmover serve [--port P] [--fit-references FILE] [options]`` serves the reward over HTTP
 (OpenRLHF's remote reward protocol and ``POST /score``; :mod:`torchmover.integrations.server`), with
 the settings the verl and OpenRLHF adapter files read (:mod:`torchmover.integrations.config`): the
@@ -44,6 +48,7 @@ from .integrations.config import RewardConfig, build_reward
 from .integrations.server import RewardServer, ServerLimits, require_aiohttp
 from .reward import BatchedReward
 from .runtime.distributed import destroy_distributed, init_distributed_from_environment, is_rank0
+from .runtime.checkpoint import atomic_write_text
 from .runtime.progress import silenced
 from .scorer import PRESETS, Scorer, ScorerConfig
 from .scorer.config import SCORER_OPTIONS, RunOptions
@@ -370,6 +375,52 @@ def run_show(args: argparse.Namespace) -> None:
     print(f"signature: {match.signature}", file=sys.stderr)
 
 
+def add_stress_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``torchmover stress``: the pairs (files or ratings), the sample, the metric, the report."""
+    pairs = parser.add_argument_group("pairs", "files of hypotheses and references, or the pairs of human ratings")
+    pairs.add_argument("--hyps", metavar="FILE", help="one hypothesis per line (with --refs)")
+    pairs.add_argument("--refs", metavar="FILE", help="one reference per line, aligned with --hyps")
+    pairs.add_argument("--data", metavar="RATINGS", help="the (hyp, ref) pairs of ratings in any layout "
+                                                         "correlate reads (instead of --hyps / --refs)")
+    pairs.add_argument("--year", type=int, help="year of JSON-lines records without a 'year' key")
+    pairs.add_argument("--sample", type=positive_int, metavar="N",
+                       help="score N pairs drawn at random with --seed (default: every pair)")
+    pairs.add_argument("--seed", type=int, default=0, help="seed of the sample and of the variants (default: 0)")
+    add_scorer_arguments(parser)
+    parser.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
+
+
+def run_stress(args: argparse.Namespace) -> None:
+    """Score every pair and its degenerate variants; print the table (with the flags and their fixes)."""
+    import random
+
+    from .evaluation.stress import stress_test
+
+    if args.data is not None:
+        if args.hyps or args.refs:
+            raise CLIError("give --data RATINGS or --hyps FILE --refs FILE, not both")
+        records = read_ratings(args.data, args.year)
+        hyps, refs = [r.hyp for r in records], [r.ref for r in records]
+    elif args.hyps and args.refs:
+        hyps, refs = read_lines(args.hyps), read_lines(args.refs)
+        if len(hyps) != len(refs):
+            raise CLIError(f"{args.hyps} has {len(hyps)} lines, {args.refs} has {len(refs)}: give one reference per "
+                           "hypothesis")
+    else:
+        raise CLIError("give the pairs: --hyps FILE --refs FILE, or --data RATINGS")
+    if not hyps:
+        raise CLIError("no pairs to score")
+    if args.sample is not None and args.sample < len(hyps):
+        chosen = random.Random(args.seed).sample(range(len(hyps)), args.sample)
+        hyps, refs = [hyps[i] for i in chosen], [refs[i] for i in chosen]
+    prepare_outputs(args.json)
+    scorer = scorer_from_args(args, refs, hyps)
+    report = stress_test(scorer, hyps, refs, seed=args.seed)
+    print(report.to_table())
+    if args.json:
+        atomic_write_text(args.json, report.to_json() + "\n")
+
+
 # Reward settings given by the scorer's own flags (--model, --device, --preset, --layer, ...)
 _SCORER_SETTINGS = SCORER_OPTIONS | {"preset", "options"}
 
@@ -501,6 +552,11 @@ def build_parser() -> argparse.ArgumentParser:
                                             "contribution to the score")
     add_show_arguments(show)
     show.set_defaults(run=run_show)
+
+    stress = commands.add_parser("stress", help="would a policy gain by padding, repeating, shuffling or truncating "
+                                                "its outputs? (degenerate outputs against the reward)")
+    add_stress_arguments(stress)
+    stress.set_defaults(run=run_stress)
 
     serve = commands.add_parser("serve", help="serve the reward over HTTP (OpenRLHF remote reward protocol, /score)")
     add_serve_arguments(serve)
