@@ -277,8 +277,26 @@ def add_ratings_arguments(parser: argparse.ArgumentParser) -> None:
     """Where the human ratings come from (``correlate``, ``sensitivity``)."""
     parser.add_argument("--data", required=True,
                         help="ratings: a .tsv file or directory, a .jsonl file, a WMT17 directory "
-                             "(DA-seglevel.csv) or a WMT DAseg directory")
-    parser.add_argument("--year", type=int, help="year of JSON-lines records without a 'year' key")
+                             "(DA-seglevel.csv), a WMT DAseg directory, a .parquet file in COMET's DA schema, or "
+                             "hub:NAME, a DA dataset on the model hub (e.g. hub:RicardoRei/wmt-da-human-evaluation; "
+                             "needs torchmover[hub])")
+    add_rating_filters(parser)
+
+
+def add_rating_filters(parser) -> None:
+    """``--year`` and ``--lp``: which ratings to keep."""
+    parser.add_argument("--year", type=int, help="keep only this year's ratings (JSON lines: the year of the records "
+                                                 "without a 'year' key)")
+    parser.add_argument("--lp", metavar="PAIR", help="keep only this language pair's ratings, e.g. de-en")
+
+
+def ratings_of(args: argparse.Namespace) -> list:
+    """The ratings of ``--data``, those of ``--year`` and ``--lp`` where given; none is an error."""
+    records = read_ratings(args.data, args.year, args.lp)
+    if not records:
+        kept = " ".join(f"--{name} {getattr(args, name)}" for name in ("year", "lp") if getattr(args, name) is not None)
+        raise CLIError(f"no ratings in {args.data}" + (f" with {kept}" if kept else ""))
+    return records
 
 
 def add_correlate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -298,9 +316,7 @@ def run_correlate(args: argparse.Namespace) -> None:
     if args.plot:
         require("matplotlib", "plot", "--plot")
     prepare_outputs(args.json, args.plot)
-    records = read_ratings(args.data, args.year)
-    if not records:
-        raise CLIError(f"no ratings in {args.data}")
+    records = ratings_of(args)
     scorer = scorer_from_args(args, [r.ref for r in records], [r.hyp for r in records])
     report = score_and_correlate(scorer, records, args.batch_size, n_boot=args.n_boot, seed=args.seed,
                                  confidence=args.confidence, progress=progress_of(args))
@@ -335,9 +351,7 @@ def run_sensitivity_command(args: argparse.Namespace) -> None:
     if args.plot:
         require("matplotlib", "plot", "--plot")
     prepare_outputs(args.json, args.plot)
-    records = select_per_group(read_ratings(args.data, args.year), args.max_per_group)
-    if not records:
-        raise CLIError(f"no ratings in {args.data}")
+    records = select_per_group(ratings_of(args), args.max_per_group)
     progress = progress_of(args)  # one bar, run_sensitivity's (it refits every variant)
     base = build_scorer(args)
     base = fit_to_call(base, [r.ref for r in records], [r.hyp for r in records], batch_size=args.batch_size,
@@ -382,7 +396,7 @@ def add_stress_arguments(parser: argparse.ArgumentParser) -> None:
     pairs.add_argument("--refs", metavar="FILE", help="one reference per line, aligned with --hyps")
     pairs.add_argument("--data", metavar="RATINGS", help="the (hyp, ref) pairs of ratings in any layout "
                                                          "correlate reads (instead of --hyps / --refs)")
-    pairs.add_argument("--year", type=int, help="year of JSON-lines records without a 'year' key")
+    add_rating_filters(pairs)
     pairs.add_argument("--sample", type=positive_int, metavar="N",
                        help="score N pairs drawn at random with --seed (default: every pair)")
     pairs.add_argument("--seed", type=int, default=0, help="seed of the sample and of the variants (default: 0)")
@@ -399,7 +413,7 @@ def run_stress(args: argparse.Namespace) -> None:
     if args.data is not None:
         if args.hyps or args.refs:
             raise CLIError("give --data RATINGS or --hyps FILE --refs FILE, not both")
-        records = read_ratings(args.data, args.year)
+        records = ratings_of(args)
         hyps, refs = [r.hyp for r in records], [r.ref for r in records]
     elif args.hyps and args.refs:
         hyps, refs = read_lines(args.hyps), read_lines(args.refs)
@@ -570,6 +584,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with silenced(getattr(args, "no_progress", False)):  # --no-progress: every bar, transformers' too
             args.run(args)
-    except (CLIError, ValueError, TypeError, OSError) as error:
+    except (CLIError, ValueError, TypeError, OSError, ImportError) as error:
         parser.exit(2, f"torchmover: error: {error}\n")
     return 0
