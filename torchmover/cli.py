@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 import signal
 import sys
 from pathlib import Path
@@ -139,10 +140,12 @@ def add_scorer_arguments(parser: argparse.ArgumentParser) -> None:
             int if kind.startswith("int") else float if kind.startswith("float") else str)
         choices = meta.get("choices")
         group.add_argument(flag, type=reader, choices=choices() if choices else None, help=meta["help"])
-    groups["metric"].add_argument("--baseline-corpus",
+    groups["metric"].add_argument("--baseline-corpus", metavar="FILE",
                                   help="file, one text per line, for --rescale's baseline (default: the references)")
-    groups["running"].add_argument("--batch-size", type=positive_int, default=64)
-    groups["running"].add_argument("--no-progress", action="store_true", help="no progress bars")
+    groups["running"].add_argument("--batch-size", type=positive_int, default=64, metavar="N",
+                                   help="texts encoded at once (default: %(default)s)")
+    groups["running"].add_argument("--no-progress", action="store_true",
+                                   help="no progress bars (default: bars where standard error is a terminal)")
 
 
 def given_scorer_options(args: argparse.Namespace) -> dict:
@@ -340,7 +343,8 @@ def add_sensitivity_arguments(parser: argparse.ArgumentParser) -> None:
     add_scorer_arguments(parser)
     parser.set_defaults(batch_size=32)  # the TWMD paper's batch size, fixed across variants
     g = parser.add_argument_group("report")
-    g.add_argument("--statistic", choices=STATISTICS, default="pearson", help="for the printed table and the plot")
+    g.add_argument("--statistic", choices=STATISTICS, default="pearson",
+                   help="for the printed table and the plot (default: %(default)s)")
     g.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
     g.add_argument("--plot", metavar="OUT.png", help="also write the plot here (needs matplotlib)")
 
@@ -526,7 +530,9 @@ def run_serve(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torchmover", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="torchmover", description="Score generated text against references by moving contextual word "
+                                       "embeddings (TWMD and its family); each subcommand has its own --help.")
     parser.add_argument("--version", action="version", version=f"torchmover {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -546,7 +552,9 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--all", action="store_true", help="print precision, recall and F1 per line (P R F1)")
     score.add_argument("--output", help="write scores here (default: standard output); a run writing a file "
                                         "resumes where it stopped when rerun")
-    score.add_argument("--format", default="text", choices=("text", "jsonl"))
+    score.add_argument("--format", default="text", choices=("text", "jsonl"),
+                       help="text: one score per line (--all: P R F1); jsonl: one JSON object per line with its "
+                            "line number (default: text)")
     score.add_argument("--chunk-size", type=int, default=SCORE_CHUNK, metavar="PAIRS",
                        help=f"pairs read, scored and written at once: memory grows with it (default: {SCORE_CHUNK})")
     score.add_argument("--overwrite", action="store_true",
@@ -578,6 +586,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_PYTHON_OPTION = re.compile(r"\b([a-z_]+)=('([^']*)'|\"([^\"]*)\"|(-?[0-9][0-9.e+-]*))")
+
+
+def cli_syntax(message: str) -> str:
+    """A library message's ``option='value'`` hints (Python keyword syntax) as ``--option value``, for
+    the options the command line has (:data:`~torchmover.scorer.config.SCORER_OPTIONS`)."""
+    def option(match: re.Match) -> str:
+        name = match[1]
+        if name not in SCORER_OPTIONS:
+            return match[0]
+        value = next(v for v in match.groups()[2:] if v is not None)
+        return f"--{name.replace('_', '-')} {value}"
+    return _PYTHON_OPTION.sub(option, message)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -585,5 +608,5 @@ def main(argv: list[str] | None = None) -> int:
         with silenced(getattr(args, "no_progress", False)):  # --no-progress: every bar, transformers' too
             args.run(args)
     except (CLIError, ValueError, TypeError, OSError, ImportError) as error:
-        parser.exit(2, f"torchmover: error: {error}\n")
+        parser.exit(2, f"torchmover: error: {cli_syntax(str(error))}\n")
     return 0
