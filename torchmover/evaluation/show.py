@@ -7,20 +7,15 @@ similarities of the centered token vectors), so each token's **contribution** to
 (reference token ``i``) or column (hypothesis token ``j``) sum of ``K / sqrt(C(ref, ref) C(hyp, hyp))``:
 the reference tokens' contributions add up to the score (the hypothesis tokens' too, for one direction).
 
-=================  ==========================================================  ===================
-member             plan ``π`` (``K = π ∘ S`` unless said)                       drawn
-=================  ==========================================================  ===================
-``twmd``, ``wmd``  the Sinkhorn plan (:func:`torchmover.functional.tempered_wmd`  the plan
-                   / :func:`~torchmover.functional.wmd`, ``return_plan=True``)
-``moverscore``     the exact plan; ``K = π ∘ (1 − ‖x_i − y_j‖)`` (sums to the     the plan
-                   score, which is ``1 − Σ π d``)
-``trwmd``          recall ``a_i softmax_j(S_ij / T)``, precision                 the plan
-                   ``b_j softmax_i(S_ij / T)``
-``bertscore``      greedy: recall ``a_i 1[j = argmax S_i·]``, precision          the similarities
-                   ``b_j 1[i = argmax S_·j]``
-``sbert``          ``a_i b_j``                                                   the plan
-``cka``            ``a_i b_j``, ``K = π ∘ S²``                                   the similarities
-=================  ==========================================================  ===================
+- ``twmd``, ``wmd``: the Sinkhorn plan (:func:`~torchmover.functional.tempered_wmd` /
+  :func:`~torchmover.functional.wmd` with ``return_plan=True``); drawn: the plan.
+- ``moverscore``: the exact plan, ``K = π ∘ (1 − ‖x_i − y_j‖)`` (it sums to the score, ``1 − Σ π d``);
+  drawn: the plan.
+- ``trwmd``: recall ``π_ij = a_i softmax_j(S_ij / T)``, precision ``b_j softmax_i(S_ij / T)``; drawn: the
+  plan.
+- ``bertscore``: greedy, recall ``π_ij = a_i 1[j = argmax S_i·]``, precision ``b_j 1[i = argmax S_·j]``;
+  drawn: the similarities, each reference token's match circled.
+- ``sbert``: ``π = a bᵀ``; drawn: the plan. ``cka``: ``π = a bᵀ``, ``K = π ∘ S²``; drawn: the similarities.
 
 With ``direction="f1"`` the recall plan is drawn, the reference tokens' margin holds their recall
 contributions (summing to R) and the hypothesis tokens' margin their precision contributions

@@ -61,18 +61,28 @@ def _methods() -> tuple[str, ...]:
 class ScorerConfig:
     """Every choice of a :class:`~torchmover.Scorer` that changes a score (serialised with the model).
 
-    Token policy (all explicit, see :mod:`torchmover.text.weights`): ``special_tokens`` (``target``:
-    special tokens weigh 0 but stay matching targets, and so do tokens of IDF 0 — bert_score's rule;
-    for the matching members ``bertscore`` and ``trwmd``), ``power_mean_layers`` (encoder), ``subwords``,
-    ``stopwords`` (a tuple of words, or ``"english"``), ``punctuation`` (``keep``/``drop``/``ascii``),
-    ``idf`` (weights from :meth:`Scorer.fit_idf <torchmover.Scorer.fit_idf>`) and ``ngram``.
-    ``center_scope``: ``joint`` centers hypotheses and references together (the paper), ``separate``
-    each side on the mean of its own distinct texts, ``pairs`` each side on the mean of its texts as
-    the pairs list them, a text counted once per pair it is in (the TWMD authors' released code, which
-    concatenates the 32 references and the 32 candidates of a mini-batch, repeats included, and
-    subtracts each side's token mean).
-    ``rescale``: map every score ``s`` to ``(s − b) / (1 − b)`` with the baseline ``b`` of unrelated
-    pairs (:meth:`Scorer.fit_baseline <torchmover.Scorer.fit_baseline>`).
+    Each field is the :class:`~torchmover.Scorer` argument of the same name, described there with its
+    allowed values; a field left ``None`` takes the model's default in :meth:`resolve`. In short:
+
+    - ``model``: hub name or local path; ``layer``: hidden layer (0 = embeddings); ``max_length``: the
+      encoder window; ``revision``: the hub revision.
+    - ``method``: ``twmd``, ``trwmd``, ``wmd``, ``moverscore``, ``bertscore``, ``sbert``, ``cka``, ``sms``,
+      ``s+wms``, ``wms``; ``direction``: ``recall``, ``precision``, ``f1``; ``temperature``: ``T > 0``;
+      ``n_iter``: a positive int or ``None`` (converged).
+    - ``centering``: ``batch``, ``running``, ``fixed``, ``sentence``, ``dimension``, ``none``;
+      ``center_scope``: ``joint`` centers hypotheses and references together (the paper), ``separate``
+      each side on the mean of its own distinct texts, ``pairs`` each side on the mean of its texts as
+      the pairs list them, a text counted once per pair it is in (the TWMD authors' released code, which
+      concatenates the 32 references and the 32 candidates of a mini-batch, repeats included, and
+      subtracts each side's token mean); ``multi_ref``: ``max``, ``mean``.
+    - Token policy (:mod:`torchmover.text.weights`): ``special_tokens``: ``drop``, ``cls``, ``keep``,
+      ``target`` (special tokens weigh 0 but stay matching targets, and so do tokens of IDF 0 —
+      bert_score's rule; for the matching members ``bertscore`` and ``trwmd``); ``power_mean_layers``: a
+      positive int; ``subwords``: ``all``, ``first``, ``mean``; ``stopwords``: a tuple of words, or
+      ``"english"``; ``punctuation``: ``keep``, ``drop``, ``ascii``; ``idf``: a bool (weights from
+      :meth:`Scorer.fit_idf <torchmover.Scorer.fit_idf>`); ``ngram``: a positive int.
+    - ``rescale``: map every score ``s`` to ``(s − b) / (1 − b)`` with the baseline ``b`` of unrelated
+      pairs (:meth:`Scorer.fit_baseline <torchmover.Scorer.fit_baseline>`).
     """
 
     model: str = _option(DEFAULT_MODEL, "encoder", f"hub name or local path (default: {DEFAULT_MODEL})")
