@@ -3,6 +3,7 @@ import json
 import random
 
 import pytest
+import torch
 
 from torchmover import Scorer, ScorerConfig
 from torchmover.cli import main
@@ -90,3 +91,16 @@ def test_stress_command_needs_one_source_of_pairs(args, message, capsys):
     with pytest.raises(SystemExit):
         main(["stress", *args])
     assert message in capsys.readouterr().err
+
+
+def test_a_reward_is_stressed_as_it_rewards(tiny_encoder):
+    """A reward's own call, its shaping included: a shaping that pays for length makes padding win, and
+    the fix read from the reward's scorer (recall) is f1."""
+    from torchmover import MoverReward
+
+    reward = MoverReward(Scorer(tiny_encoder, centering="none"),
+                         shaping=lambda hyps, scores: scores + torch.tensor([len(h.split()) for h in hyps]))
+    report = stress_test(reward, [HYP, "a man plays a guitar"], ["a cat sat on a mat", "a man plays"])
+    rows = {r.variant: r for r in report.rows}
+    assert rows["pad-own"].win_rate == 1.0 and rows["pad-own"].fix.startswith("direction='f1'")
+    assert rows["truncated"].win_rate == 0 and report.signature == reward.signature

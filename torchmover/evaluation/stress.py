@@ -133,8 +133,8 @@ def _score_with(score) -> Callable[[list[str], list[str]], list[float]]:
 def stress_test(score, hyps: Sequence[str], refs: Sequence[str], *, variants: Sequence[str] = VARIANTS,
                 seed: int = 0) -> StressReport:
     """Score ``hyps`` against ``refs`` (one reference each) and every variant of each hypothesis, with
-    ``score`` (a :class:`~torchmover.Scorer`, a reward's scorer, or ``f(hyps, refs) -> scores``, e.g.
-    ``bert_score``'s F1); see the module docs. All texts go to ``score`` in one call, so a
+    ``score`` (a :class:`~torchmover.Scorer`, a reward such as :class:`~torchmover.MoverReward`, its
+    shaping included, or any ``f(hyps, refs) -> scores``, e.g. ``bert_score``'s F1); see the module docs. All texts go to ``score`` in one call, so a
     batch-centering scorer centers originals and variants on one mean."""
     hyps, refs = list(hyps), list(refs)
     if len(hyps) != len(refs) or not hyps:
@@ -149,7 +149,7 @@ def stress_test(score, hyps: Sequence[str], refs: Sequence[str], *, variants: Se
         texts += [make_variant(variant, hyps[i], hyps[(i + 1 + k) % n] if n > 1 else "", rngs[i]) for i in range(n)]
     scores = _score_with(score)(texts, refs * (1 + len(variants)))
     original = scores[:n]
-    config = getattr(score, "config", None)
+    config = getattr(score, "config", None) or getattr(getattr(score, "scorer", None), "config", None)  # a reward's
     rows = []
     for k, variant in enumerate(variants):
         changed = scores[n * (k + 1): n * (k + 2)]
