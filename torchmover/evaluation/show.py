@@ -40,6 +40,7 @@ from torch import Tensor
 
 from .. import functional as F
 from ..functional.members import get_member
+from ..text.weights import keep_mask
 
 __all__ = ["TokenMatch", "token_match", "plan_terms", "draw_token_match", "show"]
 
@@ -171,10 +172,12 @@ def token_match(scorer, hyp: str, ref: str) -> TokenMatch:
 def unit_labels(scorer, texts: list[str], units_mask: Tensor) -> list[list[str]]:
     """Per text, the label of each unit the scorer's :meth:`~torchmover.Scorer.embed` keeps (in order):
     its token, or with ``subwords="mean"`` its word's pieces joined."""
-    c = scorer.config
-    policy = None if c.token_policy_is_identity else scorer._keep_mask
-    tokens = scorer.encoder(texts, token_policy=policy, with_word_ids=True)
-    tokenizer = scorer.encoder.tokenizer
+    c, tokenizer = scorer.config, scorer.encoder.tokenizer
+
+    def policy(mask, input_ids, word_ids):  # the scorer's token policy, as its embed applies it
+        return keep_mask(mask, input_ids, word_ids, tokenizer, subwords=c.subwords, stopwords=c.stopwords,
+                         punctuation=c.punctuation)
+    tokens = scorer.encoder(texts, token_policy=None if c.token_policy_is_identity else policy, with_word_ids=True)
     labels = []
     for row in range(len(texts)):
         kept = tokens.mask[row].cpu()
