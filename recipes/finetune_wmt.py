@@ -342,9 +342,13 @@ def param_groups(scorer: tm.Scorer, calibration: Calibration, args) -> list[dict
 # --- data ------------------------------------------------------------------------------------------
 
 def read_all(paths: list[str], year: int | None) -> list[Rating]:
-    records = [r for path in paths for r in read_ratings(path, year)]
+    """The ratings of every path; a missing, malformed or empty one ends the run with a one-line error."""
+    try:
+        records = [r for path in paths for r in read_ratings(path, year)]
+    except (OSError, ValueError, ImportError) as error:
+        raise SystemExit(f"finetune_wmt.py: error: {error}") from None
     if not records:
-        raise ValueError(f"no ratings in {paths}")
+        raise SystemExit(f"finetune_wmt.py: error: no ratings in {' '.join(paths)}")
     return records
 
 

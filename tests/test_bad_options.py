@@ -52,7 +52,7 @@ def test_hub_ids_are_not_paths():
 @pytest.mark.parametrize("option, value, match", [
     ("--max-length", "-5", "max_length must be a positive int"),
     ("--max-length", "0", "max_length must be a positive int"),
-    ("--model", "/nonexistent/path", "model='/nonexistent/path': no such local directory"),
+    ("--model", "/nonexistent/path", "--model /nonexistent/path: no such local directory"),  # in option syntax
 ])
 def test_the_cli_reports_bad_options_in_one_line_with_status_2(tmp_path, tiny_model_dir, capsys, option, value, match):
     (tmp_path / "h.txt").write_text("a cat\n")

@@ -136,3 +136,10 @@ def test_rescale_fits_the_baseline_on_the_references_or_a_given_corpus(tmp_path,
     with pytest.raises(SystemExit):
         run(tmp_path, tiny_model_dir, "--baseline-corpus", corpus)
     assert "--rescale" in capsys.readouterr().err
+
+
+def test_literal_pair_writes_its_score_to_output(tmp_path, tiny_model_dir, capsys):
+    output = tmp_path / "score.txt"
+    assert main(["score", "--hyp", "the cat sat", "--ref", "a cat sat", "--model", str(tiny_model_dir), "--layer", "2",
+                 "--no-progress", "--output", str(output)]) == 0
+    assert 0 < float(output.read_text()) <= 1 and capsys.readouterr().out == ""

@@ -319,3 +319,18 @@ def test_default_layer_is_the_top_one(setup, tmp_path):
                  "--batch-size", "4", "--max-train-pairs", "8", "--skip-baseline", "--no-progress", "--no-plot"])
     loaded = tm.Scorer.from_pretrained(tmp_path / "run" / "final")
     assert "|layer:3|" in loaded.signature and loaded.encoder.model.config.num_hidden_layers == 3
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("missing.tsv", None, "ratings file not found"),
+    ("bad.tsv", "lp\tyear\tref\thyp\tscore\nde-en\t2016\ta\tb\tnot-a-number\n", "bad.tsv:2: score must be a number"),
+])
+def test_an_unreadable_ratings_path_is_a_one_line_error(setup, tmp_path, name, content, message):
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_info:
+        recipe.main(["--model", str(setup[0]), "--layer", "2", "--train", str(path), "--output", str(tmp_path / "run"),
+                     "--no-progress", "--no-plot"])
+    assert str(exit_info.value).startswith("finetune_wmt.py: error: ") and message in str(exit_info.value)
+    assert "\n" not in str(exit_info.value)

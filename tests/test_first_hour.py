@@ -91,7 +91,8 @@ def test_a_hub_model_that_is_not_cached_fails_at_once_in_one_line():
     result = torchmover("score", "--hyp", "a", "--ref", "b", "--model", "roberta-base", env={"HF_HUB_OFFLINE": "1"})
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "not in the local Hugging Face cache" in lines[0] and "huggingface-cli download" in lines[0]
+    assert len(lines) == 1 and "--model roberta-base is not in the local Hugging Face cache" in lines[0]
+    assert "`hf download roberta-base`" in lines[0] and "HF_HUB_OFFLINE=1" in lines[0]
 
 
 def test_an_unreachable_hub_is_named_without_loading_anything(monkeypatch):

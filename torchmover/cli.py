@@ -14,6 +14,13 @@ import it.
 ``torchmover sensitivity --data RATINGS [--factors ...] [options]`` varies one preprocessing or metric
 choice at a time and reports how much the correlation moves (:mod:`torchmover.evaluation.sensitivity`).
 
+``torchmover show --hyp TEXT --ref TEXT --output plan.png [options]`` draws what one pair matched: the
+token x token plan (or similarities) with each token's contribution (:mod:`torchmover.evaluation.show`).
+
+``torchmover stress (--hyps H --refs R | --data RATINGS) [--sample N] [options]`` scores the degenerate
+outputs a policy drifts to (padded, repeated, shuffled, truncated, empty) against the originals
+(:mod:`torchmover.evaluation.stress`).
+
 ``torchmover serve [--port P] [--fit-references FILE] [options]`` serves the reward over HTTP
 (OpenRLHF's remote reward protocol and ``POST /score``; :mod:`torchmover.integrations.server`), with
 the settings the verl and OpenRLHF adapter files read (:mod:`torchmover.integrations.config`): the
@@ -25,6 +32,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 import signal
 import sys
 from pathlib import Path
@@ -41,6 +49,7 @@ from .integrations.config import RewardConfig, build_reward
 from .integrations.server import RewardServer, ServerLimits, require_aiohttp
 from .reward import BatchedReward
 from .runtime.distributed import destroy_distributed, init_distributed_from_environment, is_rank0
+from .runtime.checkpoint import atomic_write_text
 from .runtime.progress import silenced
 from .scorer import PRESETS, Scorer, ScorerConfig
 from .scorer.config import SCORER_OPTIONS, RunOptions
@@ -131,10 +140,12 @@ def add_scorer_arguments(parser: argparse.ArgumentParser) -> None:
             int if kind.startswith("int") else float if kind.startswith("float") else str)
         choices = meta.get("choices")
         group.add_argument(flag, type=reader, choices=choices() if choices else None, help=meta["help"])
-    groups["metric"].add_argument("--baseline-corpus",
+    groups["metric"].add_argument("--baseline-corpus", metavar="FILE",
                                   help="file, one text per line, for --rescale's baseline (default: the references)")
-    groups["running"].add_argument("--batch-size", type=positive_int, default=64)
-    groups["running"].add_argument("--no-progress", action="store_true", help="no progress bars")
+    groups["running"].add_argument("--batch-size", type=positive_int, default=64, metavar="N",
+                                   help="texts encoded at once (default: %(default)s)")
+    groups["running"].add_argument("--no-progress", action="store_true",
+                                   help="no progress bars (default: bars where standard error is a terminal)")
 
 
 def given_scorer_options(args: argparse.Namespace) -> dict:
@@ -269,8 +280,26 @@ def add_ratings_arguments(parser: argparse.ArgumentParser) -> None:
     """Where the human ratings come from (``correlate``, ``sensitivity``)."""
     parser.add_argument("--data", required=True,
                         help="ratings: a .tsv file or directory, a .jsonl file, a WMT17 directory "
-                             "(DA-seglevel.csv) or a WMT DAseg directory")
-    parser.add_argument("--year", type=int, help="year of JSON-lines records without a 'year' key")
+                             "(DA-seglevel.csv), a WMT DAseg directory, a .parquet file in COMET's DA schema, or "
+                             "hub:NAME, a DA dataset on the model hub (e.g. hub:RicardoRei/wmt-da-human-evaluation; "
+                             "needs torchmover[hub])")
+    add_rating_filters(parser)
+
+
+def add_rating_filters(parser) -> None:
+    """``--year`` and ``--lp``: which ratings to keep."""
+    parser.add_argument("--year", type=int, help="keep only this year's ratings (JSON lines: the year of the records "
+                                                 "without a 'year' key)")
+    parser.add_argument("--lp", metavar="PAIR", help="keep only this language pair's ratings, e.g. de-en")
+
+
+def ratings_of(args: argparse.Namespace) -> list:
+    """The ratings of ``--data``, those of ``--year`` and ``--lp`` where given; none is an error."""
+    records = read_ratings(args.data, args.year, args.lp)
+    if not records:
+        kept = " ".join(f"--{name} {getattr(args, name)}" for name in ("year", "lp") if getattr(args, name) is not None)
+        raise CLIError(f"no ratings in {args.data}" + (f" with {kept}" if kept else ""))
+    return records
 
 
 def add_correlate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -290,9 +319,7 @@ def run_correlate(args: argparse.Namespace) -> None:
     if args.plot:
         require("matplotlib", "plot", "--plot")
     prepare_outputs(args.json, args.plot)
-    records = read_ratings(args.data, args.year)
-    if not records:
-        raise CLIError(f"no ratings in {args.data}")
+    records = ratings_of(args)
     scorer = scorer_from_args(args, [r.ref for r in records], [r.hyp for r in records])
     report = score_and_correlate(scorer, records, args.batch_size, n_boot=args.n_boot, seed=args.seed,
                                  confidence=args.confidence, progress=progress_of(args))
@@ -316,7 +343,8 @@ def add_sensitivity_arguments(parser: argparse.ArgumentParser) -> None:
     add_scorer_arguments(parser)
     parser.set_defaults(batch_size=32)  # the TWMD paper's batch size, fixed across variants
     g = parser.add_argument_group("report")
-    g.add_argument("--statistic", choices=STATISTICS, default="pearson", help="for the printed table and the plot")
+    g.add_argument("--statistic", choices=STATISTICS, default="pearson",
+                   help="for the printed table and the plot (default: %(default)s)")
     g.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
     g.add_argument("--plot", metavar="OUT.png", help="also write the plot here (needs matplotlib)")
 
@@ -327,9 +355,7 @@ def run_sensitivity_command(args: argparse.Namespace) -> None:
     if args.plot:
         require("matplotlib", "plot", "--plot")
     prepare_outputs(args.json, args.plot)
-    records = select_per_group(read_ratings(args.data, args.year), args.max_per_group)
-    if not records:
-        raise CLIError(f"no ratings in {args.data}")
+    records = select_per_group(ratings_of(args), args.max_per_group)
     progress = progress_of(args)  # one bar, run_sensitivity's (it refits every variant)
     base = build_scorer(args)
     base = fit_to_call(base, [r.ref for r in records], [r.hyp for r in records], batch_size=args.batch_size,
@@ -340,6 +366,77 @@ def run_sensitivity_command(args: argparse.Namespace) -> None:
         Path(args.json).write_text(report.to_json() + "\n", encoding="utf-8")
     if args.plot:
         report.plot(args.plot, statistic=args.statistic)
+
+
+def add_show_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``torchmover show``: the pair, the picture, the metric (as for ``score``)."""
+    parser.add_argument("--hyp", metavar="TEXT", required=True, help="the hypothesis, as literal text")
+    parser.add_argument("--ref", metavar="TEXT", required=True, help="its reference, as literal text")
+    parser.add_argument("--output", metavar="OUT.png", required=True,
+                        help="the picture to write: .png, .svg or .pdf (needs matplotlib: torchmover[plot])")
+    add_scorer_arguments(parser)
+
+
+def run_show(args: argparse.Namespace) -> None:
+    """Draw the pair's token match (:func:`torchmover.evaluation.show.show`) and print its score, the
+    path written and the signature."""
+    from .evaluation.show import show
+
+    require("matplotlib", "plot", "show")
+    if Path(args.output).suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise CLIError(f"--output must end in .png, .svg or .pdf, got {args.output!r}")
+    prepare_outputs(args.output)
+    scorer = scorer_from_args(args, [args.ref], [args.hyp])
+    match = show(scorer, args.hyp, args.ref, args.output)
+    print(f"{match.score:.6f}")
+    print(f"torchmover: wrote {args.output}", file=sys.stderr)
+    print(f"signature: {match.signature}", file=sys.stderr)
+
+
+def add_stress_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``torchmover stress``: the pairs (files or ratings), the sample, the metric, the report."""
+    pairs = parser.add_argument_group("pairs", "files of hypotheses and references, or the pairs of human ratings")
+    pairs.add_argument("--hyps", metavar="FILE", help="one hypothesis per line (with --refs)")
+    pairs.add_argument("--refs", metavar="FILE", help="one reference per line, aligned with --hyps")
+    pairs.add_argument("--data", metavar="RATINGS", help="the (hyp, ref) pairs of ratings in any layout "
+                                                         "correlate reads (instead of --hyps / --refs)")
+    add_rating_filters(pairs)
+    pairs.add_argument("--sample", type=positive_int, metavar="N",
+                       help="score N pairs drawn at random with --seed (default: every pair)")
+    pairs.add_argument("--seed", type=int, default=0, help="seed of the sample and of the variants (default: 0)")
+    add_scorer_arguments(parser)
+    parser.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
+
+
+def run_stress(args: argparse.Namespace) -> None:
+    """Score every pair and its degenerate variants; print the table (with the flags and their fixes)."""
+    import random
+
+    from .evaluation.stress import stress_test
+
+    if args.data is not None:
+        if args.hyps or args.refs:
+            raise CLIError("give --data RATINGS or --hyps FILE --refs FILE, not both")
+        records = ratings_of(args)
+        hyps, refs = [r.hyp for r in records], [r.ref for r in records]
+    elif args.hyps and args.refs:
+        hyps, refs = read_lines(args.hyps), read_lines(args.refs)
+        if len(hyps) != len(refs):
+            raise CLIError(f"{args.hyps} has {len(hyps)} lines, {args.refs} has {len(refs)}: give one reference per "
+                           "hypothesis")
+    else:
+        raise CLIError("give the pairs: --hyps FILE --refs FILE, or --data RATINGS")
+    if not hyps:
+        raise CLIError("no pairs to score")
+    if args.sample is not None and args.sample < len(hyps):
+        chosen = random.Random(args.seed).sample(range(len(hyps)), args.sample)
+        hyps, refs = [hyps[i] for i in chosen], [refs[i] for i in chosen]
+    prepare_outputs(args.json)
+    scorer = scorer_from_args(args, refs, hyps)
+    report = stress_test(scorer, hyps, refs, seed=args.seed)
+    print(report.to_table())
+    if args.json:
+        atomic_write_text(args.json, report.to_json() + "\n")
 
 
 # Reward settings given by the scorer's own flags (--model, --device, --preset, --layer, ...)
@@ -433,7 +530,9 @@ def run_serve(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torchmover", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="torchmover", description="Score generated text against references by moving contextual word "
+                                       "embeddings (TWMD and its family); each subcommand has its own --help.")
     parser.add_argument("--version", action="version", version=f"torchmover {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -453,7 +552,9 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--all", action="store_true", help="print precision, recall and F1 per line (P R F1)")
     score.add_argument("--output", help="write scores here (default: standard output); a run writing a file "
                                         "resumes where it stopped when rerun")
-    score.add_argument("--format", default="text", choices=("text", "jsonl"))
+    score.add_argument("--format", default="text", choices=("text", "jsonl"),
+                       help="text: one score per line (--all: P R F1); jsonl: one JSON object per line with its "
+                            "line number (default: text)")
     score.add_argument("--chunk-size", type=int, default=SCORE_CHUNK, metavar="PAIRS",
                        help=f"pairs read, scored and written at once: memory grows with it (default: {SCORE_CHUNK})")
     score.add_argument("--overwrite", action="store_true",
@@ -469,10 +570,35 @@ def build_parser() -> argparse.ArgumentParser:
     add_sensitivity_arguments(sensitivity)
     sensitivity.set_defaults(run=run_sensitivity_command)
 
+    show = commands.add_parser("show", help="draw what one pair matched: the token x token plan and each token's "
+                                            "contribution to the score")
+    add_show_arguments(show)
+    show.set_defaults(run=run_show)
+
+    stress = commands.add_parser("stress", help="would a policy gain by padding, repeating, shuffling or truncating "
+                                                "its outputs? (degenerate outputs against the reward)")
+    add_stress_arguments(stress)
+    stress.set_defaults(run=run_stress)
+
     serve = commands.add_parser("serve", help="serve the reward over HTTP (OpenRLHF remote reward protocol, /score)")
     add_serve_arguments(serve)
     serve.set_defaults(run=run_serve)
     return parser
+
+
+_PYTHON_OPTION = re.compile(r"\b([a-z_]+)=('([^']*)'|\"([^\"]*)\"|(-?[0-9][0-9.e+-]*))")
+
+
+def cli_syntax(message: str) -> str:
+    """A library message's ``option='value'`` hints (Python keyword syntax) as ``--option value``, for
+    the options the command line has (:data:`~torchmover.scorer.config.SCORER_OPTIONS`)."""
+    def option(match: re.Match) -> str:
+        name = match[1]
+        if name not in SCORER_OPTIONS:
+            return match[0]
+        value = next(v for v in match.groups()[2:] if v is not None)
+        return f"--{name.replace('_', '-')} {value}"
+    return _PYTHON_OPTION.sub(option, message)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -481,6 +607,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with silenced(getattr(args, "no_progress", False)):  # --no-progress: every bar, transformers' too
             args.run(args)
-    except (CLIError, ValueError, TypeError, OSError) as error:
-        parser.exit(2, f"torchmover: error: {error}\n")
+    except (CLIError, ValueError, TypeError, OSError, ImportError) as error:
+        parser.exit(2, f"torchmover: error: {cli_syntax(str(error))}\n")
     return 0

@@ -11,6 +11,10 @@ WMT DA segment-level   :func:`read_wmt_daseg` — ``DAseg.newstest{year}.{source
                        mt-system,human}.{lp}``, four line-aligned files
 WMT17 metrics task     :func:`read_wmt17` — ``DA-seglevel.csv`` naming system outputs and
                        references by line
+DA table (COMET's)     :func:`read_da_table` — a Parquet file with the columns ``lp src mt ref
+                       score`` (and ``raw annotators domain year``), the schema of the direct
+                       assessments on the model hub that COMET trains on; :func:`read_hub_da`
+                       reads such a dataset from the hub through ``datasets``
 =====================  =========================================================================
 
 :func:`read_ratings` recognises the layout of a path. Every malformed row raises :class:`DataError`
@@ -35,13 +39,18 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 __all__ = ["DataError", "Rating", "read_tsv", "read_tsv_dir", "read_jsonl", "read_wmt_daseg", "read_wmt17",
-           "read_ratings", "split_dev", "group_records"]
+           "read_da_table", "read_hub_da", "ratings_from_da_table", "filter_ratings", "read_ratings", "split_dev",
+           "group_records"]
 
 TSV_COLUMNS = ("lp", "year", "ref", "hyp", "score")
 TSV_OPTIONAL = ("system", "segment_id", "src")
 JSONL_KEYS = ("lang", "candidate", "reference", "score")
 DASEG_PARTS = ("source", "reference", "mt-system", "human")
 WMT17_COLUMNS = ("LP", "DATA", "SYSTEM", "SID", "HUMAN")
+DA_TABLE_COLUMNS = ("lp", "src", "mt", "ref", "score", "year")  # required of a DA table; raw, annotators, domain: ignored
+# The hub dataset of WMT direct assessments (2017-2022) in that schema, which COMET's DA models train on.
+HUB_DA_DATASET = "RicardoRei/wmt-da-human-evaluation"
+HUB_PREFIX = "hub:"
 _LP = re.compile(r"^[a-z]{2,3}-[a-z]{2,3}$")
 
 
@@ -357,21 +366,87 @@ def _system_file(directory: Path, lp: str, data: str, system: str) -> Path | Non
 
 # --- auto-detection ------------------------------------------------------------------------------
 
-def read_ratings(path: str | Path, year: int | None = None) -> list[Rating]:
-    """Ratings from ``path`` in any supported layout, recognised as follows.
+# --- DA tables (COMET's schema): Parquet, or a hub dataset --------------------------------------
+
+def ratings_from_da_table(table, source: str, year: int | None = None, lp: str | None = None) -> list[Rating]:
+    """Ratings from a ``pyarrow.Table`` with the columns ``lp src mt ref score year`` (others ignored):
+    ``mt`` is the hypothesis, ``score`` the z-normalised DA score (``raw``, the 0-100 rating, is not
+    used). ``year`` / ``lp`` keep only that year's / language pair's rows. ``source`` names the table in
+    errors, whose "line" is the 1-based row."""
+    missing = [c for c in DA_TABLE_COLUMNS if c not in table.column_names]
+    if missing:
+        raise DataError(source, None, f"a DA table needs the columns {DA_TABLE_COLUMNS} (missing: {missing}), "
+                                      f"got {table.column_names}")
+    columns = {c: table.column(c).to_pylist() for c in DA_TABLE_COLUMNS}
+    records = []
+    for i, (pair, src, mt, ref, score, row_year) in enumerate(zip(*columns.values()), start=1):
+        if (year is not None and row_year != year) or (lp is not None and pair != lp):
+            continue
+        records.append(Rating(lp=_lp(pair, source, i), year=_year(row_year, source, i), ref=_text(ref, source, i, "ref"),
+                              hyp=_text(mt, source, i, "mt"), score=_score(score, source, i),
+                              src=_text(src, source, i, "src")))
+    return records
+
+
+def read_da_table(path: str | Path, year: int | None = None, lp: str | None = None) -> list[Rating]:
+    """Ratings from a Parquet file in the schema of the hub's DA datasets (:func:`ratings_from_da_table`),
+    e.g. one saved by ``datasets``' ``Dataset.to_parquet``. Needs pyarrow (``torchmover[parquet]``)."""
+    path = _require_file(Path(path), "ratings file")
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError('reading a Parquet ratings file needs pyarrow: pip install "torchmover[parquet]"') from None
+    try:
+        table = pq.read_table(path)
+    except Exception as error:  # pyarrow's ArrowInvalid and kin: not a Parquet file
+        raise DataError(path, None, f"not a readable Parquet file ({error})") from None
+    return ratings_from_da_table(table, str(path), year, lp)
+
+
+def read_hub_da(name: str = HUB_DA_DATASET, year: int | None = None, lp: str | None = None, *,
+                split: str = "train") -> list[Rating]:
+    """Ratings from a direct-assessment dataset on the Hugging Face hub in COMET's schema (default
+    :data:`HUB_DA_DATASET`), through ``datasets.load_dataset`` (``torchmover[hub]``; downloaded once
+    into its cache, then read offline), filtered to ``year`` / ``lp``."""
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError(f'reading the hub dataset {name} needs datasets: pip install "torchmover[hub]"') from None
+    table = datasets.load_dataset(name, split=split).with_format("arrow")[:]
+    return ratings_from_da_table(table, f"{HUB_PREFIX}{name}", year, lp)
+
+
+def filter_ratings(records: Sequence[Rating], year: int | None = None, lp: str | None = None) -> list[Rating]:
+    """The records of ``year`` and ``lp`` (each ``None``: any)."""
+    return [r for r in records if (year is None or r.year == year) and (lp is None or r.lp == lp)]
+
+
+def read_ratings(path: str | Path, year: int | None = None, lp: str | None = None) -> list[Rating]:
+    """Ratings from ``path`` in any supported layout, recognised as follows, then only those of
+    ``year`` and ``lp`` where given (:func:`filter_ratings`; for JSON lines ``year`` is instead the year
+    of the records without one).
 
     - a ``*.tsv`` file, or a directory of them: :func:`read_tsv`;
     - a ``*.jsonl`` / ``*.json`` file: :func:`read_jsonl` (``year`` for records without one);
     - a directory with ``DA-seglevel.csv`` (or that file itself): :func:`read_wmt17`;
-    - a directory with ``DAseg.newstest{year}.human.{lp}`` files: :func:`read_wmt_daseg` (every
-      year and language pair, or only ``year``).
+    - a directory with ``DAseg.newstest{year}.human.{lp}`` files: :func:`read_wmt_daseg`;
+    - a ``*.parquet`` file: :func:`read_da_table` (COMET's DA schema);
+    - ``hub:NAME`` (e.g. ``hub:RicardoRei/wmt-da-human-evaluation``): :func:`read_hub_da`.
     """
+    records = _read_any(path, year, lp)
+    json_lines = not str(path).startswith(HUB_PREFIX) and Path(path).suffix.lower() in (".jsonl", ".json")
+    return filter_ratings(records, None if json_lines else year, lp)
+
+
+def _read_any(path: str | Path, year: int | None, lp: str | None) -> list[Rating]:
+    if isinstance(path, str) and path.startswith(HUB_PREFIX):
+        return read_hub_da(path[len(HUB_PREFIX):], year, lp)
     path = Path(path)
     if path.is_dir():
         if (path / "DA-seglevel.csv").is_file():
             return read_wmt17(path)
         if any(_DASEG.match(f.name) for f in path.iterdir()):
-            return read_wmt_daseg(path, year)
+            return read_wmt_daseg(path, year, lp)
         if any(path.glob("*.tsv")):
             return read_tsv_dir(path)
         raise ValueError(f"{path}: unrecognised ratings directory: expected DA-seglevel.csv (WMT17), "
@@ -383,8 +458,11 @@ def read_ratings(path: str | Path, year: int | None = None) -> list[Rating]:
         return read_tsv(path)
     if suffix in (".jsonl", ".json"):
         return read_jsonl(path, year)
+    if suffix == ".parquet":
+        return read_da_table(path, year, lp)
     _require_file(path, "ratings file")
-    raise ValueError(f"{path}: unrecognised ratings file: expected .tsv, .jsonl, DA-seglevel.csv or a directory")
+    raise ValueError(f"{path}: unrecognised ratings file: expected .tsv, .jsonl, .parquet, DA-seglevel.csv, "
+                     "a directory or hub:NAME")
 
 
 # --- development split ---------------------------------------------------------------------------

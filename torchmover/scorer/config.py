@@ -61,24 +61,35 @@ def _methods() -> tuple[str, ...]:
 class ScorerConfig:
     """Every choice of a :class:`~torchmover.Scorer` that changes a score (serialised with the model).
 
-    Token policy (all explicit, see :mod:`torchmover.text.weights`): ``special_tokens`` (``target``:
-    special tokens weigh 0 but stay matching targets, and so do tokens of IDF 0 — bert_score's rule;
-    for the matching members ``bertscore`` and ``trwmd``), ``power_mean_layers`` (encoder), ``subwords``,
-    ``stopwords`` (a tuple of words, or ``"english"``), ``punctuation`` (``keep``/``drop``/``ascii``),
-    ``idf`` (weights from :meth:`Scorer.fit_idf <torchmover.Scorer.fit_idf>`) and ``ngram``.
-    ``center_scope``: ``joint`` centers hypotheses and references together (the paper), ``separate``
-    each side on the mean of its own distinct texts, ``pairs`` each side on the mean of its texts as
-    the pairs list them, a text counted once per pair it is in (the TWMD authors' released code, which
-    concatenates the 32 references and the 32 candidates of a mini-batch, repeats included, and
-    subtracts each side's token mean).
-    ``rescale``: map every score ``s`` to ``(s − b) / (1 − b)`` with the baseline ``b`` of unrelated
-    pairs (:meth:`Scorer.fit_baseline <torchmover.Scorer.fit_baseline>`).
+    Each field is the :class:`~torchmover.Scorer` argument of the same name, described there with its
+    allowed values; a field left ``None`` takes the model's default in :meth:`resolve`. In short:
+
+    - ``model``: hub name or local path; ``layer``: hidden layer (0 = embeddings); ``max_length``: the
+      encoder window; ``revision``: the hub revision.
+    - ``method``: ``twmd``, ``trwmd``, ``wmd``, ``moverscore``, ``bertscore``, ``sbert``, ``cka``, ``sms``,
+      ``s+wms``, ``wms``; ``direction``: ``recall``, ``precision``, ``f1``; ``temperature``: ``T > 0``;
+      ``n_iter``: a positive int or ``None`` (converged).
+    - ``centering``: ``batch``, ``running``, ``fixed``, ``sentence``, ``dimension``, ``none``;
+      ``center_scope``: ``joint`` centers hypotheses and references together (the paper), ``separate``
+      each side on the mean of its own distinct texts, ``pairs`` each side on the mean of its texts as
+      the pairs list them, a text counted once per pair it is in (the TWMD authors' released code, which
+      concatenates the 32 references and the 32 candidates of a mini-batch, repeats included, and
+      subtracts each side's token mean); ``multi_ref``: ``max``, ``mean``.
+    - Token policy (:mod:`torchmover.text.weights`): ``special_tokens``: ``drop``, ``cls``, ``keep``,
+      ``target`` (special tokens weigh 0 but stay matching targets, and so do tokens of IDF 0 —
+      bert_score's rule; for the matching members ``bertscore`` and ``trwmd``); ``power_mean_layers``: a
+      positive int; ``subwords``: ``all``, ``first``, ``mean``; ``stopwords``: a tuple of words, or
+      ``"english"``; ``punctuation``: ``keep``, ``drop``, ``ascii``; ``idf``: a bool (weights from
+      :meth:`Scorer.fit_idf <torchmover.Scorer.fit_idf>`); ``ngram``: a positive int.
+    - ``rescale``: map every score ``s`` to ``(s − b) / (1 − b)`` with the baseline ``b`` of unrelated
+      pairs (:meth:`Scorer.fit_baseline <torchmover.Scorer.fit_baseline>`).
     """
 
     model: str = _option(DEFAULT_MODEL, "encoder", f"hub name or local path (default: {DEFAULT_MODEL})")
     layer: int | None = _option(None, "encoder", "hidden layer, 0 = embeddings (default: the model's recorded layer)")
     method: str = _option("twmd", "metric", "the family member (default: twmd)", choices=_methods)
-    direction: str = _option("recall", "metric", "twmd, trwmd, bertscore (default: recall)", choices=lambda: DIRECTIONS)
+    direction: str = _option("recall", "metric", "recall: every reference token ships its mass; precision: every hypothesis "
+                                                                  "token; f1: their harmonic mean (twmd, trwmd, bertscore; default: recall)", choices=lambda: DIRECTIONS)
     temperature: float | None = _option(
         None, "metric", "T of twmd / trwmd (default: the model's measured T, else 0.10 / 0.15), or of the "
                         "tempered sentence movers (default: exact)")
@@ -93,18 +104,27 @@ class ScorerConfig:
     multi_ref: str = _option("max", "metric", "how several references combine (default: max)",
                              choices=lambda: MULTI_REF)
     max_length: int | None = _option(None, "encoder", "encoder window in tokens (default: the model's)")
-    revision: str | None = _option(None, "encoder", "model revision on the hub, recorded in the signature")
-    special_tokens: str | None = _option(None, "encoder", "default: drop", choices=lambda: SPECIAL_TOKEN_POLICIES)
+    revision: str | None = _option(None, "encoder", "model revision on the hub, recorded in the signature "
+                                                                            "(default: the latest)")
+    special_tokens: str | None = _option(None, "encoder", "drop them; cls: keep [CLS] (the TWMD authors' code); "
+                                                                  "keep: all (MoverScore); target: zero-mass matching targets "
+                                                                  "(bertscore, trwmd; bert_score's rule) (default: drop)",
+                                                 choices=lambda: SPECIAL_TOKEN_POLICIES)
     power_mean_layers: int | None = _option(None, "encoder", "power means over this many layers up to --layer "
                                                              "(default: 1, the layer alone)")
-    subwords: str = _option("all", "token policy", "default: all", choices=lambda: SUBWORD_POLICIES)
+    subwords: str = _option("all", "token policy", "every piece, the first piece of each word "
+                                                                   "(MoverScore), or pieces mean-pooled into words "
+                                                                   "(default: all)", choices=lambda: SUBWORD_POLICIES)
     stopwords: tuple[str, ...] = _option((), "token policy", "'english', or a file with one stopword per line "
                                                              "(default: none)", cli_type="stopwords")
-    punctuation: str = _option("keep", "token policy", "default: keep; ascii: MoverScore's rule",
+    punctuation: str = _option("keep", "token policy", "keep; drop: words made only of punctuation; ascii: "
+                                                               "MoverScore's string.punctuation rule (default: keep)",
                                choices=lambda: PUNCTUATION_POLICIES)
-    idf: bool = _option(False, "token policy", "IDF weights (fitted on the references and hypotheses of the call)")
+    idf: bool = _option(False, "token policy", "IDF weights, fitted on the references and hypotheses of the "
+                                                                "call (default: off, uniform weights)")
     ngram: int = _option(1, "token policy", "n-gram units (default: 1)")
-    rescale: bool = _option(False, "metric", "report (s - b) / (1 - b), b = the mean score of random unrelated pairs")
+    rescale: bool = _option(False, "metric", "report (s - b) / (1 - b), b = the mean score of random "
+                                                                   "unrelated pairs (default: off)")
 
     def __post_init__(self):
         member = get_member(self.method)
@@ -173,7 +193,7 @@ class RunOptions:
                                                      "under torchrun), cpu, cuda, cuda:1, ...")
     dtype: str | None = _option(None, "running", "encoder precision: float32, bf16, fp16, ... (default: the "
                                                  "weights'; scores stay float32)")
-    compile: bool = _option(False, "running", "run the transport terms through torch.compile")
+    compile: bool = _option(False, "running", "run the transport terms through torch.compile (default: off)")
 
 
 def encoder_fields() -> tuple[str, ...]:

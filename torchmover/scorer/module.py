@@ -70,18 +70,30 @@ class Scorer(nn.Module):
             ``dimension`` or ``none``; default: the model's measured choice in ``MODEL_DEFAULTS``
             (``none`` for the default model), else ``batch`` (the paper's). With ``batch`` a text's
             score depends on the other texts of the call; ``fixed`` is the reproducible choice.
-        center_scope: ``joint`` (default) or ``separate`` (hypotheses and references each on their
-            own batch mean).
+        center_scope: ``joint`` (default: hypotheses and references on one mean), ``separate`` (each
+            side on the mean of its own distinct texts) or ``pairs`` (each side on the mean of its texts
+            as the pairs list them, a text counted once per pair: the TWMD authors' code); the last two
+            need ``centering="batch"``.
         multi_ref: how several references per hypothesis combine: ``max`` (default) or ``mean``.
         max_length: encoder window in tokens (longer texts are truncated with a warning): a positive
             int with room for the special tokens and one token of text, at most the model's window.
         revision: model revision (hub), recorded in the signature.
-        special_tokens, power_mean_layers: encoder options (:class:`~torchmover.text.encoder.Encoder`;
-            default ``drop`` and 1, or the given encoder's). ``special_tokens="target"`` (``bertscore``,
-            ``trwmd``): special tokens get mass 0 but stay matching targets, and so do tokens of IDF 0
-            (bert_score's rule).
-        subwords, stopwords, punctuation, idf, ngram: the token policy (:mod:`torchmover.text.weights`);
-            ``idf=True`` needs :meth:`fit_idf`.
+        special_tokens: which special tokens ([CLS], [SEP], <s>, ...) count as tokens: ``drop`` (default,
+            or the given encoder's), ``cls`` ([CLS] kept: the TWMD authors' code), ``keep`` (all:
+            MoverScore), ``target`` (``bertscore`` and ``trwmd`` only: special tokens get mass 0 but stay
+            matching targets, and so do tokens of IDF 0 — bert_score's rule).
+        power_mean_layers: 1 (default, or the given encoder's): the layer's vectors; k > 1: ``[mean, max,
+            min]`` over the last k layers up to ``layer``, concatenated (MoverScore's power means).
+        subwords: ``all`` (default: every word piece is a token), ``first`` (the first piece of each
+            word: MoverScore) or ``mean`` (the pieces of a word mean-pooled into one unit).
+        stopwords: words whose tokens are dropped: ``()`` (default: none), ``"english"`` (a built-in
+            list) or any sequence of words (compared lower-cased).
+        punctuation: ``keep`` (default), ``drop`` (words made only of punctuation characters, ASCII or
+            Unicode such as ’ “ –) or ``ascii`` (only words made of ``string.punctuation``: MoverScore's rule).
+        idf: ``False`` (default: uniform token weights) or ``True``: IDF weights from an explicit corpus,
+            fitted by :meth:`fit_idf` (one dictionary per side, as MoverScore v2).
+        ngram: 1 (default) or n > 1: units are the IDF-weighted sums of n consecutive token vectors
+            (MoverScore's WMD-n).
         rescale: report ``(s − b) / (1 − b)`` instead of ``s``, with ``b`` the score of unrelated
             pairs (needs :meth:`fit_baseline`): a linear map for readability, correlations unchanged.
         name: the model's name in the :attr:`signature` when ``model`` is a local directory (default:

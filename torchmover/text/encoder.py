@@ -228,8 +228,9 @@ def check_hub_model_available(name: str, revision: str | None = None) -> None:
 
     if isinstance(try_to_load_from_cache(name, "config.json", revision=revision), str):
         return
-    how = (f"download it where the hub can be reached (`huggingface-cli download {name}`) into the cache "
-           f"({constants.HF_HUB_CACHE}), or pass a local directory")
+    how = (f"download it once where the hub can be reached (`hf download {name}`, huggingface_hub's command "
+           f"line) into the cache ({constants.HF_HUB_CACHE}), then run with HF_HUB_OFFLINE=1; or pass a local "
+           "directory")
     if constants.HF_HUB_OFFLINE or os.environ.get("TRANSFORMERS_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
         raise OSError(f"model={name!r} is not in the local Hugging Face cache and the hub is switched off "
                       f"(HF_HUB_OFFLINE): {how}")
