@@ -11,24 +11,32 @@ Endpoints (JSON in, JSON out):
   tokens, prompt-mismatch policy, missing-reference score). Answer ``{"rewards": [...], "scores":
   [...], "extra_logs": {"torchmover_<method>[_<direction>]": [...], "torchmover_failures": [...]}}``
   (``scores`` = ``rewards``, as OpenRLHF's own server); a sample that cannot be scored fails its
-  request with 400, logged at WARNING with the running count of failed samples.
+  request with 400, logged at WARNING with the running count of failed samples (a request refused
+  by a limit counts no failed sample: it is counted in ``/health``'s ``refused``).
 - ``POST /score``: ``{"hyps": [...], "refs": [...]}`` (a str or a list of str per hypothesis) ->
   ``{"rewards": [...]}``.
 - ``GET /health``: ``{"status": "ok", "signature": ..., "device": ..., "limits": {...}, "failures": ...,
-  ...}``.
+  "refused": ..., ...}``.
 
 Every request goes through one :class:`~torchmover.reward.batching.BatchedReward`, so concurrent requests
 (OpenRLHF sends one sample per request) are scored together, on the scorer's device. A malformed
 request gets a 4xx answer ``{"error": "..."}`` naming what is wrong and never affects other requests:
 400 (not UTF-8 JSON, nested too deeply, a body that its Content-Encoding cannot decode, a missing field, a wrong type, a text that is not valid
 Unicode, mismatched lengths), 404/405 (unknown path or method), 408 (the body did not arrive in time),
-413 (a body over ``max_request_bytes``, or more pairs than ``max_pairs_per_request``), 415 (a charset
-other than UTF-8). Needs the ``serve`` extra (``pip install "torchmover[serve]"``, which installs
+413 (a body over ``max_request_bytes``, more pairs than ``max_pairs_per_request``, a hypothesis of
+more references than ``max_references_per_hypothesis``, more references in all than
+``max_references_per_request``), 415 (a charset other than UTF-8), 503 (the server is stopping). Each
+refused request is one WARNING line (status, reason, peer; at most :data:`REFUSAL_LOG_PER_SECOND` a
+second, the others counted in the next line), never a traceback, also for a request aiohttp cannot
+parse. Needs the ``serve`` extra (``pip install "torchmover[serve]"``, which installs
 ``aiohttp``).
 
 Limits (:class:`ServerLimits`), so that no client can hold the server:
 
-- a request of more pairs than ``max_pairs_per_request`` is refused (413); a request of more pairs
+- a request of more pairs than ``max_pairs_per_request``, or of more references than
+  ``max_references_per_hypothesis`` (one hypothesis) or ``max_references_per_request`` (all), is
+  refused (413): what one request costs is bounded in time; its memory is bounded anyway, a
+  hypothesis's references being scored in pieces (:mod:`torchmover.scorer.references`); a request of more pairs
   than the batcher's ``max_batch_size`` is scored in slices of that size, one after the other, so a
   small request sent meanwhile is scored between two slices instead of after the whole request;
 - a request whose client disconnects before its answer is dropped: its slices still queued are never
@@ -37,11 +45,17 @@ Limits (:class:`ServerLimits`), so that no client can hold the server:
   its first byte after an answer, and the body within ``body_timeout`` seconds of the head (else 408);
   a keep-alive connection idle for ``idle_timeout`` seconds is closed;
 - at most ``max_connections`` connections are open at once: one more is answered 503 and closed
-  straight away (its descriptor is released at once; the client may also see the connection reset).
+  straight away (its descriptor is released at once; the client may also see the connection reset);
+- should the process still run out of descriptors, the event loop stops accepting for a second, the
+  clients waiting are answered 503 through a descriptor kept spare for it, and one WARNING a minute
+  says so (no traceback).
 
 Stopping (:meth:`RewardServer.stop`, which ``torchmover serve`` calls on SIGTERM and SIGINT) drains: the
-server stops listening, answers the requests in flight (for at most ``drain_timeout`` seconds; those
-still running then are cut off), closes idle connections, and returns.
+server stops listening and finishes the requests in flight one after the other, in arrival order (no
+longer interleaving their slices, so that the first ones finish); at ``drain_timeout`` seconds every
+request left, and any request arriving meanwhile on an open connection, is answered 503 with
+``Retry-After``, the connections are closed, and it returns, :data:`DRAIN_GRACE` seconds after the
+deadline at most (a slice already on the encoder finishes in the batcher's thread, its result unused).
 """
 from __future__ import annotations
 
