@@ -58,11 +58,30 @@ def test_pieces_score_as_the_whole_call(tiny_encoder, monkeypatch, small_pieces,
         torch.testing.assert_close(reward(HYPS, GROUPS), whole(monkeypatch, lambda: MoverReward(scorer)(HYPS, GROUPS)))
 
 
+@pytest.mark.parametrize("centering", ["batch", "none"])
+def test_pieces_keep_the_gradient(tiny_encoder, monkeypatch, small_pieces, centering):
+    """With a graph, pieces give the whole call's scores and gradients; a batch mean that takes part
+    in the gradient is not cut (its call is scored whole)."""
+    scorer = Scorer(tiny_encoder, centering=centering, device="cpu")
+    weight = scorer.encoder.model.embeddings.word_embeddings.weight
+
+    def scores_and_grad():
+        scorer.zero_grad()
+        scores = scorer(HYPS, GROUPS)
+        scores.sum().backward()
+        return scores.detach(), weight.grad.clone()
+
+    got, got_grad = scores_and_grad()
+    want, want_grad = whole(monkeypatch, scores_and_grad)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_grad, want_grad)
+
+
 def test_one_hypothesis_with_100k_references_is_scored_in_bounded_batches(tiny_encoder, monkeypatch):
     """Before, a hypothesis's references were one transport batch (``Scorer.score``: 100,000 pairs) and,
     in ``forward`` and a reward, one encoder batch too (24 GB on the server's model); now no batch
     holds more than a piece call's texts or a batch of pieces' pairs. ``forward`` and the reward are
-    checked on 3,000 references (2,000 distinct), the corpus path on 100,000."""
+    checked on 3,000 references (1,200 distinct), the corpus path on 100,000 (200 distinct)."""
     scorer = Scorer(tiny_encoder, centering="none", device="cpu")
     words = ("cat", "dog", "sun", "moon", "tree", "car", "road", "city", "man", "woman")
     distinct = [f"the {a} {b} {c} {d}" for a in words for b in words for c in ("sat", "ran", "was", "eats")
@@ -84,11 +103,12 @@ def test_one_hypothesis_with_100k_references_is_scored_in_bounded_batches(tiny_e
     monkeypatch.setattr(scorer, "embed_with_spans", counting_embed)
     monkeypatch.setattr(torchmover.scorer.module, "pair_similarity", counting_transport)
     hyp = ["the cat sat on the mat"]
-    for name, n, call in [("score", 100_000, lambda refs: scorer.score(hyp, [refs], batch_size=64)),
-                          ("forward", 3_000, lambda refs: scorer(hyp, [refs])),
-                          ("reward", 3_000, lambda refs: MoverReward(scorer)(hyp, [refs]))]:
-        refs = (distinct * (n // len(distinct) + 1))[:n]
-        best = scorer.score(hyp * len(distinct), distinct).max()  # one pair each: the best reference's
+    for name, n, n_distinct, call in [("score", 100_000, 200, lambda refs: scorer.score(hyp, [refs], batch_size=64)),
+                                      ("forward", 3_000, 1200, lambda refs: scorer(hyp, [refs])),
+                                      ("reward", 3_000, 1200, lambda refs: MoverReward(scorer)(hyp, [refs]))]:
+        texts = distinct[:n_distinct]
+        refs = (texts * (n // len(texts) + 1))[:n]
+        best = scorer.score(hyp * len(texts), texts).max()  # one pair each: the best reference's
         texts_per_encoder_call.clear(), pairs_per_transport.clear()
         with torch.no_grad():
             got = call(refs)

@@ -158,7 +158,7 @@ class _OverLimit(_ClientError, Refused):
         super().__init__(message, status=413)
 
 
-class _ShuttingDown(_ClientError):
+class _ShuttingDown(_ClientError, Refused):
     """A request the draining server cannot finish by its deadline (503, with ``Retry-After``)."""
 
     def __init__(self):

@@ -465,13 +465,18 @@ class Scorer(nn.Module):
         With ``centering="batch"`` the call is the batch, in training and in eval mode alike: every
         real token of the call's distinct texts is centered on their mean (the paper's per-batch
         centering; in training under ``torch.distributed``, on the mean over all ranks' calls).
+
+        A call of many references (a hypothesis of more than ``REFERENCE_CHUNK``, or more than
+        ``CALL_REFERENCES`` in all) is scored in pieces, combined by ``multi_ref``
+        (:mod:`torchmover.scorer.references`): without a graph its memory is bounded whatever its shape.
         """
         hyps = check_texts("hyps", hyps)
         groups = check_references(hyps, refs)
         if not hyps:
             empty = torch.zeros(0, device=self.encoder.device)
             return PRF(empty, empty, empty) if return_all else empty
-        if needs_pieces(groups) and not self.centering._syncs():
+        batch_mean_with_grad = self.config.centering == "batch" and (torch.is_grad_enabled() or self.centering._syncs())
+        if needs_pieces(groups) and not batch_mean_with_grad:
             return self._forward_in_pieces(hyps, groups, return_all)
         texts = distinct_texts(hyps, groups)
         plan = call_plan(hyps, groups, texts).to_device(self.encoder.device)  # before the encoder
@@ -482,8 +487,9 @@ class Scorer(nn.Module):
         """:meth:`forward` of a call of many references, in bounded memory: cut into pieces of at most
         ``REFERENCE_CHUNK`` references of one hypothesis, scored in calls of at most ``CALL_REFERENCES``
         references and combined by ``multi_ref`` (:mod:`torchmover.scorer.references`). ``batch``
-        centering centers every piece on the mean of the whole call's distinct texts, computed first
-        without a graph (a constant of the gradient)."""
+        centering centers every piece on the mean of the whole call's distinct texts, computed first;
+        a call whose batch mean takes part in the gradient (grad enabled) or is taken over the ranks
+        is not cut."""
         pieces = split_references(hyps, groups)
         calls = [(pieces.hyps[run], pieces.groups[run]) for run in piece_calls(pieces)]
         means = None
