@@ -74,7 +74,8 @@ Outputs (``--output DIR``)
 - A directory that already holds a run (any of these outputs) is never overwritten silently: run
   again without ``--resume`` and the recipe refuses before writing anything, naming the two choices,
   ``--resume`` (continue it) and ``--overwrite`` (delete these outputs, other files stay, and start
-  over).
+  over). ``--resume`` of a run stopped before its first checkpoint starts it over, as one line says;
+  the temporaries a killed run left (a half-written checkpoint) are removed by the next run.
 - ``final/``: the fine-tuned scorer (``Scorer.from_pretrained("DIR/final")``: encoder safetensors,
   ``torchmover.json``, ``centering="fixed"`` with the training texts' mean) and
   ``final/calibration.json`` (``a``, ``b``); ``result.json``: the run's summary. Its signature says
