@@ -279,6 +279,9 @@ class _Connection(asyncio.Protocol):
         if len(connections) >= self.server.limits.max_connections:
             transport.write(SERVICE_UNAVAILABLE)
             transport.close()
+            self.server.refused += 1
+            self.server._refusals.refused(503, "too many connections (max_connections)",
+                                          (transport.get_extra_info("peername") or ("?",))[0])
             return
         self.transport = transport
         connections[transport] = self
