@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import glob
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from torchmover.runtime.checkpoint import atomic_write, latest_checkpoint, rng_state
+from torchmover.runtime.checkpoint import atomic_write, latest_checkpoint, remove_abandoned, rng_state
 from torchmover.runtime.distributed import is_distributed
 
 
@@ -101,8 +102,13 @@ def claim_run_directory(directory: Path, outputs: Iterable[str], resume: bool, o
     exists, raise ``SystemExit`` saying to pass ``--resume`` or ``--overwrite`` (before anything is
     written), or with ``overwrite`` delete them: only them (other files in ``directory`` stay), and
     only on the ``main`` process. Every process of a job may call it: the answer is the same on all,
-    as the main process deletes only when none refuses."""
+    as the main process deletes only when none refuses.
+
+    In every case the main process first removes the temporaries a killed run left among the outputs
+    (:func:`remove_killed_temporaries`)."""
     directory = Path(directory)
+    if main:
+        remove_killed_temporaries(directory, outputs)
     existing = [name for name in outputs if (directory / name).exists() or (directory / name).is_symlink()]
     if resume or not existing:
         return existing
@@ -117,6 +123,40 @@ def claim_run_directory(directory: Path, outputs: Iterable[str], resume: bool, o
             else:
                 path.unlink()
     return existing
+
+
+def remove_killed_temporaries(directory: Path, outputs: Iterable[str]) -> list[Path]:
+    """Remove the temporaries that a killed run left in ``directory``: a half-written file of an
+    output (``.NAME.XXXXXXXX.tmp``, :func:`~torchmover.runtime.checkpoint.atomic_write`) or a save's
+    staging directory (``.NAME.tmp-XXXXXXXX``), and the same inside every output folder (a
+    checkpoint being written), whose writer no longer holds them
+    (:func:`~torchmover.runtime.checkpoint.remove_abandoned`). Returns the paths removed."""
+    directory, removed = Path(directory), []
+    if not directory.is_dir():
+        return removed
+    for name in outputs:
+        removed += remove_abandoned(directory, f".{glob.escape(name)}.*.tmp")
+        removed += remove_abandoned(directory, f".{glob.escape(name)}.tmp-*")
+        folder = directory / name
+        if folder.is_dir() and not folder.is_symlink():
+            for sub in [folder, *(p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink())]:
+                removed += remove_abandoned(sub, ".*.tmp") + remove_abandoned(sub, ".*.tmp-*")
+    return removed
+
+
+def nothing_to_resume(resume: str | None, directory: Path, outputs: Iterable[str], main: bool = True) -> bool:
+    """Whether ``--resume`` (``"latest"``) finds a run killed before its first checkpoint: then there
+    is nothing to continue, so the run starts over, as the one line printed says; its outputs are
+    deleted (on the ``main`` process) like ``--overwrite`` would. False without ``--resume``, with an
+    explicit checkpoint, or where ``directory/checkpoints`` has one."""
+    directory = Path(directory)
+    if resume != "latest" or latest_checkpoint(directory / "checkpoints") is not None:
+        return False
+    if main:
+        existing = claim_run_directory(directory, outputs, resume=False, overwrite=True)
+        print(f"--resume: {directory} has no checkpoint (the run stopped before its first): starting it over"
+              + (f", deleting {', '.join(existing)}" if existing else ""), flush=True)
+    return True
 
 
 def resume_path(resume: str, checkpoints: Path) -> Path:

@@ -74,7 +74,8 @@ Outputs (``--output DIR``)
 - A directory that already holds a run (any of these outputs) is never overwritten silently: run
   again without ``--resume`` and the recipe refuses before writing anything, naming the two choices,
   ``--resume`` (continue it) and ``--overwrite`` (delete these outputs, other files stay, and start
-  over).
+  over). ``--resume`` of a run stopped before its first checkpoint starts it over, as one line says;
+  the temporaries a killed run left (a half-written checkpoint) are removed by the next run.
 - ``final/``: the fine-tuned scorer (``Scorer.from_pretrained("DIR/final")``: encoder safetensors,
   ``torchmover.json``, ``centering="fixed"`` with the training texts' mean) and
   ``final/calibration.json`` (``a``, ``b``); ``result.json``: the run's summary. Its signature says
@@ -646,8 +647,8 @@ def setup(args: argparse.Namespace) -> Run:
     if args.precision == "fp16" and device.type != "cuda":
         raise ValueError("--precision fp16 needs a GPU; use bf16 on the CPU")
     output = Path(args.output)
-    common.claim_run_directory(output, RUN_OUTPUTS, resume=bool(args.resume), overwrite=args.overwrite,
-                               main=rank == 0)
+    resuming = bool(args.resume) and not common.nothing_to_resume(args.resume, output, RUN_OUTPUTS, main=rank == 0)
+    common.claim_run_directory(output, RUN_OUTPUTS, resume=resuming, overwrite=args.overwrite, main=rank == 0)
     if rank == 0:
         output.mkdir(parents=True, exist_ok=True)
     common.barrier()
@@ -670,7 +671,7 @@ def setup(args: argparse.Namespace) -> Run:
               scaler=torch.amp.GradScaler(device.type, enabled=args.precision == "fp16"),
               trainable=[p for g in optimizer.param_groups for p in g["params"]],
               steps_per_epoch=steps_per_epoch, total_steps=total_steps, warmup_steps=warmup)
-    if args.resume:
+    if resuming:
         resume(run)
     else:
         start(run)

@@ -160,6 +160,28 @@ def test_an_interrupted_run_resumes_from_its_last_chunk(tmp_path, monkeypatch, c
     torch.testing.assert_close(read_scores(out), expected(tiny_scorer(centering=centering)).double(), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("output", ["scores.txt", None])
+def test_an_input_rewritten_during_the_run_is_refused_at_the_end(tmp_path, monkeypatch, output):
+    """Before, an input rewritten in place while the run went on was scored partly on its new text,
+    and the manifest kept the old SHA-256."""
+    hyps, refs = text_inputs(tmp_path)
+    out = None if output is None else tmp_path / output
+    score_chunk = job.score_chunk
+
+    def rewriting(*args, **kwargs):  # after the first chunk, the second reference file changes in place
+        write_lines(tmp_path / "refs1.txt", ["rewritten"] * len(HYPS))
+        return score_chunk(*args, **kwargs)
+    monkeypatch.setattr(job, "score_chunk", rewriting)
+    with pytest.raises(RunError, match="refs1.txt changed while the run scored it"):
+        score_files(tiny_scorer(centering="none"), hyps, refs, out, chunk_pairs=4, progress=False)
+    if out is not None:
+        assert not out.exists()  # not finished
+        assert json.loads((tmp_path / "scores.txt.manifest.json").read_text())["finished"] is False
+        monkeypatch.setattr(job, "score_chunk", score_chunk)
+        with pytest.raises(RunError, match="with other inputs"):  # and on resume
+            score_files(tiny_scorer(centering="none"), hyps, refs, out, chunk_pairs=4, progress=False)
+
+
 def test_another_run_is_refused_and_a_finished_one_is_left_as_it_is(tmp_path):
     hyps, refs = text_inputs(tmp_path)
     out = tmp_path / "scores.txt"

@@ -103,6 +103,51 @@ def test_claim_run_directory(tmp_path):
     assert common.claim_run_directory(run, outputs, resume=False, overwrite=False) == []
 
 
+def killed_while_writing_the_first_checkpoint(run):
+    """What a run killed while writing its first checkpoint leaves: its log, a checkpoint folder with
+    the half-written temporary only (no 'latest'), a save's staging directory with its lock file."""
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "log.jsonl").write_text('{"event": "config"}\n')
+    (run / "checkpoints" / ".step-0000001.pt.k3x9q2z1.tmp").write_bytes(b"\0" * 1024)
+    (run / ".final.tmp-abcd1234").mkdir()
+    (run / ".final.tmp-abcd1234" / ".torchmover-held").touch()
+
+
+def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_it_over(tmp_path, capsys):
+    """Before, rerunning said "pass --resume" and --resume ended in a traceback (no 'latest' file),
+    the temporary left in place."""
+    outputs = ("checkpoints", "log.jsonl", "final")
+    run = tmp_path / "run"
+    killed_while_writing_the_first_checkpoint(run)
+    (run / "notes.txt").write_text("not the run's")
+    assert common.nothing_to_resume("latest", run, outputs, main=False) is True  # every rank agrees
+    assert (run / "log.jsonl").exists()  # only the main process deletes
+    assert common.nothing_to_resume("latest", run, outputs) is True
+    said = capsys.readouterr().out.strip().splitlines()
+    assert len(said) == 1 and "no checkpoint" in said[0] and "starting it over" in said[0], said
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]  # no temporary left
+    save_checkpoint(run / "checkpoints", {"step": 1}, 1)
+    assert common.nothing_to_resume("latest", run, outputs) is False  # a checkpoint: resume it
+    assert common.nothing_to_resume(None, run, outputs) is False
+    assert common.nothing_to_resume(str(run / "checkpoints" / "step-0000001.pt"), run, outputs) is False
+
+
+def test_every_temporary_of_a_killed_run_is_removed_by_the_next_run(tmp_path):
+    """Before, a 259 MiB checkpoint temporary stayed until --overwrite."""
+    import fcntl
+
+    outputs = ("checkpoints", "log.jsonl", "final")
+    run = tmp_path / "run"
+    killed_while_writing_the_first_checkpoint(run)
+    held = run / "checkpoints" / ".step-0000002.pt.inflight.tmp"  # written now by another process: kept
+    with open(held, "wb") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(SystemExit, match="pass --resume"):  # the rerun refuses, and still cleans up
+            common.claim_run_directory(run, outputs, resume=False, overwrite=False)
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [held.name]
+        assert not (run / ".final.tmp-abcd1234").exists()
+
+
 def test_resume_path(tmp_path):
     checkpoints = tmp_path / "checkpoints"
     with pytest.raises(FileNotFoundError, match="no checkpoint"):

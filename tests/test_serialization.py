@@ -230,8 +230,8 @@ def _set_json(file, key, value):
      "cannot load the encoder"),  # weights of another size: transformers' ignore_mismatched_sizes error
     (lambda p: _set_json(p / "encoder" / "tokenizer.json", "model", {"type": "nope"}), "encoder",
      "cannot load the tokenizer .*tokenizer.json"),
-    (lambda p: _set_json(p / "encoder" / "config.json", "num_hidden_layers", 1), "encoder",
-     "does not fit the config in .*torchmover.json"),
+    (lambda p: _set_json(p / "encoder" / "config.json", "num_hidden_layers", 1), "encoder/config.json",
+     "unexpected tensors .*encoder.layer.1"),  # strict loading: the weights of a layer the config lacks
     (lambda p: _edit_config(p, layer=9), "torchmover.json", "does not fit the config in"),
 ])
 def test_corrupt_files_give_errors_naming_the_file_without_verification(fitted, tmp_path, damage, file, match):
@@ -333,7 +333,8 @@ def test_the_next_save_removes_the_staging_directory_of_a_killed_save_and_only_t
     from torchmover.runtime.checkpoint import staging_directory
 
     killed_while_saving(tiny_model_dir, tmp_path / "s")
-    staged = [p.name for p in tmp_path.iterdir()]
+    assert os.listdir(tmp_path / "s") == []  # the directory the save held (its lock), nothing in it
+    staged = [p.name for p in tmp_path.iterdir() if p.name != "s"]
     assert len(staged) == 1 and staged[0].startswith(".s.tmp-")  # what the issue saw pile up
     assert (tmp_path / staged[0] / "encoder" / "model.safetensors").is_file()
     (tmp_path / ".s.tmp-mine").mkdir()  # a folder of that name that no save made: kept
@@ -397,3 +398,67 @@ def test_a_fine_tuned_scorer_says_so_in_its_signature_and_keeps_it_when_saved(tm
     for bad in ("", "wmt 15", "a|b", None):
         with pytest.raises(ValueError, match="without whitespace"):
             scorer.mark_finetuned(bad)
+
+
+def test_two_saves_into_one_directory_end_with_one_complete_save_and_a_clear_error(fitted, tmp_path):
+    """Before, two processes saving into one directory raised a bare FileNotFoundError for
+    .torchmover-saving.json in 10 of 12 rounds."""
+    import fcntl
+    import threading
+
+    target = tmp_path / "saved"
+    target.mkdir()
+    fd = os.open(target, os.O_RDONLY)  # a save in progress elsewhere holds the directory
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(BlockingIOError, match="another save into .* is in progress"):
+            fitted.save_pretrained(target)
+    finally:
+        os.close(fd)
+    assert os.listdir(target) == []  # the refused save wrote nothing
+    for round_ in range(3):  # two threads at once: each save ends complete or is refused clearly
+        errors = []
+
+        def save():
+            try:
+                fitted.save_pretrained(tmp_path / f"race-{round_}")
+            except BlockingIOError as error:
+                errors.append(error)
+
+        threads = [threading.Thread(target=save) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(errors) <= 1
+        Scorer.from_pretrained(tmp_path / f"race-{round_}", device="cpu")  # complete, verified
+
+
+@pytest.mark.parametrize("drop", ["one", "all"])
+def test_weights_with_missing_or_unexpected_tensors_are_refused_even_without_verify(fitted, tmp_path, drop):
+    """Before, with verify=False, a weights file with missing tensors (even an empty one) loaded as a
+    randomly initialised encoder."""
+    from safetensors.torch import load_file, save_file
+
+    fitted.save_pretrained(tmp_path / "s")
+    weights = tmp_path / "s" / "encoder" / "model.safetensors"
+    tensors = load_file(weights)
+    name = sorted(tensors)[0]
+    kept = {k: v for k, v in tensors.items() if k != name} if drop == "one" else {}
+    save_file({**kept, "extra.weight": torch.zeros(2)}, weights, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="missing tensors") as error:
+        Scorer.from_pretrained(tmp_path / "s", device="cpu", verify=False)
+    assert name in str(error.value) and "unexpected tensors ['extra.weight']" in str(error.value)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_saved_files_follow_the_umask(fitted, tmp_path, umask):
+    """Before, the weights and centering files were 0600 whatever the umask."""
+    previous = os.umask(umask)
+    try:
+        fitted.save_pretrained(tmp_path / "s")
+    finally:
+        os.umask(previous)
+    modes = {p.relative_to(tmp_path / "s").as_posix(): p.stat().st_mode & 0o777
+             for p in (tmp_path / "s").rglob("*") if p.is_file()}
+    assert "encoder/model.safetensors" in modes and set(modes.values()) == {0o666 & ~umask}, modes

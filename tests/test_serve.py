@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import logging
 import os
 import signal
 import socket
@@ -481,9 +482,11 @@ def test_stop_cuts_off_what_is_still_running_at_the_drain_deadline(reward):
     with serving_in_process(reward, drain_timeout=0.5) as server, ThreadPoolExecutor(1) as pool:
         answer = pool.submit(post, server.url + "/score", {"hyps": ["in flight"], "refs": ["a"]})
         assert gate.entered.wait(60)
+        started = time.monotonic()
         server.stop()  # returns after the deadline, the request still held
-        with pytest.raises(OSError):  # the connection was closed without an answer
-            answer.result(60)
+        assert time.monotonic() - started < 0.5 + 1
+        status, body = answer.result(60)[:2]  # answered, not dropped
+        assert status == 503 and "shutting down" in body["error"]
         gate.release()
 
 
@@ -554,3 +557,145 @@ def test_a_body_its_content_encoding_cannot_decode_is_400(server):
     sock.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\nContent-Length: 8\r\n\r\nnot gzip")
     status, body = read_response(sock)
     assert status == 400 and "the body cannot be read" in body["error"]
+
+
+# --- bounded requests, refusals, drain deadline, descriptor exhaustion ------------------------------
+
+def post_with_headers(url: str, body) -> tuple[int, dict, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read()), dict(response.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read()), dict(error.headers)
+
+
+def test_references_over_the_limits_are_refused_with_413_naming_the_limit(reward):
+    """Before, the pair limit counted hypotheses only: 1 hypothesis x 400,000 references (6.7 MiB)
+    took the server to 24 GB."""
+    with serving_in_process(reward, max_references_per_hypothesis=5, max_references_per_request=8) as server:
+        status, body = post(server.url + "/score", {"hyps": ["a cat"], "refs": [["a cat sat"] * 6]})
+        assert status == 413 and "max_references_per_hypothesis" in body["error"] and "6 references" in body["error"]
+        status, body = post(server.url + "/score", {"hyps": ["a cat", "a dog"], "refs": [["a cat"] * 5, ["a dog"] * 4]})
+        assert status == 413 and "max_references_per_request" in body["error"] and "9 references" in body["error"]
+        status, body = post(server.url + "/get_reward", openrlhf_body([("a cat", ["the cat"] * 6)]))
+        assert status == 413 and "max_references_per_hypothesis" in body["error"]
+        status, body = post(server.url + "/score", {"hyps": ["a cat", "a dog"], "refs": [["a cat"] * 5, ["a dog"] * 3]})
+        assert status == 200 and len(body["rewards"]) == 2  # at the limits
+        health = get(server.url + "/health")[1]
+        assert health["limits"]["max_references_per_request"] == 8 and health["refused"] == 3
+
+
+def test_a_refused_request_counts_no_failed_sample(reward):
+    """Before, a /get_reward of more queries than max_pairs_per_request was refused (413) and its
+    queries counted as failed samples in /health and in extra_logs."""
+    with serving_in_process(reward, max_pairs_per_request=4) as server:
+        status, body = post(server.url + "/get_reward", openrlhf_body([("a cat", "the cat")] * 5))
+        assert status == 413 and "max_pairs_per_request" in body["error"]
+        health = get(server.url + "/health")[1]
+        assert health["failures"] == 0 and health["refused"] == 1
+        status, body = post(server.url + "/get_reward", openrlhf_body([("a cat", "the cat")]))
+        assert status == 200 and body["extra_logs"][FAILURES_LOG] == [0.0]
+
+
+def test_the_drain_keeps_its_deadline_answering_in_arrival_order(reward):
+    """More work in flight than the deadline allows: 6 requests of 4 slices each, 0.1 s a slice, and
+    a 1 s drain. Before, the batcher interleaved the requests so that none finished, and the server
+    dropped the connections after the deadline without a status."""
+    score = reward.score
+
+    def slow(hyps, refs):
+        time.sleep(0.1)
+        return score(hyps, refs)
+
+    reward.score = slow
+    body = {"hyps": [f"the cat {i}" for i in range(8)], "refs": ["a cat sat"] * 8}
+    with serving_in_process(reward, max_batch_size=2, drain_timeout=1.0) as server, ThreadPoolExecutor(6) as pool:
+        answers = []
+        for _ in range(6):  # in this arrival order
+            answers.append(pool.submit(post_with_headers, server.url + "/score", body))
+            wait_for(lambda: server.in_flight == len(answers), "the request to be in flight")
+        started = time.monotonic()
+        server.stop()
+        took = time.monotonic() - started
+        statuses = [a.result(10)[0] for a in answers]
+    assert took <= 1.0 + 1, took
+    assert set(statuses) <= {200, 503} and statuses == sorted(statuses), statuses  # answered first come, first served
+    assert statuses[0] == 200 and statuses[-1] == 503
+    assert all(a.result()[2].get("Retry-After") for a, s in zip(answers, statuses) if s == 503)
+
+
+def test_refused_requests_log_one_line_each_without_a_traceback(server, caplog):
+    """Before, every request aiohttp could not parse logged a full traceback at ERROR."""
+    caplog.set_level(logging.DEBUG, logger="aiohttp")
+    caplog.set_level(logging.WARNING, logger="torchmover")
+    for _ in range(3):  # framing attacks: a Content-Length that is not a number
+        with connect(server) as sock:
+            sock.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
+            assert closed_by_server(sock)
+    for _ in range(2):
+        assert post(server.url + "/score", b"{not json")[0] == 400
+    wait_for(lambda: len([r for r in caplog.records if "refused a request" in r.getMessage()]) == 5, "5 lines")
+    assert not [r for r in caplog.records if r.exc_info or r.exc_text], "a traceback was logged"
+    lines = [r.getMessage() for r in caplog.records if "refused a request" in r.getMessage()]
+    assert all("from 127.0.0.1: 400 " in line for line in lines), lines
+
+
+def test_the_refusal_log_is_rate_limited(monkeypatch, caplog):
+    from torchmover.integrations import server as server_module
+
+    now = [100.0]
+    monkeypatch.setattr(server_module.time, "monotonic", lambda: now[0])
+    log = server_module._RefusalLog()
+    with caplog.at_level(logging.WARNING, logger="torchmover"):
+        for _ in range(25):
+            log.refused(400, "bad", "10.0.0.1")
+        now[0] += 1
+        log.refused(413, "too big", "10.0.0.2")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == server_module.REFUSAL_LOG_PER_SECOND + 1
+    assert lines[-1].endswith("413 too big (15 more refused request(s) not logged)") and "10.0.0.2" in lines[-1]
+
+
+DESCRIPTOR_SERVER = """
+import os, resource, sys
+sys.path.insert(0, {tests!r})
+from conftest import tiny_model, tiny_tokenizer
+from torchmover import Encoder, MoverReward, Scorer
+from torchmover.reward.batching import BatchedReward
+from torchmover.integrations.server import RewardServer
+scorer = Scorer(Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny-bert"), centering="none", device="cpu")
+with BatchedReward(MoverReward(scorer)) as batched, RewardServer(batched, max_connections=1000) as server:
+    open_now = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 16, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    print(server.port, flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_descriptor_exhaustion_answers_503_with_one_warning_and_no_traceback():
+    """Before, at the descriptor limit the accept loop logged a "Too many open files" traceback each
+    time it retried, and the clients waiting were never answered."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    process = subprocess.Popen([sys.executable, "-c", DESCRIPTOR_SERVER.format(tests=tests)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port = int(process.stdout.readline())
+        held, statuses = [], []
+        for _ in range(40):  # each holds a descriptor of the server until its header timeout
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            held.append(sock)
+        for sock in held[-10:]:  # the last ones were not accepted: each gets a 503
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            try:
+                statuses.append(int(sock.recv(65536).split()[1]))
+            except (OSError, IndexError):
+                statuses.append(None)
+        time.sleep(2.5)  # the loop retries accepting every second
+        for sock in held:
+            sock.close()
+    finally:
+        stderr = process.communicate(timeout=60)[1]  # closes its stdin: the server stops
+    assert 503 in statuses, statuses
+    assert "Traceback" not in stderr, stderr
+    assert stderr.count("out of file descriptors") == 1, stderr

@@ -23,7 +23,9 @@ pairs and writes each chunk's scores as soon as it is scored:
   its signature, the output settings — before any work. Rerunning the same command after a crash
   (any rank killed) skips the chunks already written (and the statistics already fitted, kept in the
   parts directory): no row is lost or written twice. Rerunning it with other inputs or options is
-  refused, naming what differs (``overwrite=True`` starts over); rerunning a finished run does
+  refused, naming what differs (``overwrite=True`` starts over), and so is finishing a run whose
+  input changed while it ran (each input is hashed again at the end: :func:`check_unchanged`, and
+  on resume against the manifest); rerunning a finished run does
   nothing.
 
 The statistics a scorer fits on the call's texts (:func:`~torchmover.evaluation.scoring.fit_to_call`:
@@ -468,6 +470,7 @@ def score_files(scorer: Scorer, hyps: Column, refs: Sequence[Column], output: st
                     sys.stdout.flush()
                 else:
                     files.write_part(index, text, len(chunk_hyps), part_sums)
+    on_rank0(lambda: check_unchanged(hyps, refs, run), device, group)
     if files is None:
         return CorpusResult(run["rows"], {c: s / run["rows"] for c, s in zip(columns, sums)}, signature, None)
     rows, sums = on_rank0(lambda: finish(files, n_chunks), device, group)
@@ -489,6 +492,18 @@ def describe_run(scorer: Scorer, hyps: Column, refs: list[Column], format: str, 
             "inputs": {"hyps": described(hyps), "refs": [described(c) for c in refs]},
             "options": options, "baseline_corpus": baseline,
             "output": {"format": format, "all": return_all, "chunk_pairs": chunk_pairs}, "signature": None}
+
+
+def check_unchanged(hyps: Column, refs: list[Column], run: dict) -> None:
+    """A :class:`RunError` naming each input whose SHA-256 is no longer the one recorded when the run
+    began (:func:`describe_run`; a resumed run was checked against it then): its scores would mix two
+    versions of the file, so the run is not finished."""
+    recorded = [run["inputs"]["hyps"], *run["inputs"]["refs"]]
+    changed = [column.path for column, then in zip([hyps, *refs], recorded) if sha256_file(column.path) != then["sha256"]]
+    if changed:
+        raise RunError(f"{', '.join(changed)} changed while the run scored it (its SHA-256 differs from the one "
+                       "recorded when the run began): the scores would mix two versions, so the run is left "
+                       "unfinished; give --overwrite to score the files as they are now")
 
 
 def prepare(scorer: Scorer, files: RunFiles | None, chunks, fit: bool, batch_size: int, baseline_corpus, group,

@@ -30,11 +30,16 @@ from .config import RewardConfig, build_parser, build_reward, setting_names
 from .parsing import apply_parser, reference_list, response_from_query
 from .trl import reward_name
 
-__all__ = ["FAILURES_LOG", "ConfiguredReward", "Pending", "process_reward", "reset_process_reward"]
+__all__ = ["FAILURES_LOG", "ConfiguredReward", "Pending", "Refused", "process_reward", "reset_process_reward"]
 
 FAILURES_LOG = "torchmover_failures"  # the extra_logs key of the running count of failed samples
 
 logger = logging.getLogger("torchmover")
+
+
+class Refused(ValueError):
+    """A call refused before any of its samples was scored (e.g. over a server limit): raised through
+    :meth:`ConfiguredReward.counting`, its samples are neither seen nor failed."""
 
 
 class Pending(NamedTuple):
@@ -171,9 +176,11 @@ class ConfiguredReward:
     @contextmanager
     def counting(self, n: int):
         """Counts ``n`` samples; if the block raises, counts them as failed and logs a WARNING with the
-        running count before the exception goes on."""
+        running count before the exception goes on (a :class:`Refused` call counts nothing)."""
         try:
             yield
+        except Refused:
+            raise
         except Exception as error:
             with self._lock:
                 self._samples += n

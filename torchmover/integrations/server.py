@@ -11,24 +11,32 @@ Endpoints (JSON in, JSON out):
   tokens, prompt-mismatch policy, missing-reference score). Answer ``{"rewards": [...], "scores":
   [...], "extra_logs": {"torchmover_<method>[_<direction>]": [...], "torchmover_failures": [...]}}``
   (``scores`` = ``rewards``, as OpenRLHF's own server); a sample that cannot be scored fails its
-  request with 400, logged at WARNING with the running count of failed samples.
+  request with 400, logged at WARNING with the running count of failed samples (a request refused
+  by a limit counts no failed sample: it is counted in ``/health``'s ``refused``).
 - ``POST /score``: ``{"hyps": [...], "refs": [...]}`` (a str or a list of str per hypothesis) ->
   ``{"rewards": [...]}``.
 - ``GET /health``: ``{"status": "ok", "signature": ..., "device": ..., "limits": {...}, "failures": ...,
-  ...}``.
+  "refused": ..., ...}``.
 
 Every request goes through one :class:`~torchmover.reward.batching.BatchedReward`, so concurrent requests
 (OpenRLHF sends one sample per request) are scored together, on the scorer's device. A malformed
 request gets a 4xx answer ``{"error": "..."}`` naming what is wrong and never affects other requests:
 400 (not UTF-8 JSON, nested too deeply, a body that its Content-Encoding cannot decode, a missing field, a wrong type, a text that is not valid
 Unicode, mismatched lengths), 404/405 (unknown path or method), 408 (the body did not arrive in time),
-413 (a body over ``max_request_bytes``, or more pairs than ``max_pairs_per_request``), 415 (a charset
-other than UTF-8). Needs the ``serve`` extra (``pip install "torchmover[serve]"``, which installs
+413 (a body over ``max_request_bytes``, more pairs than ``max_pairs_per_request``, a hypothesis of
+more references than ``max_references_per_hypothesis``, more references in all than
+``max_references_per_request``), 415 (a charset other than UTF-8), 503 (the server is stopping). Each
+refused request is one WARNING line (status, reason, peer; at most :data:`REFUSAL_LOG_PER_SECOND` a
+second, the others counted in the next line), never a traceback, also for a request aiohttp cannot
+parse. Needs the ``serve`` extra (``pip install "torchmover[serve]"``, which installs
 ``aiohttp``).
 
 Limits (:class:`ServerLimits`), so that no client can hold the server:
 
-- a request of more pairs than ``max_pairs_per_request`` is refused (413); a request of more pairs
+- a request of more pairs than ``max_pairs_per_request``, or of more references than
+  ``max_references_per_hypothesis`` (one hypothesis) or ``max_references_per_request`` (all), is
+  refused (413): what one request costs is bounded in time; its memory is bounded anyway, a
+  hypothesis's references being scored in pieces (:mod:`torchmover.scorer.references`); a request of more pairs
   than the batcher's ``max_batch_size`` is scored in slices of that size, one after the other, so a
   small request sent meanwhile is scored between two slices instead of after the whole request;
 - a request whose client disconnects before its answer is dropped: its slices still queued are never
@@ -37,30 +45,45 @@ Limits (:class:`ServerLimits`), so that no client can hold the server:
   its first byte after an answer, and the body within ``body_timeout`` seconds of the head (else 408);
   a keep-alive connection idle for ``idle_timeout`` seconds is closed;
 - at most ``max_connections`` connections are open at once: one more is answered 503 and closed
-  straight away (its descriptor is released at once; the client may also see the connection reset).
+  straight away (its descriptor is released at once; the client may also see the connection reset);
+- should the process still run out of descriptors, the event loop stops accepting for a second, the
+  clients waiting are answered 503 through a descriptor kept spare for it, and one WARNING a minute
+  says so (no traceback).
 
 Stopping (:meth:`RewardServer.stop`, which ``torchmover serve`` calls on SIGTERM and SIGINT) drains: the
-server stops listening, answers the requests in flight (for at most ``drain_timeout`` seconds; those
-still running then are cut off), closes idle connections, and returns.
+server stops listening and finishes the requests in flight one after the other, in arrival order (no
+longer interleaving their slices, so that the first ones finish); at ``drain_timeout`` seconds every
+request left, and any request arriving meanwhile on an open connection, is answered 503 with
+``Retry-After``, the connections are closed, and it returns, :data:`DRAIN_GRACE` seconds after the
+deadline at most (a slice already on the encoder finishes in the batcher's thread, its result unused).
 """
 from __future__ import annotations
 
 import asyncio
 import codecs
 import dataclasses
+import errno
+import itertools
 import json
+import logging
+import os
+import socket
 import threading
+import time
 from typing import Sequence
 
 from ..reward.batching import BatchedReward
 from ..scorer.inputs import check_references, check_text, check_texts, check_unicode
 from .config import RewardConfig
-from .configured import ConfiguredReward
+from .configured import ConfiguredReward, Refused
 from .parsing import response_from_query
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "RewardServer", "ServerLimits", "require_aiohttp", "response_from_query"]
 
+logger = logging.getLogger("torchmover")
+
 DEFAULT_MAX_REQUEST_BYTES = 8 * 2**20
+REFUSAL_LOG_PER_SECOND = 10  # lines about refused requests, at most; the others are counted in the next line
 RESERVED_DESCRIPTORS = 64  # kept for the process's own files (model, logs) below the descriptor limit
 
 
@@ -96,6 +119,10 @@ class ServerLimits:
     max_request_bytes: int = _limit("larger bodies are refused with 413", default=DEFAULT_MAX_REQUEST_BYTES)
     max_pairs_per_request: int = _limit("requests of more (hypothesis, references) pairs are refused with 413",
                                         default=4096)
+    max_references_per_hypothesis: int = _limit("requests with a hypothesis of more references are refused with 413",
+                                                default=4096)
+    max_references_per_request: int = _limit("requests of more references in all are refused with 413",
+                                             default=32768)
     max_connections: int = _limit("connections open at once; one more is answered 503 and closed (default: "
                                   "1024, or the descriptor limit less 64)", default_factory=default_max_connections)
     header_timeout: float = _limit("a connection that has not sent a complete request head this long after "
@@ -122,6 +149,61 @@ class _ClientError(ValueError):
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
         self.status = status
+
+
+class _OverLimit(_ClientError, Refused):
+    """A request over a limit (413), refused before any of its samples is scored: not a failed sample."""
+
+    def __init__(self, message: str):
+        super().__init__(message, status=413)
+
+
+class _ShuttingDown(_ClientError, Refused):
+    """A request the draining server cannot finish by its deadline (503, with ``Retry-After``)."""
+
+    def __init__(self):
+        super().__init__("the server is shutting down: try again (another replica) later", status=503)
+
+
+class _RefusalLog:
+    """One WARNING line per refused request (status, reason, peer), at most
+    :data:`REFUSAL_LOG_PER_SECOND` a second; the lines left out are counted in the next one. Also the
+    ``logger`` of aiohttp's request handler, so that a request aiohttp cannot parse (a framing
+    attack) is one such line, not a traceback; any other exception it reports is logged with its
+    traceback, as aiohttp would."""
+
+    def __init__(self):
+        self.second, self.lines, self.skipped = 0, 0, 0
+
+    def refused(self, status: int, reason: str, peer) -> None:
+        second = int(time.monotonic())
+        if second != self.second:
+            self.second, self.lines = second, 0
+        if self.lines >= REFUSAL_LOG_PER_SECOND:
+            self.skipped += 1
+            return
+        self.lines += 1
+        skipped, self.skipped = self.skipped, 0
+        more = f" ({skipped} more refused request(s) not logged)" if skipped else ""
+        logger.warning("torchmover serve: refused a request from %s: %d %s%s", peer, status, reason, more)
+
+    # the part of logging.Logger that aiohttp's request handler calls
+    def exception(self, message, *args, exc_info=None, **kwargs) -> None:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        if isinstance(exc_info, HttpProcessingError):
+            self.refused(exc_info.code or 400, exc_info.message, args[0] if args else None)
+        else:
+            logging.getLogger("aiohttp.server").exception(message, *args, exc_info=exc_info, **kwargs)
+
+    def debug(self, message, *args, exc_info=None, **kwargs) -> None:
+        if exc_info is not None:  # a first request that is not HTTP (aiohttp logs it at DEBUG)
+            self.exception(message, *args, exc_info=exc_info, **kwargs)
+        else:
+            logging.getLogger("aiohttp.server").debug(message, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(logging.getLogger("aiohttp.server"), name)
 
 
 def _field(body: dict, name: str) -> list:
@@ -172,6 +254,8 @@ def _raw_response(status: str, error: str) -> bytes:
 
 
 SERVICE_UNAVAILABLE = _raw_response("503 Service Unavailable", "too many connections (max_connections): try again later")
+NO_DESCRIPTOR = _raw_response("503 Service Unavailable", "the server is out of file descriptors: try again later")
+DRAIN_GRACE = 0.25  # seconds a draining server gives its last answers to be sent, after the deadline
 
 
 class _Connection(asyncio.Protocol):
@@ -195,6 +279,9 @@ class _Connection(asyncio.Protocol):
         if len(connections) >= self.server.limits.max_connections:
             transport.write(SERVICE_UNAVAILABLE)
             transport.close()
+            self.server.refused += 1
+            self.server._refusals.refused(503, "too many connections (max_connections)",
+                                          (transport.get_extra_info("peername") or ("?",))[0])
             return
         self.transport = transport
         connections[transport] = self
@@ -277,6 +364,15 @@ class RewardServer:
         self.batched, self.host, self.port, self.limits = batched, host, port, ServerLimits(**limits)
         self.in_flight = 0  # requests being scored
         self.abandoned = 0  # requests whose client left before their answer
+        self.refused = 0  # requests (and connections) answered 4xx or 503 without being scored
+        self._refusals = _RefusalLog()
+        self._active = 0  # requests being handled (event loop thread only)
+        self._tickets = itertools.count()  # arrival order of the requests being scored
+        self._scoring: dict[int, asyncio.Event] = {}  # ticket -> set when it is that request's turn (draining)
+        self._draining = False
+        self._quiet = self._expired = None  # asyncio.Events: no request is handled; the drain deadline passed
+        self._accepting = self._spare = None  # a duplicate of the listening socket, a spare descriptor
+        self._descriptor_refusals, self._descriptor_warned = 0, float("-inf")
         self._connections: dict = {}  # transport -> _Connection (event loop thread only)
         self._thread: threading.Thread | None = None
         self._finished = threading.Event()  # set when the serving thread ends
@@ -295,26 +391,39 @@ class RewardServer:
 
         limits = self.limits
 
+        def refuse(request, status: int, reason: str, headers: dict | None = None):
+            """The answer to a refused request, counted and logged (one rate-limited line)."""
+            self.refused += 1
+            self._refusals.refused(status, reason, request.remote)
+            return web.json_response({"error": reason}, status=status, headers=headers)
+
         @web.middleware
         async def json_errors(request, handler):
             connection = self._connections.get(request.transport)
             if connection is not None:
                 connection.expect("request")
+            self._active += 1
+            self._quiet.clear()
             try:
+                if self._draining:
+                    raise _ShuttingDown()
                 return await handler(request)
             except web.HTTPException as error:  # 404, 405, 413 raised by aiohttp
                 if error.status < 400:
                     raise
-                return web.json_response({"error": error.reason if error.text is None else error.text},
-                                         status=error.status)
+                return refuse(request, error.status, error.reason if error.text is None else error.text)
             except _ClientError as error:
-                response = web.json_response({"error": str(error)}, status=error.status)
-                if error.status in (408, 413):  # the body was not read: the connection cannot go on
+                response = refuse(request, error.status, str(error),
+                                  {"Retry-After": "1"} if error.status == 503 else None)
+                if error.status in (408, 413, 503):  # the body was not read, or the server stops
                     response.force_close()
                 return response
             except Exception as error:  # noqa: BLE001 — the server stays up and says what happened
                 return web.json_response({"error": f"{type(error).__name__}: {error}"}, status=500)
             finally:
+                self._active -= 1
+                if not self._active:
+                    self._quiet.set()
                 if connection is not None:
                     connection.expect("idle")
 
@@ -323,7 +432,7 @@ class RewardServer:
                 raise _ClientError(f"the body has {request.content_length} bytes; this server takes at most "
                                    f"{limits.max_request_bytes} (max_request_bytes)", status=413)
             try:
-                data = await asyncio.wait_for(request.read(), limits.body_timeout)
+                data = await asyncio.wait_for(self._before_deadline(request.read()), limits.body_timeout)
             except asyncio.TimeoutError:
                 raise _ClientError(f"the body did not arrive within {limits.body_timeout} s (body_timeout)",
                                    status=408) from None
@@ -331,34 +440,56 @@ class RewardServer:
                 raise _ClientError(f"the body cannot be read: {error}") from None
             return _parse_json(data, request.charset)
 
+        def check_size(n_pairs: int, groups: Sequence[Sequence] = ()) -> None:
+            """An :class:`_OverLimit` if the request has more pairs or references than the limits allow."""
+            if n_pairs > limits.max_pairs_per_request:
+                raise _OverLimit(f"the request has {n_pairs} pairs; this server takes at most "
+                                 f"{limits.max_pairs_per_request} per request (max_pairs_per_request)")
+            largest = max(map(len, groups), default=0)
+            if largest > limits.max_references_per_hypothesis:
+                raise _OverLimit(f"a hypothesis of the request has {largest} references; this server takes at most "
+                                 f"{limits.max_references_per_hypothesis} (max_references_per_hypothesis)")
+            total = sum(map(len, groups))
+            if total > limits.max_references_per_request:
+                raise _OverLimit(f"the request has {total} references; this server takes at most "
+                                 f"{limits.max_references_per_request} per request (max_references_per_request)")
+
         async def rewards(hyps: Sequence, refs: Sequence) -> list[float]:
             """Validated, then scored in slices of the batcher's ``max_batch_size`` pairs, one after
-            the other (see the module docs); a client that leaves cancels the slices not yet scored."""
-            if len(hyps) > limits.max_pairs_per_request:
-                raise _ClientError(f"the request has {len(hyps)} pairs; this server takes at most "
-                                   f"{limits.max_pairs_per_request} per request (max_pairs_per_request)", status=413)
+            the other (see the module docs); a client that leaves cancels the slices not yet scored.
+            While the server drains, the requests take turns in arrival order."""
+            check_size(len(hyps))
             try:
                 hyps = check_texts("hyps", hyps)
                 groups = check_references(hyps, refs)
                 self.batched.reward.centering  # raises here if the reward's centering would depend on the batch
             except (TypeError, ValueError) as error:
                 raise _ClientError(str(error)) from None
+            check_size(len(hyps), groups)
             size, values = self.batched.max_batch_size, []
+            ticket = next(self._tickets)
+            self._scoring[ticket] = asyncio.Event()
             self.in_flight += 1
             try:
                 for start in range(0, len(hyps), size):
+                    if self._draining and next(iter(self._scoring)) != ticket:
+                        await self._before_deadline(self._scoring[ticket].wait())
                     future = self.batched.submit(hyps[start:start + size], groups[start:start + size])
-                    values += (await asyncio.wrap_future(future)).tolist()
-            except asyncio.CancelledError:  # the client left (or the drain deadline passed)
+                    values += (await self._before_deadline(asyncio.wrap_future(future))).tolist()
+            except asyncio.CancelledError:  # the client left
                 self.abandoned += 1
                 raise
             finally:
                 self.in_flight -= 1
+                del self._scoring[ticket]
+                if self._scoring:  # the next one in arrival order may go on
+                    next(iter(self._scoring.values())).set()
             return values
 
         async def openrlhf(request):
             body = await read_body(request)
             queries, prompts, labels = _field(body, "query"), _field(body, "prompts"), _field(body, "labels")
+            check_size(len(queries))
             with self.reward.counting(len(queries)):
                 try:
                     pending = self.reward.openrlhf_pending(queries, prompts, labels)
@@ -379,13 +510,73 @@ class RewardServer:
                                       "max_batch_size": self.batched.max_batch_size,
                                       "max_wait_ms": self.batched.max_wait_ms, "limits": dataclasses.asdict(limits),
                                       "connections": len(self._connections), "in_flight": self.in_flight,
-                                      "abandoned": self.abandoned, "failures": self.reward.failures,
-                                      **self.batched.stats()})
+                                      "abandoned": self.abandoned, "refused": self.refused,
+                                      "failures": self.reward.failures, **self.batched.stats()})
 
         app = web.Application(middlewares=[json_errors], client_max_size=limits.max_request_bytes)
         app.add_routes([web.post("/", openrlhf), web.post("/get_reward", openrlhf), web.post("/score", score),
                         web.get("/health", health)])
         return app
+
+    async def _before_deadline(self, awaitable):
+        """The result of ``awaitable``, or :class:`_ShuttingDown` if the drain deadline passes first
+        (``awaitable`` is then cancelled: a slice not yet scored is never scored)."""
+        task = asyncio.ensure_future(awaitable)
+        expired = asyncio.ensure_future(self._expired.wait())
+        try:
+            await asyncio.wait({task, expired}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            expired.cancel()
+        if not task.done():
+            task.cancel()
+            raise _ShuttingDown()
+        return task.result()
+
+    # --- descriptor exhaustion -----------------------------------------------------------------------
+
+    def _on_loop_error(self, loop, context) -> None:
+        """The event loop's exception handler: a listening socket out of descriptors (``EMFILE``; the
+        loop itself stops accepting for a second) answers the clients waiting with 503 through a
+        descriptor kept spare for it, and logs one WARNING a minute, no traceback; anything else
+        goes to the default handler."""
+        error = context.get("exception")
+        if not (isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE)):
+            loop.default_exception_handler(context)
+            return
+        refused = self._refuse_waiting()
+        self._descriptor_refusals += refused
+        now = time.monotonic()
+        if now - self._descriptor_warned >= 60:
+            self._descriptor_warned = now
+            logger.warning("torchmover serve: out of file descriptors (%s; ulimit -n, max_connections): not "
+                           "accepting for a second; %d connection(s) answered 503 so far", error.strerror,
+                           self._descriptor_refusals)
+
+    def _refuse_waiting(self) -> int:
+        """Accept the connections waiting, through the spare descriptor, and answer each 503."""
+        if self._spare is None or self._accepting is None:
+            return 0
+        self._spare.close()
+        refused = 0
+        try:
+            for _ in range(256):
+                try:
+                    connection, _ = self._accepting.accept()
+                except OSError:  # none waiting, or still no descriptor
+                    break
+                with connection:
+                    try:
+                        connection.send(NO_DESCRIPTOR)
+                    except OSError:
+                        pass
+                refused += 1
+        finally:
+            self._spare = open(os.devnull, "rb")  # noqa: SIM115 — held until the server stops
+        self.refused += refused
+        return refused
 
     # --- lifetime ----------------------------------------------------------------------------------
 
@@ -411,32 +602,64 @@ class RewardServer:
         async def main():
             # handler_cancellation: a client that disconnects cancels its handler (its queued slices)
             runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True,
-                                   keepalive_timeout=self.limits.idle_timeout,
-                                   shutdown_timeout=self.limits.drain_timeout)
+                                   keepalive_timeout=self.limits.idle_timeout, shutdown_timeout=DRAIN_GRACE,
+                                   logger=self._refusals)
             listening = None
             try:
                 await runner.setup()
                 loop = asyncio.get_running_loop()
+                loop.set_exception_handler(self._on_loop_error)
+                self._quiet, self._expired = asyncio.Event(), asyncio.Event()
+                self._quiet.set()
                 listening = await loop.create_server(lambda: _Connection(self, runner.server), self.host, self.port)
                 self.port = listening.sockets[0].getsockname()[1]
+                self._accepting = socket.socket(fileno=os.dup(listening.sockets[0].fileno()))
+                self._spare = open(os.devnull, "rb")  # noqa: SIM115 — see _refuse_waiting
                 self._loop, self._stopped = loop, asyncio.Event()
             except BaseException as error:  # e.g. the port is taken: raised by start()
                 failure.append(error)
                 if listening is not None:
                     listening.close()
                 await runner.cleanup()
+                self._close_spares()
                 return
             finally:
                 ready.set()
             await self._stopped.wait()
             listening.close()  # no new connection from here on
-            await runner.cleanup()  # answers the requests in flight (at most drain_timeout), closes the rest
+            self._accepting.close()  # (its duplicate would keep the socket listening)
+            self._accepting = None
+            await self._drain(loop)
+            await runner.cleanup()  # closes the connections (a handler still running has DRAIN_GRACE s)
+            self._close_spares()
 
         try:
             asyncio.run(main())
         finally:
             self._finished.set()
             ready.set()
+
+    async def _drain(self, loop) -> None:
+        """Let the requests in flight finish, in arrival order, until ``drain_timeout``; then those
+        left answer 503 (:meth:`_before_deadline`), with DRAIN_GRACE seconds to send it."""
+        self._draining = True
+        if self._scoring:
+            next(iter(self._scoring.values())).set()
+        loop.call_later(self.limits.drain_timeout, self._expired.set)
+        quiet = asyncio.ensure_future(self._quiet.wait())
+        expired = asyncio.ensure_future(self._expired.wait())
+        await asyncio.wait({quiet, expired}, return_when=asyncio.FIRST_COMPLETED)
+        expired.cancel()
+        try:
+            await asyncio.wait_for(quiet, DRAIN_GRACE)
+        except asyncio.TimeoutError:
+            pass
+
+    def _close_spares(self) -> None:
+        for held in (self._accepting, self._spare):
+            if held is not None:
+                held.close()
+        self._accepting = self._spare = None
 
     def wait(self) -> None:
         """Block until the server stops (interruptible by Ctrl-C). Waits on an event, not in

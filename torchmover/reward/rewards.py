@@ -69,6 +69,7 @@ from ..runtime.distributed import shard
 from ..scorer import Scorer
 from ..scorer.inputs import as_list, check_references, check_texts
 from ..scorer.plan import PairIndex, pair_index
+from ..scorer.references import combine_pieces, needs_pieces, piece_calls, split_references
 from ..scorer.signature import tensor_digest
 from ..scorer.units import Units
 from .cache import CacheInfo, ReferenceCache, ReferencePlan
@@ -295,7 +296,9 @@ class MoverReward:
     @_synchronized
     def score(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> Tensor:
         """Rewards ``[B]``: ``Sim(hyp, ref)`` of the configured family member on centered token
-        vectors, pooled over several references by the scorer's ``multi_ref``, then ``shaping``."""
+        vectors, pooled over several references by the scorer's ``multi_ref``, then ``shaping``. A
+        call of many references is scored in pieces of bounded memory
+        (:mod:`torchmover.scorer.references`)."""
         hyps = check_texts("hyps", hyps)
         groups = check_references(hyps, refs)
         centering = self.centering
@@ -303,6 +306,23 @@ class MoverReward:
         device = encoder.device
         if not hyps:
             return torch.zeros(0, dtype=torch.promote_types(encoder.dtype, torch.float32), device=device)
+        if needs_pieces(groups):  # many references: scored in pieces, in bounded memory
+            pieces = split_references(hyps, groups)
+            parts = [self._scores(pieces.hyps[run], pieces.groups[run], centering, device)
+                     for run in piece_calls(pieces)]
+            scores = combine_pieces(torch.cat(parts), pieces, len(hyps), self._scorer.config.multi_ref)
+        else:
+            scores = self._scores(hyps, groups, centering, device)
+        if self.shaping is not None:
+            shaped = torch.as_tensor(self.shaping(list(hyps), scores), device=scores.device)
+            if shaped.shape != scores.shape:
+                raise ValueError(f"shaping must return {tuple(scores.shape)} rewards, got {tuple(shaped.shape)}")
+            scores = shaped.to(scores.dtype)
+        return scores
+
+    def _scores(self, hyps: list[str], groups: list[list[str]], centering: Centering,
+                device: torch.device) -> Tensor:
+        """The scores ``[B]`` of one call, before ``shaping``."""
         hyp_texts = list(dict.fromkeys(hyps))  # distinct, in order
         walk = submodules(self._scorer)  # once, for the cache's fingerprint and eval mode
         plan = self._plan_references(list(dict.fromkeys(itertools.chain.from_iterable(groups))), walk)
@@ -313,11 +333,6 @@ class MoverReward:
             scores = self._score_with_cached_clouds(hyp_texts, len(hyps), plan.texts, pairs, centering, walk, device)
         else:
             scores = self._score_with_units(hyp_texts, len(hyps), plan, pairs, centering, walk, device)
-        if self.shaping is not None:
-            shaped = torch.as_tensor(self.shaping(list(hyps), scores), device=scores.device)
-            if shaped.shape != scores.shape:
-                raise ValueError(f"shaping must return {tuple(scores.shape)} rewards, got {tuple(shaped.shape)}")
-            scores = shaped.to(scores.dtype)
         return scores
 
     def _score_with_cached_clouds(self, hyp_texts: list[str], n_hyps: int, ref_texts: list[str],

@@ -37,6 +37,40 @@ except ImportError:  # Windows: no flock (see the module docs)
 HELD = ".torchmover-held"  # the lock file inside a staging directory
 
 
+def file_mode() -> int:
+    """The mode of a plain new file: ``0o666`` less the process's umask (read from ``/proc`` where
+    there is one, so that no other thread sees the umask changed)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            umask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
+@contextlib.contextmanager
+def exclusive(directory: str | os.PathLike, what: str) -> Iterator[None]:
+    """Hold ``directory`` (an exclusive ``flock`` on it) while the block runs; if another process or
+    thread holds it, raise a ``BlockingIOError`` saying that ``what`` is in progress there. Where
+    ``flock`` is missing or refused, nothing is held (see the module docs)."""
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BlockingIOError(f"another {what} into {str(directory)!r} is in progress (it holds the "
+                                  "directory's lock): wait for it to end, or choose another path") from None
+        except OSError:  # locks refused (some network filesystems)
+            pass
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def hold(fd: int) -> None:
     """Mark the open file ``fd`` as in use by this process until it is closed (an exclusive
     ``flock``; see the module docs). A filesystem that refuses locks leaves it unmarked."""
@@ -109,7 +143,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) 
             write(f)
             f.flush()
             os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
+            os.chmod(tmp, file_mode())  # mkstemp's 0600 would ignore the umask
             os.replace(tmp, path)  # still held: never taken for abandoned before it is in place
     finally:
         if os.path.exists(tmp):

@@ -2,7 +2,8 @@
 encoded once, pairs scored in length-sorted batches gathered from a device arena, and, under
 ``torch.distributed``, each rank scoring a share of the pairs.
 
-As the peers do it: the pairs are taken in chunks of ``SCORE_CHUNK`` (in input order); every distinct
+As the peers do it: the pairs are taken in chunks of ``SCORE_CHUNK`` hypotheses and at most
+``SCORE_CHUNK_REFERENCES`` references (:func:`score_chunks`, in input order); every distinct
 text of a chunk is encoded once, in batches of ``batch_size`` texts of similar length, longest first,
 each batch packed into a :class:`~torchmover._internal.arena.TokenArena` (only the rows of its texts'
 units are kept; :meth:`~torchmover._internal.arena.TokenArena.pack`). Then the chunk's pairs are
@@ -51,6 +52,21 @@ from .plan import BatchPlan, call_plan, length_batches
 from .units import PRF, Units
 
 SCORE_CHUNK = 8192  # hypotheses whose distinct texts Scorer.score encodes and holds at once
+SCORE_CHUNK_REFERENCES = 4 * SCORE_CHUNK  # and references (at least one hypothesis a chunk)
+
+
+def score_chunks(groups: list[list[str]]) -> list[slice]:
+    """The chunks of a call, in input order: consecutive hypotheses, at most ``SCORE_CHUNK`` of them
+    and, past the first, at most ``SCORE_CHUNK_REFERENCES`` references."""
+    chunks, start, references = [], 0, 0
+    for i, group in enumerate(groups):
+        if i > start and (i - start == SCORE_CHUNK or references + len(group) > SCORE_CHUNK_REFERENCES):
+            chunks.append(slice(start, i))
+            start, references = i, 0
+        references += len(group)
+    if start < len(groups):
+        chunks.append(slice(start, len(groups)))
+    return chunks
 
 
 def score_corpus(scorer: nn.Module, hyps: Sequence[str], refs, batch_size: int = 64, progress: bool | None = None,
@@ -65,8 +81,7 @@ def score_corpus(scorer: nn.Module, hyps: Sequence[str], refs, batch_size: int =
         check_same_on_every_rank([hyps, groups], scorer.encoder.device, group,
                                  "score(distributed=True): every rank must pass the same hyps and refs (each scores "
                                  "a share of them); the ranks passed different lists")
-    chunks = [(hyps[start:start + SCORE_CHUNK], groups[start:start + SCORE_CHUNK])
-              for start in range(0, len(hyps), SCORE_CHUNK)]
+    chunks = [(hyps[run], groups[run]) for run in score_chunks(groups)]
     centered = scorer.config.centering == "batch"
     with eval_mode(scorer), PairProgress(len(hyps), progress) as bar:
         bar.plan(len(hyps) + (len(hyps) - len(chunks[-1][0]) if centered and chunks else 0))  # pairs encoded

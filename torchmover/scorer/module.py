@@ -32,6 +32,7 @@ from . import corpus, serialization
 from .config import ScorerConfig
 from .inputs import check_references, check_texts, distinct_texts
 from .plan import CallPlan, PairIndex, call_plan
+from .references import combine_pieces, needs_pieces, piece_calls, split_references
 from .signature import scorer_signature
 from .units import PRF, Units
 
@@ -476,16 +477,46 @@ class Scorer(nn.Module):
         With ``centering="batch"`` the call is the batch, in training and in eval mode alike: every
         real token of the call's distinct texts is centered on their mean (the paper's per-batch
         centering; in training under ``torch.distributed``, on the mean over all ranks' calls).
+
+        A call of many references (a hypothesis of more than ``REFERENCE_CHUNK``, or more than
+        ``CALL_REFERENCES`` in all) is scored in pieces, combined by ``multi_ref``
+        (:mod:`torchmover.scorer.references`): without a graph its memory is bounded whatever its shape.
         """
         hyps = check_texts("hyps", hyps)
         groups = check_references(hyps, refs)
         if not hyps:
             empty = torch.zeros(0, device=self.encoder.device)
             return PRF(empty, empty, empty) if return_all else empty
+        batch_mean_with_grad = self.config.centering == "batch" and (torch.is_grad_enabled() or self.centering._syncs())
+        if needs_pieces(groups) and not batch_mean_with_grad:
+            return self._forward_in_pieces(hyps, groups, return_all)
         texts = distinct_texts(hyps, groups)
         plan = call_plan(hyps, groups, texts).to_device(self.encoder.device)  # before the encoder
         units, spans = self.embed_with_spans(texts)
         return self.score_call(plan, units, return_all=return_all, nonempty=all(b > a for a, b in spans))
+
+    def _forward_in_pieces(self, hyps: list[str], groups: list[list[str]], return_all: bool) -> Tensor | PRF:
+        """:meth:`forward` of a call of many references, in bounded memory: cut into pieces of at most
+        ``REFERENCE_CHUNK`` references of one hypothesis, scored in calls of at most ``CALL_REFERENCES``
+        references and combined by ``multi_ref`` (:mod:`torchmover.scorer.references`). ``batch``
+        centering centers every piece on the mean of the whole call's distinct texts, computed first;
+        a call whose batch mean takes part in the gradient (grad enabled) or is taken over the ranks
+        is not cut."""
+        pieces = split_references(hyps, groups)
+        calls = [(pieces.hyps[run], pieces.groups[run]) for run in piece_calls(pieces)]
+        means = None
+        if self.config.centering == "batch":
+            with torch.no_grad():
+                means = corpus.call_means(self, calls, 64)[0]
+        parts = []
+        for call_hyps, call_groups in calls:
+            texts = distinct_texts(call_hyps, call_groups)
+            plan = call_plan(call_hyps, call_groups, texts).to_device(self.encoder.device)
+            units, spans = self.embed_with_spans(texts)
+            parts.append(self.score_call(plan, units, return_all=return_all, means=means,
+                                         nonempty=all(b > a for a, b in spans)))
+        scores = PRF(*(torch.cat(s) for s in zip(*parts))) if return_all else torch.cat(parts)
+        return combine_pieces(scores, pieces, len(hyps), self.config.multi_ref)
 
     def score_call(self, plan: CallPlan, units: Units, *, return_all: bool = False,
                    means: tuple[Tensor, ...] | None = None, nonempty: bool = False) -> Tensor | PRF:
@@ -527,7 +558,9 @@ class Scorer(nn.Module):
 
         Every distinct text is encoded once, and the pairs are scored in batches of similar length
         gathered from the encoded texts on the device (:mod:`torchmover.scorer.corpus`). Memory is
-        bounded by the units of ``SCORE_CHUNK`` pairs' texts, whatever the length of the lists.
+        bounded by the units of ``SCORE_CHUNK`` hypotheses' texts (and ``SCORE_CHUNK_REFERENCES``
+        references'), whatever the length of the lists; a hypothesis's references are scored in pieces
+        of at most ``REFERENCE_CHUNK``, combined by ``multi_ref`` (:mod:`torchmover.scorer.references`).
 
         Scores do not depend on ``batch_size`` nor on the other pairs of a batch: ``batch`` centering
         uses the mean of every real token of the call's distinct texts (``center_scope="separate"``:
@@ -546,8 +579,15 @@ class Scorer(nn.Module):
         lists of their own: the mean is then over every rank's texts (one all-reduce of token sums
         and counts).
         """
-        return corpus.score_corpus(self, hyps, refs, batch_size, progress, return_all=return_all,
-                                   centering_group=centering_group, distributed=distributed)
+        hyps = check_texts("hyps", hyps)
+        groups = check_references(hyps, refs)
+        if not needs_pieces(groups, whole_call=False):
+            return corpus.score_corpus(self, hyps, groups, batch_size, progress, return_all=return_all,
+                                       centering_group=centering_group, distributed=distributed)
+        pieces = split_references(hyps, groups)
+        scores = corpus.score_corpus(self, pieces.hyps, pieces.groups, batch_size, progress, return_all=return_all,
+                                     centering_group=centering_group, distributed=distributed)
+        return combine_pieces(scores, pieces, len(hyps), self.config.multi_ref)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Save to the directory ``path``: ``encoder/`` (weights as safetensors, cut at ``layer``,

@@ -46,11 +46,19 @@ file is moved into place with ``os.replace``, and the new ``torchmover.json`` is
 (fsync'ed, then renamed). At any moment ``path`` therefore holds the previous complete save, the new
 complete save, or no ``torchmover.json`` (a load then says so) — never a mixture that loads.
 
+One save at a time: a save holds an exclusive lock on ``path`` (``flock`` on the directory) from
+start to end, so a second save into it, from another thread or process, raises ``BlockingIOError``
+("another save ... is in progress") before it writes anything, and the first ends complete. Files
+get the mode the umask gives a new file (``0o666`` less the umask), weights included.
+
 Loading reads only JSON and safetensors (``use_safetensors=True``, ``local_files_only=True``: a
-missing ``encoder/`` is an error, never a hub download).
+missing ``encoder/`` is an error, never a hub download), and strictly: weights with a tensor missing,
+unexpected or of another shape than the encoder's config asks are refused, naming the tensors, with
+``verify=False`` too (transformers would initialise a missing one at random).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import hashlib
@@ -63,7 +71,7 @@ from typing import NamedTuple
 import torch
 
 from .._version import __version__
-from ..runtime.checkpoint import HELD, atomic_write_text, remove_abandoned, staging_directory
+from ..runtime.checkpoint import HELD, atomic_write_text, exclusive, file_mode, remove_abandoned, staging_directory
 from ..runtime.devices import resolve_dtype
 from ..text.encoder import Encoder
 from ..text.weights import IDF
@@ -81,14 +89,29 @@ MANIFEST_DIGEST = "manifest_sha256"  # the field of torchmover.json (and of the 
 def save_scorer(scorer, path: str | os.PathLike) -> Path:
     """Write ``scorer`` to the directory ``path`` (layout and rules in the module docs); returns ``path``.
 
-    Raises ``FileExistsError`` naming the files in the way (or ``path`` itself if it is a file).
+    Raises ``FileExistsError`` naming the files in the way (or ``path`` itself if it is a file), and
+    ``BlockingIOError`` if another save into ``path`` is in progress (it holds the directory's lock).
     """
-    from safetensors.torch import save_file
-
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise FileExistsError(f"path {str(target)!r} exists and is not a directory")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    created = not target.exists()
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        with exclusive(target, "save"):
+            _save(scorer, target)
+    except BaseException:
+        if created:  # a failed first save leaves no empty directory behind
+            with contextlib.suppress(OSError):
+                target.rmdir()
+        raise
+    return target
+
+
+def _save(scorer, target: Path) -> None:
+    """:func:`save_scorer` into the existing directory ``target``, which this process holds."""
+    from safetensors.torch import save_file
+
     staging = f".{target.name}.tmp-"
     remove_abandoned(target.parent, glob.escape(staging) + "*")  # left by a killed save of this path
     with staging_directory(target.parent, staging) as tmp:
@@ -110,7 +133,6 @@ def save_scorer(scorer, path: str | os.PathLike) -> Path:
             "signature": scorer.signature,  # informative only: the signature of the saved scorer
         }
         _install(tmp, target, meta)
-    return target
 
 
 def sha256_file(path: Path) -> str:
@@ -150,9 +172,11 @@ def _saved_record(file: Path) -> dict | None:
 
 def _staged_files(tmp: Path) -> dict[str, str]:
     """``{relative POSIX path: SHA-256}`` of every file under ``tmp`` but its lock file, each fsync'ed
-    (durable before it is moved into place)."""
-    files = {}
+    (durable before it is moved into place) and given the mode the umask says (safetensors writes
+    0600)."""
+    files, mode = {}, file_mode()
     for file in sorted(p for p in tmp.rglob("*") if p.is_file() and p != tmp / HELD):
+        os.chmod(file, mode)
         with open(file, "rb") as f:
             os.fsync(f.fileno())
         files[file.relative_to(tmp).as_posix()] = sha256_file(file)
@@ -203,7 +227,6 @@ def _install(tmp: Path, target: Path, meta: dict) -> None:
         raise FileExistsError(f"cannot save into {str(target)!r}: {in_the_way} would be overwritten (or written "
                               "through) and were not written by an earlier save, or were changed since; move them or "
                               "choose another path")
-    target.mkdir(exist_ok=True)
     # Until the last step no save is visible; the pending record lets a retry after a crash recognise
     # the files this save (or the earlier one) wrote.
     atomic_write_text(target / PENDING_FILE, json.dumps(_signed({"files": {**earlier, **staged}})))
@@ -386,10 +409,17 @@ def _load_encoder_files(directory: Path):
         except Exception as e:  # noqa: BLE001 (see the docstring)
             raise ValueError(f"corrupt {str(file)!r}: {e}") from e
     try:
-        model = AutoModel.from_pretrained(directory, use_safetensors=True, local_files_only=True)
+        model, report = AutoModel.from_pretrained(directory, use_safetensors=True, local_files_only=True,
+                                                  output_loading_info=True)
     except Exception as e:  # noqa: BLE001
         raise ValueError(f"cannot load the encoder from {str(directory / 'config.json')!r} and its weights "
                          f"{[p.name for p in weights]}: {e}") from e
+    wrong = {kind: sorted(report.get(f"{kind}_keys") or ()) for kind in ("missing", "unexpected", "mismatched")}
+    if any(wrong.values()):  # transformers would fill them with random values, or drop them
+        listed = "; ".join(f"{kind} tensors {names[:8]}" + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+                           for kind, names in wrong.items() if names)
+        raise ValueError(f"the weights {[str(p) for p in weights]} do not fit {str(directory / 'config.json')!r}: "
+                         f"{listed}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory, use_fast=True, local_files_only=True)
     except Exception as e:  # noqa: BLE001
