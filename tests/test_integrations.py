@@ -316,6 +316,16 @@ def test_batch_centered_preset_without_fit_fails_on_build(tiny_model_dir):
         build_reward(RewardConfig(model=str(tiny_model_dir), options={"centering": "batch", "layer": 2}))
 
 
+def test_device_auto_is_resolved_as_the_scorer_resolves_it(tiny_model_dir):
+    """``serve --device auto`` (and TORCHMOVER_DEVICE=auto): the best available device, not a crash in
+    ``Module.to("auto")``."""
+    from torchmover.runtime.devices import resolve_device
+
+    reward = build_reward(RewardConfig(model=str(tiny_model_dir), device="auto",
+                                        options={"layer": 2, "centering": "none"}))
+    assert next(reward.scorer.parameters()).device.type == resolve_device("auto").type
+
+
 def test_fit_references_fit_the_scorers_statistics_as_serve_does(tiny_model_dir, tmp_path):
     """One rule for every transport: IDF and a fixed centering mean fitted on the references (the
     command line's fit_to_call), a batch-centered reward centered on their mean, nothing else touched."""

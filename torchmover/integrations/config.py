@@ -32,6 +32,7 @@ from ..evaluation.scoring import fit_to_call
 from ..reward.rewards import MoverReward
 from ..scorer import Scorer
 from .parsing import ON_MISMATCH, Parser, strip_reasoning
+from ..runtime.devices import resolve_device
 
 __all__ = ["ENV_PREFIX", "RewardConfig", "build_parser", "build_reward", "setting_names", "settings_table"]
 
@@ -275,7 +276,7 @@ def build_reward(config: RewardConfig, *, batch_size: int = 64, progress: bool =
     else:
         scorer = Scorer(**config.options)
     if config.device is not None:
-        scorer.to(config.device)
+        scorer.to(resolve_device(config.device))
     references = _read_references(config.fit_references) if config.fit_references else []
     if scorer.config.centering == "batch" and not references:
         raise ValueError(f"this scorer centers on the batch, which would make a sample's reward depend on the "
