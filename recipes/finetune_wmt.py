@@ -38,7 +38,7 @@ three seeds; a challenger must gain 0.003 mean dev r): none did, the closest bei
 centering (+0.0025) and two epochs (+0.0016). With them: dev r 0.745 ± 0.055, WMT16 r 0.633 → 0.702 ±
 0.007 (+6.9 points; 3 seeds). Reading layer 4 ties on dev and ends higher on WMT16 (0.712); pass
 ``--layer 4`` for it. Rule and runs: ``bench/results/finetune_defaults.md``,
-``bench/choose_finetune_defaults.py``. On a base-size encoder whose top layer is far below its
+``bench/studies/choose_finetune_defaults.py``. On a base-size encoder whose top layer is far below its
 recorded one, pass that layer: all-mpnet-base-v2 starts at WMT16 r 0.650 at its top layer and ends at
 0.722, against 0.742 -> 0.774 with ``--layer 7`` (one seed, ``docs/results.md``).
 

@@ -1,6 +1,6 @@
 """The ``twmd-b-authors`` preset reproduces the TWMD authors' released evaluation code
 (``xchen147/BatchCenterTWMD``: ``batch_center_eval.py`` + ``metrics.py``): its R, P and F1 for TWMD,
-TRWMD and BERTScore, with and without batch centering, stored by ``bench/compare_authors.py --fixture``
+TRWMD and BERTScore, with and without batch centering, stored by ``bench/studies/compare_authors.py --fixture``
 on the default model (the code itself is not a dependency)."""
 import json
 from pathlib import Path

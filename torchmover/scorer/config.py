@@ -35,7 +35,7 @@ GROUPS = ("encoder", "metric", "token policy")
 # The TWMD paper's centering, for any model without a measured one.
 DEFAULT_CENTERING = "batch"
 
-# Defaults measured for a model on WMT15-16 DA (bench/select_defaults.py; numbers in
+# Defaults measured for a model on WMT15-16 DA (bench/studies/select_defaults.py; numbers in
 # bench/results/select_defaults.md): they override the paper's for that model.
 # all-MiniLM-L6-v2, layer 4, TWMD recall, average Pearson r over the 10 language pairs × years:
 # no centering 0.6887 (T=0.10) / 0.6884 (T=0.15); fixed 0.6840; batch 0.6805 (T=0.15) / 0.6784 (T=0.10);

@@ -24,7 +24,7 @@ Presets:
                      (= precision here). Its P, R and F1 are torchmover's ``precision``, ``recall`` and
                      ``f1`` directions (their F1 ``f1_12 / sqrt(f1_11 · f1_22)`` is torchmover's ``f1``:
                      the self-terms of both directions are equal, so normalising the harmonic mean and
-                     taking the harmonic mean of normalised scores agree); ``bench/compare_authors.py``
+                     taking the harmonic mean of normalised scores agree); ``bench/studies/compare_authors.py``
                      checks all three, for TWMD, TRWMD and BERTScore, with and without centering.
 ``trwmd-b``          TRWMD-b: the closed-form relaxation, T = 0.15.
 ``twmd``             TWMD without centering at the paper's T = 0.02.
