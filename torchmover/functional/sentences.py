@@ -100,11 +100,12 @@ def _sentence_movers(hyp, ref, hyp_mask, ref_mask, hyp_sentence_ids, ref_sentenc
     x, mx, a = _placeholder_for_empty(x, mx, a, empty)
     y, my, b = _placeholder_for_empty(y, my, b, empty)
     cost = cost_matrix(x, y, "euclidean")  # [B, U1, U2]  C_ij = ‖x_i − y_j‖
-    if temperature is None:
-        plan = converged_sinkhorn(x, y, mx, my, a, b, WMD_TEMPERATURE, cost="euclidean").plan  # no graph
+    if temperature is None:  # the plan without a graph: the envelope gradient
+        distance = -converged_sinkhorn(-cost, mx, my, _log(a), _log(b), WMD_TEMPERATURE).value  # [B]  WMD = Σ π C
     else:
-        plan = sinkhorn(-cost, mx, my, _log(a), _log(b), float(temperature), n_iter, exact="rows").plan
-    distance = (plan * cost).sum((-1, -2))  # [B]  WMD = Σ π C
+        plan = sinkhorn(-cost, mx, my, _log(a), _log(b), float(temperature), n_iter, exact="rows",
+                       diagnose=False).plan
+        distance = (plan * cost).sum((-1, -2))  # [B]  WMD = Σ π C
     score = torch.exp(-distance)
     return torch.where(empty, torch.zeros_like(score), score)
 

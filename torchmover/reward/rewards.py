@@ -65,6 +65,7 @@ from .._internal.transfer import to_device
 from ..functional.centering import Centering
 from ..functional.family import TokenCloud
 from ..functional.members import get_member
+from ..functional.transport import warn_if_not_converged
 from ..runtime.distributed import shard
 from ..scorer import Scorer
 from ..scorer.inputs import as_list, check_references, check_texts
@@ -295,7 +296,13 @@ class MoverReward:
     @_synchronized
     def score(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> Tensor:
         """Rewards ``[B]``: ``Sim(hyp, ref)`` of the configured family member on centered token
-        vectors, pooled over several references by the scorer's ``multi_ref``, then ``shaping``."""
+        vectors, pooled over several references by the scorer's ``multi_ref``, then ``shaping``.
+        A converged member (``wmd``, ``moverscore``, the exact sentence movers) warns once per call
+        if some of its transport problems stopped at ``max_iter``."""
+        with warn_if_not_converged():
+            return self._score(hyps, refs)
+
+    def _score(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> Tensor:
         hyps = check_texts("hyps", hyps)
         groups = check_references(hyps, refs)
         centering = self.centering

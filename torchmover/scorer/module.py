@@ -22,6 +22,7 @@ from ..functional.centering import Centering
 from ..functional.compiled import check_compile, compiled_member_term
 from ..functional.family import TokenCloud, pair_similarity, self_similarity, token_cloud
 from ..functional.members import get_member, member_term
+from ..functional.transport import warn_if_not_converged
 from ..runtime.devices import resolve_device, resolve_dtype
 from ..runtime.distributed import shard
 from ..runtime.progress import show_progress
@@ -534,8 +535,9 @@ class Scorer(nn.Module):
         lists of their own: the mean is then over every rank's texts (one all-reduce of token sums
         and counts).
         """
-        return corpus.score_corpus(self, hyps, refs, batch_size, progress, return_all=return_all,
-                                   centering_group=centering_group, distributed=distributed)
+        with warn_if_not_converged():  # the converged members: once per call, with the count
+            return corpus.score_corpus(self, hyps, refs, batch_size, progress, return_all=return_all,
+                                       centering_group=centering_group, distributed=distributed)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Save to the directory ``path``: ``encoder/`` (weights as safetensors, cut at ``layer``,
