@@ -250,11 +250,12 @@ def test_no_exp_argument_on_the_cpu_slow_path(score, temperature):
     assert seen.calls > 0 and seen.lowest > math.log(torch.finfo(torch.float32).tiny), seen.lowest
 
 
-# Measured on 200 random problems of 1 to 39 tokens a side (unit vectors in 16 dimensions, random masses),
-# float32 and float64 alike: |⟨π, S⟩ − LP| at most 1.2e-4 (99th percentile 9.3e-5, median 1.7e-5), the
-# row marginal exact to 1.1e-7 (float32), the column marginal within the solver's tolerance (at most 9.97e-4).
-# (Measured by the loop of this test over seeds 0-199, one problem each, batch of 1.)
-LP_VALUE_TOLERANCE = 2e-4
+# |⟨π, S⟩ − LP| of the converged plan at T = 1e-3: at most 1.2e-4 on 200 random problems of 1 to 39 tokens a
+# side (unit vectors in 16 dimensions, random masses; seeds 0-199 of this test's construction, one problem
+# each), float32 and float64 alike (99th percentile 9.3e-5, median 1.7e-5), and at most 4.5e-4 on the 1600
+# lower-dimensional pairs of test_functional.py::test_wmd_matches_lp_solver (8 dimensions, more near-ties).
+# The rows hold exactly (1.1e-7 in float32), the columns within the solver's tolerance (at most 9.97e-4).
+LP_VALUE_TOLERANCE = 5e-4
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
