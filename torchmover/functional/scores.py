@@ -64,10 +64,13 @@ def wmd(
     """Exact Word Mover's similarity (MoverScore's Eq. 2): ``C = max_π Σ π_ij S_ij`` over plans with
     both marginals ``π1 = a``, ``πᵀ1 = b``.
 
-    Solved as entropic OT at a small ``temperature`` (default ``1e-3``) to convergence: geomloss's
-    annealed Sinkhorn warm start, then log-domain iterations until the marginal error is below
-    ``1e-3`` (``transport.CONVERGENCE_TOLERANCE``; see ``return_plan=True`` for iterations and
-    error). Agrees with an LP solver to 2e-3.
+    Solved as entropic OT at a small ``temperature`` (default ``1e-3``) to convergence
+    (:func:`~torchmover.functional.transport.converged_sinkhorn`): an ε-scaling warm start, then
+    log-domain iterations, pair by pair, until the plan's rows hold exactly and its columns within
+    ``1e-3`` (L1; ``transport.CONVERGENCE_TOLERANCE``); ``return_plan=True`` gives the plan with each
+    pair's iterations, marginal error and ``converged`` flag. A pair's score does not depend on the
+    other pairs of the batch (to 1e-6, tested). Agrees with an LP solver to 5e-4 (measured at most
+    4.5e-4 on 1600 random pairs: ``tests/test_functional.py::test_wmd_matches_lp_solver``).
     The gradient is the envelope gradient ``∂C/∂S = π*``, exact for the LP value where its optimum
     is unique.
     """

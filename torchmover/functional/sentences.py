@@ -61,8 +61,8 @@ def sentence_movers(
         WMD = Σ_ij π_ij C_ij,        score = exp(−WMD)
 
     * ``temperature=None``: ``π`` is the entropic optimum at ``T = 1e-3`` solved to convergence
-      (:func:`~torchmover.functional.transport.converged_sinkhorn` with the Euclidean cost), within ~1e-3 of
-      the LP; the gradient is the envelope gradient ``∂WMD/∂C = π*`` (plan held constant).
+      (:func:`~torchmover.functional.transport.converged_sinkhorn` with the Euclidean cost), within 5e-4 of
+      the LP (tested), each pair solved on its own; the gradient is the envelope gradient ``∂WMD/∂C = π*`` (plan held constant).
     * ``temperature=T``: ``π`` is ``n_iter`` log-domain Sinkhorn iterations from the Gibbs plan
       ``log π⁰ = −C / T`` (columns, then rows: every reference unit ships exactly its mass),
       unrolled, so the gradient is exact.
