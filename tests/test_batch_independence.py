@@ -141,3 +141,16 @@ def test_reward_warns_once_when_the_solver_does_not_converge(tiny_encoder, monke
     with pytest.warns(RuntimeWarning, match=r"did not converge") as seen:
         reward(hyps, refs)
     assert len(seen) == 1
+
+
+def test_a_pair_with_an_empty_text_is_a_balanced_problem_that_converges():
+    """A sentence-mover pair with one empty text scores 0 from one placeholder unit a side, of equal
+    masses: the solver converges on it at once (unbalanced masses never converge: it used to run to
+    ``max_iter``, silently, and now would warn)."""
+    hyp, ref, hm, rm, hi, ri = mixed_batch(5)
+    hm[3], rm[4] = False, False
+    with transport.warn_if_not_converged() as tally, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scores = F.sentence_movers(hyp[:6], ref[:6], hm[:6], rm[:6], hi[:6], ri[:6], variant="s+wms")
+    assert tally.items == 6 and tally.not_converged == 0
+    assert scores[3] == 0 and scores[4] == 0 and (scores[[0, 1, 2, 5]] > 0).all()

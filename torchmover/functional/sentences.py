@@ -96,7 +96,9 @@ def _sentence_movers(hyp, ref, hyp_mask, ref_mask, hyp_sentence_ids, ref_sentenc
     dtype = torch.promote_types(torch.promote_types(hyp.dtype, ref.dtype), torch.float32)
     x, mx, a = _units(ref.to(dtype), ref_mask, ref_sentence_ids, variant, "ref_sentence_ids")  # [B, U1, D]
     y, my, b = _units(hyp.to(dtype), hyp_mask, hyp_sentence_ids, variant, "hyp_sentence_ids")  # [B, U2, D]
-    empty = ~(mx.any(-1) & my.any(-1))  # [B]
+    empty = ~(mx.any(-1) & my.any(-1))  # [B]  pairs with an empty text: one placeholder unit a side, mass 1
+    keep = ~empty.unsqueeze(-1)  # (not 1 + the other text's mass: a balanced problem, which converges at once)
+    mx, a, my, b = mx & keep, a * keep, my & keep, b * keep
     x, mx, a = _placeholder_for_empty(x, mx, a, empty)
     y, my, b = _placeholder_for_empty(y, my, b, empty)
     cost = cost_matrix(x, y, "euclidean")  # [B, U1, U2]  C_ij = ‖x_i − y_j‖
