@@ -203,8 +203,9 @@ def test_wmd_matches_lp_solver(seed, l1, l2, weighted):
         a = item(kw["ref_weights"], rm, i) if weighted else np.ones(int(rm[i].sum()))
         b = item(kw["hyp_weights"], hm, i) if weighted else np.ones(int(hm[i].sum()))
         x1, x2 = item(ref, rm, i), item(hyp, hm, i)
-        assert raw[i].item() == pytest.approx(sim_reference(c_lp, x1, x2, a, b, normalize=False), abs=2e-3)
-        assert normalized[i].item() == pytest.approx(sim_reference(c_lp, x1, x2, a, b), abs=2e-3)
+        # 5e-4: measured at most 4.5e-4 (raw and normalised alike) on 1600 such pairs (seeds 0-39, up to 20 x 15 tokens)
+        assert raw[i].item() == pytest.approx(sim_reference(c_lp, x1, x2, a, b, normalize=False), abs=5e-4)
+        assert normalized[i].item() == pytest.approx(sim_reference(c_lp, x1, x2, a, b), abs=5e-4)
 
 
 def test_wmd_plan_diagnostics():
@@ -213,7 +214,7 @@ def test_wmd_plan_diagnostics():
     result = F.wmd(hyp, ref, hm, rm, ref_weights=w, return_plan=True)
     torch.testing.assert_close(result.score, F.wmd(hyp, ref, hm, rm, ref_weights=w))
     plan = result.plan
-    assert isinstance(plan.n_iter, int) and plan.n_iter >= 0
+    assert plan.n_iter.shape == (4,) and (plan.n_iter >= 0).all()
     assert plan.converged.shape == (4,) and bool(plan.converged.all())
     assert bool((plan.marginal_error <= CONVERGENCE_TOLERANCE).all())
     p = plan.plan  # the cross plan [B, L1, L2]: rows are reference tokens
@@ -229,11 +230,12 @@ def test_wmd_plan_diagnostics():
 def test_wmd_plan_not_converged_is_reported():
     hyp, ref, hm, rm = random_batch(6, batch=2, l1=6, l2=5, dim=8)
     from torchmover.functional import transport
-    x = torch.nn.functional.normalize(ref.nan_to_num(), dim=-1)
-    y = torch.nn.functional.normalize(hyp.nan_to_num(), dim=-1)
-    a, b = rm.double() / rm.sum(-1, keepdim=True), hm.double() / hm.sum(-1, keepdim=True)
-    result = transport.converged_sinkhorn(x, y, rm, hm, a, b, 1e-3, tolerance=1e-14, max_iter=20)
-    assert result.n_iter == 20 and not bool(result.converged.any())
+    x = torch.nn.functional.normalize(ref.nan_to_num(), dim=-1) * rm[..., None]
+    y = torch.nn.functional.normalize(hyp.nan_to_num(), dim=-1) * hm[..., None]
+    log_a = torch.where(rm, 1 / rm.sum(-1, keepdim=True).double(), 1.0).log()
+    log_b = torch.where(hm, 1 / hm.sum(-1, keepdim=True).double(), 1.0).log()
+    result = transport.converged_sinkhorn(x @ y.transpose(-1, -2), rm, hm, log_a, log_b, 1e-3, tolerance=1e-14, max_iter=20)
+    assert (result.n_iter == 20).all() and not bool(result.converged.any())
     assert bool((result.marginal_error > 1e-14).all())
 
 
@@ -354,9 +356,9 @@ def test_padding_invariance_with_garbage(name):
         hyp[2, 4:] = float("nan")
     batch = fn(hyp, ref, hm, rm)
     batch.sum().backward()
-    # The converged solver iterates until every item of the batch meets its tolerance, so the
-    # batch partner changes the number of iterations: equal up to that tolerance only.
-    atol = CONVERGENCE_TOLERANCE if name in CONVERGED else 1e-12
+    # The converged solver stops, warm-starts and relaxes every item on its own: batch partners change
+    # nothing but rounding (test_batch_independence.py).
+    atol = 1e-9 if name in CONVERGED else 1e-12
     torch.testing.assert_close(batch[0], alone[0], atol=atol, rtol=0)
     assert torch.isfinite(batch).all()
     assert torch.isfinite(hyp.grad).all() and torch.isfinite(ref.grad).all()

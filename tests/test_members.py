@@ -16,7 +16,7 @@ HYPS = ["the cat sat on the mat", "a dog barked", "the quick brown fox"]
 REFS = ["a cat sat on a mat", "the dog barked", "a quick brown fox jumps"]
 
 
-def dot_term(t, n, plans):
+def dot_term(t, n):
     """``C = Σ_ij a_i b_j S_ij``: sbert's term, under another name."""
     return lambda x, y, rows, cols, a, b: (a.unsqueeze(-1) * b.unsqueeze(-2) * (x @ y.transpose(-1, -2))).sum((-1, -2))
 

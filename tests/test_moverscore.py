@@ -22,7 +22,7 @@ def test_moverscore_agrees_with_the_lp(l1, l2):
     got = F.moverscore(torch.tensor(hyp), torch.tensor(ref), hyp_weights=torch.tensor(hyp_w),
                        ref_weights=torch.tensor(ref_w))
     expected = [lp_moverscore(hyp[b], ref[b], hyp_w[b], ref_w[b]) for b in range(2)]
-    np.testing.assert_allclose(got.numpy(), expected, atol=2e-3)
+    np.testing.assert_allclose(got.numpy(), expected, atol=5e-4)  # the LP figure of test_functional.py::test_wmd_matches_lp_solver
 
 
 def test_moverscore_of_a_text_with_itself_is_one_and_empty_is_zero():
@@ -36,7 +36,7 @@ def test_moverscore_reports_its_plan_and_has_finite_gradients():
     hyp = torch.randn(3, 4, 8, requires_grad=True)
     ref = torch.randn(3, 6, 8)
     result = F.moverscore(hyp, ref, return_plan=True)
-    assert result.plan.converged.all() and result.plan.n_iter >= 0
+    assert result.plan.converged.all() and (result.plan.n_iter >= 0).all()
     result.score.sum().backward()
     assert torch.isfinite(hyp.grad).all() and hyp.grad.abs().sum() > 0
 

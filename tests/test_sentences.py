@@ -260,7 +260,7 @@ def test_exact_variants_agree_with_the_lp(variant, seed):
     batch = random_batch(seed)
     got = sentence_movers(*batch, variant=variant)
     expected = [lp_score(*numpy_args(batch, n), variant) for n in range(3)]
-    np.testing.assert_allclose(got.numpy(), expected, atol=2e-3)
+    np.testing.assert_allclose(got.numpy(), expected, atol=5e-4)  # the LP figure of test_functional.py::test_wmd_matches_lp_solver
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

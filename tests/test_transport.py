@@ -57,19 +57,31 @@ def log_of(w):
     return torch.where(w > 0, w, torch.ones_like(w)).log()
 
 
-@pytest.mark.parametrize("spread", [10, 100])  # 100: entries far more than -EXP_FLOOR below their slice's maximum
+@pytest.mark.parametrize("centered", [False, True])
+@pytest.mark.parametrize("eps", [1.0, 1e-3])
 @pytest.mark.parametrize("dim", [-1, -2])
-def test_plan_logsumexp_matches_naive_and_is_zero_on_empty_slices(dim, spread):
+def test_softmin_is_the_masked_sinkhorn_half_step(dim, eps, centered):
+    """The kernel against eq. (1)/(2) written naively: ``G_j = log b_j − LSE_i (M_ij / ε + F_i)`` over the
+    real entries, with ``F = f − u / ε`` and ``G = g − v / ε``; finite on the slices without a real entry."""
     g = torch.Generator().manual_seed(0)
     rows, cols = torch.rand(4, 6, generator=g) > 0.3, torch.rand(4, 5, generator=g) > 0.3
     rows[1], cols[2] = False, False  # items without a real row / column: every slice of theirs is empty
-    mask = rows[:, :, None] & cols[:, None, :]
-    x = (torch.randn(4, 6, 5, generator=g, dtype=torch.float64) * spread).masked_fill(~mask, float("-inf"))
-    real = transport.real_sides(rows, cols)[0 if dim == -1 else 1]
-    out = transport.plan_logsumexp(x, real, dim)
-    assert torch.isfinite(out).all()
-    for k in range(4):  # entries 80 below their slice's maximum count as max - 80: no sum can see it
-        np.testing.assert_allclose(out[k].numpy(), naive_masked_lse(x[k].numpy(), mask[k].numpy(), dim), rtol=1e-12)
+    rows[0, 0], cols[0, 0] = True, True
+    real = dict(zip((-1, -2), transport.real_sides(rows, cols)))
+    sim = torch.rand(4, 6, 5, generator=g, dtype=torch.float64) * 2 - 1
+    masked = sim + transport.log_pair_mask(rows, cols, torch.float64)
+    other_dim = -3 - dim
+    other = transport.Side(torch.rand(real[other_dim].shape, generator=g, dtype=torch.float64),
+                           torch.randn(real[other_dim].shape, generator=g, dtype=torch.float64))
+    log_mass = torch.randn(real[dim].shape, generator=g, dtype=torch.float64)
+    side = transport.softmin(masked, other, eps, dim, real[dim], log_mass, centered)
+    assert torch.isfinite(side.potential).all() and torch.isfinite(side.shift).all()
+    total = side.potential - side.shift / eps
+    other_total = (other.potential - other.shift / eps).unsqueeze(other_dim)
+    for k in range(4):
+        m = (rows[k][:, None] & cols[k][None, :]).numpy()
+        expected = log_mass[k].numpy() - naive_masked_lse((sim[k] / eps + other_total[k]).numpy(), m, dim).squeeze()
+        np.testing.assert_allclose(total[k][real[dim][k]].numpy(), expected[real[dim][k].numpy()], rtol=1e-9)
 
 
 @pytest.mark.parametrize("n_iter", [1, 2, 5])
@@ -78,7 +90,7 @@ def test_sinkhorn_matches_naive_loop(exact, n_iter):
     x, y, mask, a, b, rows, cols = problem(1)
     s = x @ y.transpose(-1, -2)
     result = sinkhorn(s, rows, cols, log_of(a), log_of(b), 0.2, n_iter, exact=exact)
-    assert result.n_iter == n_iter and result.log_plan.shape == s.shape
+    assert (result.n_iter == n_iter).all() and result.log_plan.shape == s.shape
     assert (result.log_plan[~mask] == float("-inf")).all()
     for k in range(s.shape[0]):
         r, c = rows[k], cols[k]
@@ -93,6 +105,7 @@ def test_sinkhorn_matches_naive_loop(exact, n_iter):
     naive_error = (plan.sum(-1) - a).abs().sum(-1) + (plan.sum(-2) - b).abs().sum(-1)
     torch.testing.assert_close(result.marginal_error, naive_error)
     torch.testing.assert_close(result.converged, naive_error <= transport.CONVERGENCE_TOLERANCE)
+    torch.testing.assert_close(result.value, (plan * s).sum((-1, -2)))
 
 
 @pytest.mark.parametrize("temperature", [0.2, 1e-3])
@@ -108,7 +121,7 @@ def test_sinkhorn_value_is_the_plans_value_with_its_gradient(exact, n_iter, temp
     def both():
         s = x @ y.transpose(-1, -2)
         return (transport.sinkhorn_value(s, *args, exact=exact),
-                (sinkhorn(s, *args, exact=exact).plan * s).sum((-1, -2)))
+                sinkhorn(s, *args, exact=exact).value)
 
     fast, slow = both()
     torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
@@ -142,9 +155,9 @@ def test_sinkhorn_with_fully_padded_rows_and_columns_is_finite_with_finite_gradi
 @pytest.mark.parametrize("temperature", [0.05, 1e-3])
 def test_converged_sinkhorn_reaches_the_entropic_fixed_point(temperature, weighted):
     x, y, mask, a, b, rows, cols = problem(4, l1=6, l2=5, weighted=weighted)
-    result = converged_sinkhorn(x, y, rows, cols, a, b, temperature)
+    result = converged_sinkhorn(x @ y.transpose(-1, -2), rows, cols, log_of(a), log_of(b), temperature)
     assert bool(result.converged.all()), result.marginal_error
-    assert result.n_iter % CHECK_EVERY == 0 and result.n_iter < 5000
+    assert (result.n_iter % CHECK_EVERY == 0).all() and (result.n_iter < transport.MAX_ITER).all()
     assert bool((result.marginal_error <= transport.CONVERGENCE_TOLERANCE).all())
     torch.testing.assert_close(result.marginal_error,
                                marginal_error(result.log_plan, log_of(a), log_of(b), rows, cols))
@@ -170,21 +183,24 @@ def test_converged_sinkhorn_preserves_grad_mode_and_returns_no_graph():
     x, y, mask, a, b, rows, cols = problem(5)
     x.requires_grad_()
     with torch.no_grad():
-        converged_sinkhorn(x, y, rows, cols, a, b, 0.01)
+        converged_sinkhorn(x @ y.transpose(-1, -2), rows, cols, log_of(a), log_of(b), 0.01)
         assert not torch.is_grad_enabled()
     assert torch.is_grad_enabled()
-    result = converged_sinkhorn(x, y, rows, cols, a, b, 0.01)
+    sim = x @ y.transpose(-1, -2)
+    result = converged_sinkhorn(sim, rows, cols, log_of(a), log_of(b), 0.01)
     assert torch.is_grad_enabled()
     assert not result.log_plan.requires_grad
+    (grad,) = torch.autograd.grad(result.value.sum(), sim)  # the envelope gradient: the plan
+    torch.testing.assert_close(grad, transport.floored_exp(result.log_plan))
 
 
 def test_converged_sinkhorn_handles_coincident_points():
-    """All points equal (identical one-token texts): geomloss would estimate a zero diameter."""
+    """All points equal (identical one-token texts): a degenerate problem, solved exactly."""
     x = torch.zeros(2, 1, 3, dtype=torch.float64)
     x[..., 0] = 1.0
     real = torch.ones(2, 1, dtype=torch.bool)
     w = torch.ones(2, 1, dtype=torch.float64)
-    result = converged_sinkhorn(x, x, real, real, w, w, 1e-3)
+    result = converged_sinkhorn(x @ x.transpose(-1, -2), real, real, w.log(), w.log(), 1e-3)
     torch.testing.assert_close(result.plan, torch.ones(2, 1, 1, dtype=torch.float64))
     assert bool(result.converged.all())
 
@@ -232,3 +248,38 @@ def test_no_exp_argument_on_the_cpu_slow_path(score, temperature):
     with ExpArguments() as seen:
         score(x, y, rows, cols, t=temperature).sum().backward()
     assert seen.calls > 0 and seen.lowest > math.log(torch.finfo(torch.float32).tiny), seen.lowest
+
+
+# |⟨π, S⟩ − LP| of the converged plan at T = 1e-3: at most 1.2e-4 on 200 random problems of 1 to 39 tokens a
+# side (unit vectors in 16 dimensions, random masses; seeds 0-199 of this test's construction, one problem
+# each), float32 and float64 alike (99th percentile 9.3e-5, median 1.7e-5), and at most 4.5e-4 on the 1600
+# lower-dimensional pairs of test_functional.py::test_wmd_matches_lp_solver (8 dimensions, more near-ties).
+# The rows hold exactly (1.1e-7 in float32), the columns within the solver's tolerance (at most 9.97e-4).
+LP_VALUE_TOLERANCE = 5e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_converged_plan_against_the_exact_lp(dtype):
+    """Exact WMD: the converged plan at ``T = 1e-3`` (``WMD_TEMPERATURE``) against POT's network simplex
+    (``ot.emd2``): its value within LP_VALUE_TOLERANCE of the LP optimum, its rows exact, its columns within
+    the solver's tolerance; pairs solved in one padded batch of mixed lengths."""
+    ot = pytest.importorskip("ot")
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 40, (24, 2), generator=g)
+    x = torch.nn.functional.normalize(torch.randn(24, 39, 16, generator=g, dtype=torch.float64), dim=-1)
+    y = torch.nn.functional.normalize(torch.randn(24, 39, 16, generator=g, dtype=torch.float64), dim=-1)
+    rows, cols = torch.arange(39) < lengths[:, :1], torch.arange(39) < lengths[:, 1:]
+    x, y = x * rows[..., None], y * cols[..., None]
+    a = (torch.rand(24, 39, generator=g, dtype=torch.float64) + 0.1) * rows
+    b = (torch.rand(24, 39, generator=g, dtype=torch.float64) + 0.1) * cols
+    a, b = a / a.sum(-1, keepdim=True), b / b.sum(-1, keepdim=True)
+    sim = x @ y.transpose(-1, -2)
+    result = converged_sinkhorn(sim.to(dtype), rows, cols, log_of(a).to(dtype), log_of(b).to(dtype), 1e-3)
+    assert bool(result.converged.all())
+    plan = result.plan.double()
+    torch.testing.assert_close(plan.sum(-1), a, atol=1e-6 if dtype == torch.float32 else 1e-12, rtol=0)
+    assert ((plan.sum(-2) - b).abs().sum(-1) <= transport.CONVERGENCE_TOLERANCE).all()
+    for k in range(24):
+        r, c = rows[k], cols[k]
+        lp = -ot.emd2(a[k][r].numpy(), b[k][c].numpy(), -sim[k][r][:, c].numpy())
+        assert abs(result.value[k].item() - lp) <= LP_VALUE_TOLERANCE, k

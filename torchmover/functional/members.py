@@ -29,13 +29,15 @@ from typing import Callable
 import torch
 
 from .family import DIRECTIONS, WMD_TEMPERATURE, TransportTerm, _harmonic_mean, _log, _sim
-from .transport import (converged_sinkhorn, cost_matrix, floored_exp, log_pair_mask, plan_value, real_sides,
+from .transport import (TransportPlan, converged_sinkhorn, cost_matrix, log_pair_mask, plan_value, real_sides,
                         sinkhorn, sinkhorn_value, tempered_residual)
 
 TEMPERATURE_KINDS = ("tuned", "fixed", "optional", None)
 
-# term(temperature, n_iter, plans) -> C, or {direction: C}; plans: a list that receives transport plans, or None
-TermFactory = Callable[[float | None, int | None, "list | None"], "TransportTerm | dict[str, TransportTerm]"]
+# term(temperature, n_iter) -> C, or {direction: C}
+TermFactory = Callable[[float | None, int | None], "TransportTerm | dict[str, TransportTerm]"]
+# solve(x1, x2, rows, cols, a, b) -> the transport plan of a term C (the arguments of TransportTerm)
+Transport = Callable[..., TransportPlan]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +46,7 @@ class Member:
 
     Attributes:
         name: the ``method`` that selects it.
-        term: ``term(temperature, n_iter, plans)`` -> its transport term ``C``, or a dict of terms by
+        term: ``term(temperature, n_iter)`` -> its transport term ``C``, or a dict of terms by
             direction; None for a member that moves whole documents (``documents``).
         directed: it has a ``recall`` and a ``precision`` term (and their F1).
         normalized: scores are ``C(X1, X2) / sqrt(C(X1, X1) C(X2, X2))``; False where ``C(X, X) = 1``
@@ -104,46 +106,51 @@ def get_member(method: str) -> Member:
     return MEMBERS[method]
 
 
-def member_term(method: str, temperature: float | None = None, n_iter: int | None = 1,
-                plans: list | None = None) -> TransportTerm | dict[str, TransportTerm]:
+def member_term(method: str, temperature: float | None = None,
+                n_iter: int | None = 1) -> TransportTerm | dict[str, TransportTerm]:
     """The transport term(s) of a family member (a dict by direction where it has several).
 
     ``temperature``: twmd / trwmd (required), wmd / moverscore (default ``WMD_TEMPERATURE``);
-    ``n_iter``: twmd (``None`` = converged); ``plans``: a list that receives the transport plans
-    (twmd, wmd, moverscore), or None. Members are validated by the public functions.
+    ``n_iter``: twmd (``None`` = converged). Members are validated by the public functions.
     """
     member = get_member(method)
     if member.term is None:
         raise ValueError(f"method {method!r} moves whole documents: use functional.sentence_movers")
-    return member.term(temperature, n_iter, plans)
+    return member.term(temperature, n_iter)
 
 
-def _moverscore_term(temperature: float, plans: list | None) -> TransportTerm:
-    """``C = 1 − min_π Σ π_ij ‖x_i − y_j‖`` (MoverScore v2: Euclidean cost on unit vectors)."""
-    def term(x, y, rows, cols, a, b):
-        result = converged_sinkhorn(x, y, rows, cols, a, b, temperature, cost="euclidean")
-        if plans is not None:
-            plans.append(result)
-        return 1.0 - (result.plan * cost_matrix(x, y, "euclidean")).sum((-1, -2))
-    return term
-
-
-def _twmd_term(temperature: float, n_iter: int | None, exact: str, plans: list | None) -> TransportTerm:
-    """``C = Σ π S`` of the TWMD plan; the cross term's plan is appended to ``plans`` (with its
-    diagnostics) unless ``plans`` is ``None``."""
-    def term(x, y, rows, cols, a, b):
+def twmd_transport(temperature: float, n_iter: int | None, exact: str = "rows") -> Transport:
+    """The plan of TWMD's term ``C = ⟨π, S⟩``, ``S`` the cosine similarities: ``n_iter`` unrolled
+    iterations with the ``exact`` marginal, or (``None``) converged with both."""
+    def solve(x, y, rows, cols, a, b):
         sim = _sim(x, y)
         if n_iter is None:
-            result = converged_sinkhorn(x, y, rows, cols, a, b, temperature)
-        elif plans is None:  # the hot path: Σ π S without the plan
-            return sinkhorn_value(sim, rows, cols, _log(a), _log(b), temperature, n_iter, exact=exact)
-        else:
-            result = sinkhorn(sim, rows, cols, _log(a), _log(b), temperature, n_iter, exact=exact)
-        if plans is not None:
-            plans.append(result)
-        # sim is exactly 0 off the mask (zero vectors there), so the floor's e^-80 adds nothing. The
-        # converged plan carries no graph (envelope theorem: it is treated as a constant).
-        return (floored_exp(result.log_plan) * sim).sum((-1, -2))
+            return converged_sinkhorn(sim, rows, cols, _log(a), _log(b), temperature)
+        return sinkhorn(sim, rows, cols, _log(a), _log(b), temperature, n_iter, exact=exact)
+    return solve
+
+
+def moverscore_transport(temperature: float) -> Transport:
+    """The plan of MoverScore's term: the converged plan of the gain ``−‖x_i − y_j‖``."""
+    def solve(x, y, rows, cols, a, b):
+        return converged_sinkhorn(-cost_matrix(x, y, "euclidean"), rows, cols, _log(a), _log(b), temperature)
+    return solve
+
+
+def _moverscore_term(temperature: float) -> TransportTerm:
+    """``C = 1 − min_π Σ π_ij ‖x_i − y_j‖`` (MoverScore v2: Euclidean cost on unit vectors)."""
+    solve = moverscore_transport(temperature)
+    return lambda *cloud_pair: 1.0 + solve(*cloud_pair).value
+
+
+def _twmd_term(temperature: float, n_iter: int | None, exact: str) -> TransportTerm:
+    """``C = Σ π S`` of the TWMD plan (the converged plan's through the envelope theorem)."""
+    if n_iter is None:
+        solve = twmd_transport(temperature, None)
+        return lambda *cloud_pair: solve(*cloud_pair).value
+
+    def term(x, y, rows, cols, a, b):  # the hot path: Σ π S without the plan
+        return sinkhorn_value(_sim(x, y), rows, cols, _log(a), _log(b), temperature, n_iter, exact=exact)
     return term
 
 
@@ -186,20 +193,19 @@ def _cka_term(x, y, rows, cols, a, b):
 
 
 for _member in (
-    Member("twmd", lambda t, n, plans: {"recall": _twmd_term(t, n, "rows", plans),
-                                        "precision": _twmd_term(t, n, "columns", plans)},
+    Member("twmd", lambda t, n: {"recall": _twmd_term(t, n, "rows"), "precision": _twmd_term(t, n, "columns")},
            directed=True, temperature="tuned", default_temperature=0.10, iterations=True, compilable=True),
-    Member("trwmd", lambda t, n, plans: {"recall": _relaxed_term(t, "rows"), "precision": _relaxed_term(t, "columns")},
+    Member("trwmd", lambda t, n: {"recall": _relaxed_term(t, "rows"), "precision": _relaxed_term(t, "columns")},
            directed=True, temperature="tuned", default_temperature=0.15, compilable=True, matching=True),
-    Member("wmd", lambda t, n, plans: _twmd_term(t or WMD_TEMPERATURE, None, "rows", plans),  # both marginals exact
+    Member("wmd", lambda t, n: _twmd_term(t or WMD_TEMPERATURE, None, "rows"),  # both marginals exact
            temperature="fixed"),
-    Member("moverscore", lambda t, n, plans: _moverscore_term(t or WMD_TEMPERATURE, plans),
+    Member("moverscore", lambda t, n: _moverscore_term(t or WMD_TEMPERATURE),
            normalized=False, temperature="fixed"),  # C(X, X) = 1 − 0: no self-terms to compute
-    Member("bertscore", lambda t, n, plans: {direction: _greedy_term(direction) for direction in DIRECTIONS},
+    Member("bertscore", lambda t, n: {direction: _greedy_term(direction) for direction in DIRECTIONS},
            directed=True, normalized=False, compilable=True, matching=True),  # on unit vectors S_ii = 1 is
     # every row's and column's maximum: C(X, X) = 1, and the two matchings per pair it would cost are saved
-    Member("sbert", lambda t, n, plans: _mean_term, compilable=True),
-    Member("cka", lambda t, n, plans: _cka_term, compilable=True),
+    Member("sbert", lambda t, n: _mean_term, compilable=True),
+    Member("cka", lambda t, n: _cka_term, compilable=True),
     *(Member(name, None, normalized=False, temperature="optional", iterations=True, documents=True)
       for name in ("sms", "s+wms", "wms")),
 ):

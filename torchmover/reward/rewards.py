@@ -65,6 +65,7 @@ from .._internal.transfer import to_device
 from ..functional.centering import Centering
 from ..functional.family import TokenCloud
 from ..functional.members import get_member
+from ..functional.transport import warn_if_not_converged
 from ..runtime.distributed import shard
 from ..scorer import Scorer
 from ..scorer.inputs import as_list, check_references, check_texts
@@ -298,7 +299,12 @@ class MoverReward:
         """Rewards ``[B]``: ``Sim(hyp, ref)`` of the configured family member on centered token
         vectors, pooled over several references by the scorer's ``multi_ref``, then ``shaping``. A
         call of many references is scored in pieces of bounded memory
-        (:mod:`torchmover.scorer.references`)."""
+        (:mod:`torchmover.scorer.references`). A converged member (``wmd``, ``moverscore``, the exact
+        sentence movers) warns once per call if some of its transport problems stopped at ``max_iter``."""
+        with warn_if_not_converged():
+            return self._score(hyps, refs)
+
+    def _score(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> Tensor:
         hyps = check_texts("hyps", hyps)
         groups = check_references(hyps, refs)
         centering = self.centering

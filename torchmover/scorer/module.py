@@ -22,6 +22,7 @@ from ..functional.centering import Centering
 from ..functional.compiled import check_compile, compiled_member_term
 from ..functional.family import TokenCloud, pair_similarity, self_similarity, token_cloud
 from ..functional.members import get_member, member_term
+from ..functional.transport import warn_if_not_converged
 from ..runtime.devices import resolve_device, resolve_dtype
 from ..runtime.distributed import shard
 from ..runtime.progress import show_progress
@@ -581,13 +582,15 @@ class Scorer(nn.Module):
         """
         hyps = check_texts("hyps", hyps)
         groups = check_references(hyps, refs)
-        if not needs_pieces(groups, whole_call=False):
-            return corpus.score_corpus(self, hyps, groups, batch_size, progress, return_all=return_all,
-                                       centering_group=centering_group, distributed=distributed)
-        pieces = split_references(hyps, groups)
-        scores = corpus.score_corpus(self, pieces.hyps, pieces.groups, batch_size, progress, return_all=return_all,
-                                     centering_group=centering_group, distributed=distributed)
-        return combine_pieces(scores, pieces, len(hyps), self.config.multi_ref)
+        with warn_if_not_converged():  # the converged members: once per call, with the count
+            if not needs_pieces(groups, whole_call=False):
+                return corpus.score_corpus(self, hyps, groups, batch_size, progress, return_all=return_all,
+                                           centering_group=centering_group, distributed=distributed)
+            pieces = split_references(hyps, groups)
+            scores = corpus.score_corpus(self, pieces.hyps, pieces.groups, batch_size, progress,
+                                         return_all=return_all, centering_group=centering_group,
+                                         distributed=distributed)
+            return combine_pieces(scores, pieces, len(hyps), self.config.multi_ref)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Save to the directory ``path``: ``encoder/`` (weights as safetensors, cut at ``layer``,

@@ -1,0 +1,156 @@
+"""A pair's score does not depend on the other pairs of its batch, for the members solved to convergence.
+
+The converged solver stops, warm-starts and over-relaxes every item on its own, so a pair scored alone
+and inside a batch of 64 pairs of mixed lengths agree to float rounding (1e-6), through the functional
+API and through :meth:`Scorer.score`. (The one-iteration members have no batch-level decision at all:
+``test_functional.py::test_padding_and_batch_partners_do_not_matter``.)
+"""
+from __future__ import annotations
+
+import random
+import warnings
+
+import pytest
+import torch
+
+import torchmover.functional as F
+from torchmover import Scorer
+from torchmover.functional import transport
+
+BATCH = 64
+ALONE = range(0, BATCH, 7)  # the pairs also scored alone: every length class, in a few seconds
+FUNCTIONAL = {
+    "wmd": lambda h, r, hm, rm, hi, ri: F.wmd(h, r, hm, rm),
+    "moverscore": lambda h, r, hm, rm, hi, ri: F.moverscore(h, r, hm, rm),
+    "twmd-converged": lambda h, r, hm, rm, hi, ri: F.tempered_wmd(h, r, hm, rm, temperature=0.1, n_iter=None),
+    **{variant: (lambda v: lambda h, r, hm, rm, hi, ri: F.sentence_movers(h, r, hm, rm, hi, ri, variant=v))(variant)
+       for variant in ("sms", "s+wms", "wms")},
+}
+
+
+def mixed_batch(seed: int, dim: int = 16):
+    """64 pairs of 1 to 40 tokens (float32, padding holds garbage), with 1 to 4 sentences per text."""
+    g = torch.Generator().manual_seed(seed)
+    l1, l2 = torch.randint(1, 41, (BATCH,), generator=g), torch.randint(1, 41, (BATCH,), generator=g)
+    l1[0], l2[1] = 40, 40
+    ref, hyp = torch.randn(BATCH, 40, dim, generator=g), torch.randn(BATCH, 40, dim, generator=g)
+    rm, hm = torch.arange(40) < l1[:, None], torch.arange(40) < l2[:, None]
+    ref[~rm], hyp[~hm] = 7.0, -3.0
+
+    def sentences(lengths):
+        cuts = torch.randint(0, 4, (BATCH,), generator=g)
+        return (torch.arange(40)[None, :] * (cuts[:, None] + 1) // lengths.clamp_min(1)[:, None]).clamp_max(3)
+    return hyp, ref, hm, rm, sentences(l2), sentences(l1)
+
+
+def alone(k: int, hyp, ref, hm, rm, hi, ri):
+    """Pair ``k`` as a batch of its own, cut to its own lengths."""
+    n2, n1 = int(hm[k].sum()), int(rm[k].sum())
+    return hyp[k:k + 1, :n2], ref[k:k + 1, :n1], hm[k:k + 1, :n2], rm[k:k + 1, :n1], hi[k:k + 1, :n2], ri[k:k + 1, :n1]
+
+
+@pytest.mark.parametrize("name", FUNCTIONAL)
+def test_functional_score_does_not_depend_on_batch_mates(name):
+    fn = FUNCTIONAL[name]
+    batch = mixed_batch(0)
+    together = fn(*batch)
+    assert together.shape == (BATCH,) and torch.isfinite(together).all()
+    for k in ALONE:
+        torch.testing.assert_close(fn(*alone(k, *batch))[0], together[k], atol=1e-6, rtol=0, msg=f"pair {k}")
+
+
+WORDS = ("the cat sat on a mat dog barked at man sun fox jumps over lazy quick brown red blue "
+         "green house tree river stone runs sleeps eats big small old new").split()
+
+
+def texts(seed: int, n: int) -> list[str]:
+    """``n`` texts of 1 to 30 words in 1 to 3 sentences."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(1, 30))]
+        for cut in sorted(rng.sample(range(1, len(words)), min(2, len(words) - 1))):
+            words[cut - 1] += " ."
+        out.append(" ".join(words))
+    return out
+
+
+@pytest.mark.parametrize("method", ["wmd", "moverscore", "sms", "s+wms", "wms"])
+def test_scorer_score_does_not_depend_on_batch_mates(tiny_encoder, method):
+    scorer = Scorer(tiny_encoder, method=method, centering="none")
+    hyps, refs = texts(1, BATCH), texts(2, BATCH)
+    together = scorer.score(hyps, refs, batch_size=BATCH)
+    for k in ALONE:
+        torch.testing.assert_close(scorer.score([hyps[k]], [refs[k]])[0], together[k], atol=1e-6, rtol=0,
+                                   msg=f"pair {k}")
+
+
+# --- non-convergence is never silent ---------------------------------------------------------------
+
+def test_converged_solver_reports_each_item_and_stops_each_on_its_own():
+    """An item that converges stops changing: with a cap on the iterations, the easy item converges and
+    keeps the plan it has alone; the hard one is reported as not converged."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.nn.functional.normalize(torch.randn(2, 30, 8, generator=g, dtype=torch.float64), dim=-1)
+    y = torch.nn.functional.normalize(torch.randn(2, 30, 8, generator=g, dtype=torch.float64), dim=-1)
+    x[0, 1:], y[0, 1:] = 0.0, 0.0  # item 0: one token on each side, the trivial plan
+    rows = torch.ones(2, 30, dtype=torch.bool)
+    rows[0, 1:] = False
+    a = rows.double() / rows.sum(-1, keepdim=True)
+    sim = x @ y.transpose(-1, -2)
+    log_a = torch.where(rows, a, 1.0).log()
+    both = transport.converged_sinkhorn(sim, rows, rows, log_a, log_a, 1e-3, max_iter=100)
+    first = transport.converged_sinkhorn(sim[:1, :1, :1], rows[:1, :1], rows[:1, :1], log_a[:1, :1], log_a[:1, :1], 1e-3,
+                                         max_iter=100)
+    assert both.converged.tolist() == [True, False]
+    assert both.n_iter[0] < both.n_iter[1] == 100
+    torch.testing.assert_close(both.log_plan[0, :1, :1], first.log_plan[0, :1, :1], atol=0, rtol=0)
+    torch.testing.assert_close(both.value[0], first.value[0], atol=0, rtol=0)
+
+
+def test_functional_plan_carries_the_per_item_flag():
+    hyp, ref, hm, rm, hi, ri = mixed_batch(4)
+    result = F.wmd(hyp[:5], ref[:5], hm[:5], rm[:5], return_plan=True)
+    assert result.plan.converged.shape == (5,) and result.plan.converged.dtype == torch.bool
+    assert bool(result.plan.converged.all())
+
+
+@pytest.mark.parametrize("method", ["wmd", "moverscore", "sms"])
+def test_scorer_warns_once_with_the_count_of_items_that_did_not_converge(tiny_encoder, method, monkeypatch):
+    scorer = Scorer(tiny_encoder, method=method, centering="none")
+    hyps, refs = texts(5, 6), texts(6, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # converged: no warning
+        scorer.score(hyps, refs)
+    monkeypatch.setattr(transport, "MAX_ITER", 1)  # nothing converges in one iteration
+    with pytest.warns(RuntimeWarning, match=r"did not converge") as seen:
+        scorer.score(hyps, refs, batch_size=2)  # three batches, one warning
+    assert len(seen) == 1 and "items" in str(seen[0].message)
+
+
+def test_reward_warns_once_when_the_solver_does_not_converge(tiny_encoder, monkeypatch):
+    from torchmover.reward.rewards import MoverReward
+
+    reward = MoverReward(Scorer(tiny_encoder, method="wmd", centering="none"))
+    hyps, refs = texts(7, 4), texts(8, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        reward(hyps, refs)
+    monkeypatch.setattr(transport, "MAX_ITER", 1)
+    reward.clear_cache()
+    with pytest.warns(RuntimeWarning, match=r"did not converge") as seen:
+        reward(hyps, refs)
+    assert len(seen) == 1
+
+
+def test_a_pair_with_an_empty_text_is_a_balanced_problem_that_converges():
+    """A sentence-mover pair with one empty text scores 0 from one placeholder unit a side, of equal
+    masses: the solver converges on it at once (unbalanced masses never converge: it used to run to
+    ``max_iter``, silently, and now would warn)."""
+    hyp, ref, hm, rm, hi, ri = mixed_batch(5)
+    hm[3], rm[4] = False, False
+    with transport.warn_if_not_converged() as tally, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scores = F.sentence_movers(hyp[:6], ref[:6], hm[:6], rm[:6], hi[:6], ri[:6], variant="s+wms")
+    assert tally.items == 6 and tally.not_converged == 0
+    assert scores[3] == 0 and scores[4] == 0 and (scores[[0, 1, 2, 5]] > 0).all()
