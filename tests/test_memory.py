@@ -7,26 +7,12 @@ from torch import nn
 
 from torchmover import Encoder, Scorer
 from torchmover._internal.arena import TokenArena
-from torchmover.scorer.corpus import encoder_batches
 from torchmover.scorer.plan import token_batches
 
 HYPS = ["the cat sat on the mat", "a dog barked", "the quick brown fox jumps over the lazy dog", "the sun",
         "a small child eats good food in the city", "they ran"]
 REFS = ["a cat was on the mat", "the dog barked", "a fox jumps over the dog", "the moon is blue",
         "the child eats", "we ran to the old house"]
-
-
-def test_documents_are_encoded_in_batches_of_bounded_padded_characters_longest_first():
-    texts = [f"{'x' * n}{k}" for k, n in enumerate([5] * 40 + [10] * 30 + [300, 280, 250, 240])]
-    batches = encoder_batches(texts, 16)
-    assert sorted(t for b in batches for t in b) == sorted(texts)  # every text once
-    longest = [max(map(len, b)) for b in batches]
-    assert longest == sorted(longest, reverse=True)  # the longest batch first
-    median = sorted(map(len, texts))[len(texts) // 2]
-    for batch in batches:
-        assert len(batch) <= 16 and (len(batch) == 1 or len(batch) * max(map(len, batch)) <= 16 * 2 * median)
-    assert len(batches[0]) < 4  # the four long texts do not pad one batch together
-    assert encoder_batches([], 8) == [] and encoder_batches(["a"] * 3, 8) == [["a"] * 3]
 
 
 def test_token_batches_bound_their_padded_tokens_longest_first():

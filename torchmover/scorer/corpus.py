@@ -276,27 +276,21 @@ def owned_texts(new: list[str], texts: list[str], side: str | None, groups: list
 
 def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_batch=None) -> TokenArena:
     """Units of every distinct text of ``texts`` (keyed by text): tokenized at once (one batch call of
-    the tokenizer, :meth:`Scorer.tokenize <torchmover.Scorer.tokenize>`), then encoded in
+    the tokenizer, :meth:`Scorer.tokenize <torchmover.Scorer.tokenize>`), encoded in
     :func:`~torchmover.scorer.plan.token_batches` of :func:`encoder_budget` padded tokens sorted by
-    their token counts, the longest batch first, each text tokenized once. Each batch is packed into
-    the arena as soon as it is encoded (only the rows of its texts' units: its padding, special-token
-    columns and the encoder's output are freed before the next batch runs). The sentence movers'
-    documents, split into sentences by the encoder, are batched by their characters instead
-    (:func:`encoder_batches`). ``on_batch(fraction)``: called after each batch with the fraction of
-    the texts' characters it encoded (a progress bar's credit)."""
+    their token counts, the longest batch first, each text tokenized once; each batch stored in the
+    arena as soon as it is encoded, packed to its texts' units (so that its padding, special-token
+    columns and the encoder's output are freed before the next batch runs). (The sentence movers' documents, split into sentences by the encoder, are
+    batched by their characters instead.) ``on_batch(fraction)``: called after each batch with the
+    fraction of the texts' characters it encoded (a progress bar's credit)."""
     texts = list(dict.fromkeys(texts))
     arena = TokenArena(Units)
     if not texts:
         return arena
     tokens = scorer.tokenize(texts)
-    if tokens is None:
-        position = {text: i for i, text in enumerate(texts)}
-        batches = [[position[t] for t in batch] for batch in encoder_batches(texts, batch_size)]
-    else:
-        lengths = list(map(len, tokens["input_ids"]))
-        batches = token_batches(lengths, encoder_budget(lengths, batch_size))
+    lengths = list(map(len, texts if tokens is None else tokens["input_ids"]))
     total = sum(map(len, texts)) or 1
-    for positions in batches:
+    for positions in token_batches(lengths, encoder_budget(lengths, batch_size)):
         batch = [texts[i] for i in positions]
         if tokens is None:
             units, spans = scorer.embed_with_spans(batch)
@@ -317,28 +311,6 @@ def encoder_budget(lengths: Sequence[int], batch_size: int) -> int:
     cost in memory, so this bounds a call's peak where a few long texts would otherwise make one
     batch several times the others; the time per token is about the same."""
     return batch_size * max(sorted(lengths)[len(lengths) // 2], 1)
-
-
-def encoder_batches(texts: list[str], batch_size: int) -> list[list[str]]:
-    """``texts`` cut into batches of similar length (in characters: a free proxy of the token count,
-    which the encoder trims each batch to), the longest batch first.
-
-    Cut from the shortest text on, each batch holds at most ``batch_size`` texts and at most
-    ``batch_size`` × twice the median text's length of padded area (its texts × its longest): a batch
-    of the longest texts holds fewer of them. The encoder's working memory for a batch (attention over
-    every pair of its positions) is its largest cost in memory, so this bounds a call's peak where a
-    few long texts would otherwise make one batch several times the others; the time per token is
-    about the same. The last batch cut, the longest, is the one that may be part-filled."""
-    texts = sorted(texts, key=len)
-    if not texts:
-        return []
-    budget = batch_size * 2 * max(len(texts[len(texts) // 2]), 1)
-    batches: list[list[str]] = [[]]
-    for text in texts:  # each text is the longest of its batch so far
-        if batches[-1] and (len(batches[-1]) == batch_size or (len(batches[-1]) + 1) * len(text) > budget):
-            batches.append([])
-        batches[-1].append(text)
-    return batches[::-1]
 
 
 def text_digest(text: str) -> int:
