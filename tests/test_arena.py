@@ -117,6 +117,23 @@ def test_of_packs_each_batch_into_the_rows_of_its_spans_and_storage_order_makes_
     _assert_gathers(arena, batches, keys)
 
 
+def test_keep_stores_each_batch_as_views_and_gathers_what_pack_gathers():
+    full, spans = _batch([2, 4, 3], length=7)
+    trimmed = Units(full.vectors[:, 1:6], full.mask[:, 1:6])  # columns cut off as Scorer.embed does
+    second, second_spans = _batch([1, 2], length=4, offset=1000)
+    batches = [(["a", "b", "c"], trimmed, [(a - 1, b - 1) for a, b in spans]), (["d", "e"], second, second_spans)]
+    kept, packed = TokenArena(Units), TokenArena.of(batches)
+    for batch in batches:
+        kept.keep(*batch)
+    assert kept.blocks[0][0].data_ptr() == trimmed.vectors.data_ptr()  # a view of the batch: no copy
+    assert kept.size == 3 * 7 - 2 + 2 * 4 and kept.live == packed.live == 12  # padded rows held, 12 of them live
+    keys = kept.in_storage_order(["e", "a", "d", "c", "b"])
+    assert keys == ["a", "b", "c", "d", "e"] and kept.index(keys).runs == ((0, 3), (1, 2))
+    _assert_gathers(kept, batches, keys)
+    for got, expected in zip(kept.flat(keys), packed.flat(keys)):
+        assert torch.equal(got.vectors, expected.vectors) and torch.equal(got.mask, expected.mask)
+
+
 def test_flat_reads_the_units_of_the_texts_block_by_block_without_padding():
     first, first_spans = _batch([2, 4, 0], length=6)
     second, second_spans = _batch([1, 3], length=5, offset=1000)

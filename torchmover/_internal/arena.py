@@ -11,6 +11,8 @@ known by its span: the columns ``(first, stop)`` that hold its unmasked units (h
   the rest of the encoder's output are freed at once (``Scorer.score``, which encodes every distinct
   text of a chunk and then reads them back in pair batches: a block holds only what is read back,
   and nothing of the encoder's working memory outlives its batch).
+- :meth:`TokenArena.keep` keeps a batch as it came, a block of flat views (no copy): for a batch of
+  texts of similar length, whose padding is little, a copy would cost more than it frees.
 - :meth:`TokenArena.add` copies a batch into the arena's one growable block (the reward's cache of
   references, which outlives the encoder's outputs).
 
@@ -129,6 +131,19 @@ class TokenArena:
         for keys, units, spans in batches:
             arena.pack(keys, units, spans)
         return arena
+
+    def keep(self, keys: Sequence[Hashable], units, spans: Sequence[tuple[int, int]]) -> None:
+        """Keep the padded batch ``units`` ``[N, L, ...]`` of the texts ``keys`` (as :meth:`add`) as a block
+        of its own: flat views of its fields (:func:`flat_rows`), no copy. The whole batch stays
+        alive, padding included: for a batch that is mostly its texts' units (:meth:`pack` frees the
+        rest of a sparse one)."""
+        n, width = _shape(keys, units)
+        flat = [None if t is None else flat_rows(t) for t in units]
+        if any(f is not None and f[1] != flat[0][1] for f in flat):  # fields cut from batches of other widths
+            flat = [None if t is None else (t.reshape(n * width, *t.shape[2:]), width) for t in units]
+        self._span(keys, len(self.blocks), 0, flat[0][1], width, spans)
+        self.blocks.append([None if f is None else f[0] for f in flat])
+        self.size += flat[0][0].shape[0]
 
     def pack(self, keys: Sequence[Hashable], units, spans: Sequence[tuple[int, int]]) -> None:
         """Copy the texts ``keys`` of padded ``units`` ``[N, L, ...]`` (as :meth:`add`) into a new block

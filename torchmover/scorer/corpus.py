@@ -3,9 +3,9 @@ encoded once, pairs scored in length-sorted batches gathered from a device arena
 ``torch.distributed``, each rank scoring a share of the pairs.
 
 As the peers do it: the pairs are taken in chunks of ``SCORE_CHUNK`` (in input order); every distinct
-text of a chunk is tokenized once (one batch call of the tokenizer) and encoded once, in batches of a
-budget of padded tokens sorted by their token counts, longest first (:func:`embed_distinct`), each
-batch stored in a :class:`~torchmover._internal.arena.TokenArena`. Then the chunk's pairs are
+text of a chunk is encoded once, in batches of ``batch_size`` texts of similar length, longest first,
+each batch packed into a :class:`~torchmover._internal.arena.TokenArena` (only the rows of its texts'
+units are kept; :meth:`~torchmover._internal.arena.TokenArena.pack`). Then the chunk's pairs are
 scored in batches of at most ``batch_size`` hypotheses of similar length, by the length of their
 longest text in units (:func:`~torchmover.scorer.plan.length_batches`), each gathered from the arena
 by a :class:`~torchmover.scorer.plan.BatchPlan` built on the host; the plans of a chunk are sent in
@@ -47,7 +47,7 @@ from ..functional.centering import token_sum
 from ..runtime.distributed import all_gather_shares, all_reduce_sum, check_same_on_every_rank, is_distributed
 from ..runtime.progress import PairProgress
 from .inputs import check_references, check_texts, distinct_texts
-from .plan import BatchPlan, call_plan, length_batches, token_batches
+from .plan import BatchPlan, call_plan, length_batches
 from .units import PRF, Units
 
 SCORE_CHUNK = 8192  # hypotheses whose distinct texts Scorer.score encodes and holds at once
@@ -274,43 +274,53 @@ def owned_texts(new: list[str], texts: list[str], side: str | None, groups: list
     return [t for t in new if share.start <= first[t] < share.stop]
 
 
+KEEP_FILL = 0.75
+"""An encoded batch at least this full of its texts' units is kept as it came (no copy); a sparser
+one is packed to its units (:func:`embed_distinct`). Batches of similar lengths are mostly full, so
+most are kept: copying a full batch frees little padding for a pass over all its vectors, and what a
+kept batch holds is at most a third more than its units."""
+
+
 def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_batch=None) -> TokenArena:
-    """Units of every distinct text of ``texts`` (keyed by text): tokenized at once (one batch call of
-    the tokenizer, :meth:`Scorer.tokenize <torchmover.Scorer.tokenize>`), encoded in
-    :func:`~torchmover.scorer.plan.token_batches` of :func:`encoder_budget` padded tokens sorted by
-    their token counts, the longest batch first, each text tokenized once; each batch stored in the
-    arena as soon as it is encoded, packed to its texts' units (so that its padding, special-token
-    columns and the encoder's output are freed before the next batch runs). (The sentence movers' documents, split into sentences by the encoder, are
-    batched by their characters instead.) ``on_batch(fraction)``: called after each batch with the
-    fraction of the texts' characters it encoded (a progress bar's credit)."""
-    texts = list(dict.fromkeys(texts))
+    """Units of every distinct text of ``texts`` (keyed by text), encoded in :func:`encoder_batches`,
+    the longest batch first, each batch stored in the arena as soon as it is encoded: kept as it
+    came, or packed to its units if it is mostly padding (:data:`KEEP_FILL`).
+    ``on_batch(fraction)``: called after each batch with the fraction of the texts' characters it
+    encoded (a progress bar's credit)."""
+    batches = encoder_batches(list(dict.fromkeys(texts)), batch_size)
     arena = TokenArena(Units)
-    if not texts:
-        return arena
-    tokens = scorer.tokenize(texts)
-    lengths = list(map(len, texts if tokens is None else tokens["input_ids"]))
-    total = sum(map(len, texts)) or 1
-    for positions in token_batches(lengths, encoder_budget(lengths, batch_size)):
-        batch = [texts[i] for i in positions]
-        if tokens is None:
-            units, spans = scorer.embed_with_spans(batch)
-        else:
-            units, spans = scorer.embed_with_spans(batch, tokens=scorer.encoder.take(tokens, positions))
-        arena.pack(batch, units, spans)
-        del units
+    total = sum(len(t) for batch in batches for t in batch) or 1
+    for batch in batches:
+        units, spans = scorer.embed_with_spans(batch)
+        real = sum(stop - first for first, stop in spans)
+        store = arena.keep if real >= KEEP_FILL * units.mask.numel() else arena.pack
+        store(batch, units, spans)
+        del units  # a packed batch's padding is freed before the next batch runs
         if on_batch is not None:
             on_batch(sum(map(len, batch)) / total)
     return arena
 
 
-def encoder_budget(lengths: Sequence[int], batch_size: int) -> int:
-    """The padded tokens of an encoder batch of :func:`embed_distinct`: ``batch_size`` × the median of
-    the texts' ``lengths``, so about ``batch_size`` texts of the median length, more shorter ones and
-    fewer longer ones. The
-    encoder's working memory for a batch (attention over every pair of its positions) is its largest
-    cost in memory, so this bounds a call's peak where a few long texts would otherwise make one
-    batch several times the others; the time per token is about the same."""
-    return batch_size * max(sorted(lengths)[len(lengths) // 2], 1)
+def encoder_batches(texts: list[str], batch_size: int) -> list[list[str]]:
+    """``texts`` cut into batches of similar length (in characters: a free proxy of the token count,
+    which the encoder trims each batch to), the longest batch first.
+
+    Cut from the shortest text on, each batch holds at most ``batch_size`` texts and at most
+    ``batch_size`` × twice the median text's length of padded area (its texts × its longest): a batch
+    of the longest texts holds fewer of them. The encoder's working memory for a batch (attention over
+    every pair of its positions) is its largest cost in memory, so this bounds a call's peak where a
+    few long texts would otherwise make one batch several times the others; the time per token is
+    about the same. The last batch cut, the longest, is the one that may be part-filled."""
+    texts = sorted(texts, key=len)
+    if not texts:
+        return []
+    budget = batch_size * 2 * max(len(texts[len(texts) // 2]), 1)
+    batches: list[list[str]] = [[]]
+    for text in texts:  # each text is the longest of its batch so far
+        if batches[-1] and (len(batches[-1]) == batch_size or (len(batches[-1]) + 1) * len(text) > budget):
+            batches.append([])
+        batches[-1].append(text)
+    return batches[::-1]
 
 
 def text_digest(text: str) -> int:

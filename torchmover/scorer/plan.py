@@ -99,20 +99,3 @@ def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
             batches.append([])
         batches[-1].append(i)
     return batches
-
-
-def token_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Batches of the positions of ``lengths`` (e.g. texts' token counts) sorted by length, longest
-    first, each of at most ``budget`` padded tokens: its items × its longest (a longer item than the
-    budget alone makes a batch of its own). Cut from the longest item on, so that the first batch is
-    a full one: an encoder's working memory for a batch grows with its padded tokens (and its
-    attention with their square), and each later batch fits in what the first one freed.
-
-    Packed by padded tokens, not by count: a batch of short texts holds many of them, one of long
-    texts few, and sorted, a batch is little else than its items' tokens."""
-    batches: list[list[int]] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        if not batches or (len(batches[-1]) + 1) * lengths[batches[-1][0]] > budget:
-            batches.append([])
-        batches[-1].append(i)
-    return batches

@@ -476,16 +476,6 @@ class Encoder(nn.Module):
             )
         return batch if word_ids or batch.encodings is None else type(batch)(batch.data)
 
-    def take(self, batch, positions: Sequence[int]):
-        """The texts ``positions`` of a :meth:`tokenize` ``batch``, as their own batch (for
-        :meth:`forward`'s ``tokens``): each column's lists, and the ``encodings`` if any, picked by
-        position, nothing tokenized again."""
-        from transformers import BatchEncoding
-
-        encodings = batch.encodings
-        return BatchEncoding({key: [values[i] for i in positions] for key, values in batch.items()},
-                             encoding=None if encodings is None else [encodings[i] for i in positions])
-
     def token_counts(self, texts: Sequence[str]) -> list[int]:
         """How many tokens each of ``texts`` is encoded as (special tokens included, after truncation
         to the window), from the tokenizer alone; truncation is not warned about here (the encoder
@@ -513,7 +503,7 @@ class Encoder(nn.Module):
             backend.encode_special_tokens = split
 
     def forward(self, texts: Sequence[str], token_policy: TokenPolicy | None = None, *,
-                with_word_ids: bool = True, tokens=None) -> TokenEmbeddings:
+                with_word_ids: bool = True) -> TokenEmbeddings:
         """Token vectors of ``hidden_states[layer]`` with padding, and special tokens as the policy says,
         masked out.
 
@@ -532,22 +522,11 @@ class Encoder(nn.Module):
         ``with_word_ids=False`` leaves ``word_ids`` and ``num_words`` ``None`` (unless ``token_policy``
         needs them): reading them from the tokenizer is a Python loop over every token, about a
         sixth of a reward call's host work, which a scorer without a word-level policy skips.
-
-        ``tokens``: ``texts`` already tokenized, as :meth:`tokenize` (with ``word_ids`` as this call
-        needs them) returns them, or some of such a batch (:meth:`take`): e.g. a call's texts
-        tokenized at once, in one batch call of the Rust tokenizer, then encoded in batches sorted by
-        their token counts (:meth:`Scorer.score <torchmover.Scorer.score>`), each text tokenized
-        once.
         """
         if not texts:  # the tokenizer's own call fails on an empty batch, and a model on an empty input
             raise ValueError("texts is empty: the encoder needs at least one text")
         with_word_ids = with_word_ids or token_policy is not None
-        batch = self.tokenize(texts, word_ids=with_word_ids) if tokens is None else tokens
-        if tokens is not None and (len(tokens["input_ids"]) != len(texts) or (with_word_ids and tokens.encodings is None)):
-            raise ValueError(f"tokens must be the tokenization of the {len(texts)} texts"
-                             + (", with word ids (tokenize(texts, word_ids=True))" if with_word_ids else "")
-                             + f"; got {len(tokens['input_ids'])} texts' tokens"
-                             + ("" if tokens.encodings is not None or not with_word_ids else " without word ids"))
+        batch = self.tokenize(texts, word_ids=with_word_ids)
         tokenizer = self.tokenizer
         ragged = {"input_ids": (batch["input_ids"], tokenizer.pad_token_id or 0)}
         if self.special_ends is None:
