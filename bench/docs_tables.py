@@ -11,7 +11,7 @@ line). Commands (from the repository root)::
     python bench/docs_tables.py           # rewrite every marked table, and every report, from its JSON
     python bench/docs_tables.py --check   # exit 1 naming each table or report that differs
 
-``tests/test_bench_docs.py`` runs the check.
+``tests/test_bench_harness.py`` runs the check.
 """
 from __future__ import annotations
 
