@@ -163,7 +163,8 @@ def test_sentence_movers_keep_their_contracts_on_random_clouds(clouds, variant, 
 
 # --- F1 ---------------------------------------------------------------------------------------------
 
-finite = st.floats(-1.0, 1.0, allow_nan=False, width=64)
+# scores: 0, or of a magnitude where 2PR does not underflow (signed_f1's docs)
+finite = st.floats(-1.0, 1.0, allow_nan=False, width=64).filter(lambda v: v == 0 or abs(v) >= 1e-150)
 
 
 @given(p=finite, r=finite)
@@ -177,7 +178,7 @@ def test_signed_f1_lies_between_p_and_r_with_a_bounded_gradient(p, r):
     assert abs(pt.grad.item()) <= 2 and abs(rt.grad.item()) <= 2
     if p > 0 and r > 0:
         assert f.item() == pytest.approx(2 * p * r / (p + r), rel=1e-12)
-    if p * r <= 0:
+    if not ((p > 0 and r > 0) or (p < 0 and r < 0)):
         assert f.item() == 0
 
 
@@ -288,43 +289,49 @@ def assert_empty_rows_zero(scores, name):
     assert scores[-1] != 0, (name, scores.tolist())  # the control pair
 
 
-@pytest.mark.parametrize("method,direction", SCORER_MEMBERS)
-@pytest.mark.parametrize("policy", POLICIES)
+def valid(policy, method):
+    """The special-token policies a member takes: the sentence movers none but ``drop`` (whole documents),
+    ``target`` only the matching members."""
+    return policy == "drop" if method in VARIANTS else policy != "target" or get_member(method).matching
+
+
+@pytest.mark.parametrize("policy,method,direction",
+                         [(p, m, d) for p in POLICIES for m, d in SCORER_MEMBERS if valid(p, m)])
 def test_an_empty_text_scores_exactly_zero_in_the_scorer(policy, method, direction):
     """Empty or whitespace hypothesis or reference: exactly 0 (precision, recall and F1), no NaN in
     values or gradients, under every special-token policy, member, direction, centering and IDF
-    setting."""
+    setting (each centering and each IDF setting once: the rule is the encoder's, before either)."""
     tried = 0
-    for centering in ("none", "batch", "sentence"):
-        for idf in (False, True):
-            scorer = scorer_or_none(policy, method, direction, centering, idf)
-            if scorer is None:
-                continue
+    for centering, idf in (("none", False), ("batch", True), ("sentence", False), ("dimension", True)):
+        scorer = scorer_or_none(policy, method, direction, centering, idf and method not in VARIANTS)
+        if scorer is not None:
             tried += 1
             name = (policy, method, direction, centering, idf)
-            scorer.zero_grad()
             scores = scorer(EMPTY_HYPS, EMPTY_REFS, return_all=True)
             for s in scores:
                 assert_empty_rows_zero(s, name)
             sum(s.sum() for s in scores).backward()
-            assert all(torch.isfinite(p.grad).all() for p in scorer.parameters() if p.grad is not None), name
-    assert tried
+            grads = [p.grad for p in scorer.parameters() if p.grad is not None]
+            assert grads and all(torch.isfinite(g).all() for g in grads), name
+            scorer.zero_grad()
+    assert tried == 4
 
 
-@pytest.mark.parametrize("method,direction", [("twmd", "f1"), ("trwmd", "recall"), ("bertscore", "f1"),
-                                              ("wmd", "recall"), ("sbert", "recall"), ("sms", "recall")])
-@pytest.mark.parametrize("policy", POLICIES)
+REWARD_MEMBERS = [("twmd", "f1"), ("trwmd", "recall"), ("bertscore", "f1"), ("wmd", "recall"), ("sbert", "recall"),
+                  ("sms", "recall")]
+
+
+@pytest.mark.parametrize("policy,method,direction",
+                         [(p, m, d) for p in POLICIES for m, d in REWARD_MEMBERS if valid(p, m)])
 def test_an_empty_text_scores_exactly_zero_on_every_reward_path(policy, method, direction):
     """The same through ``Scorer.score`` (batched, arena) and the rewards: uncached, cached,
     self-critical and group."""
     from torchmover import GroupReward, MoverReward, SelfCriticalReward
 
     tried = 0
-    for centering in ("none", "batch"):
-        for idf in (False, True):
-            scorer = scorer_or_none(policy, method, direction, centering, idf)
-            if scorer is None:
-                continue
+    for centering, idf in (("none", True), ("batch", False)):
+        scorer = scorer_or_none(policy, method, direction, centering, idf and method not in VARIANTS)
+        if scorer is not None:
             tried += 1
             name = (policy, method, direction, centering, idf)
             assert_empty_rows_zero(scorer.score(EMPTY_HYPS, EMPTY_REFS, batch_size=2), name)
@@ -340,7 +347,7 @@ def test_an_empty_text_scores_exactly_zero_on_every_reward_path(policy, method, 
             assert torch.equal(result.advantage, result.sampled - result.greedy), name
             rewards = group([[h, "big red fox"] for h in EMPTY_HYPS], EMPTY_REFS).rewards
             assert_empty_rows_zero(rewards[:, 0], name)
-    assert tried
+    assert tried == 2
 
 
 words = st.sampled_from(WORDS + ["кошка", "猫", "chat", "!", "...", "é", "Ωmega"])
@@ -353,7 +360,7 @@ texts = st.one_of(
 )
 
 
-@given(data=st.data(), hyps=st.lists(texts, min_size=1, max_size=4))
+@given(data=st.data(), hyps=st.lists(texts, min_size=1, max_size=3))
 def test_scorer_keeps_every_contract_on_random_texts(data, hyps):
     refs = data.draw(st.lists(texts, min_size=len(hyps), max_size=len(hyps)))
     method, direction = data.draw(st.sampled_from(SCORER_MEMBERS))
@@ -370,6 +377,8 @@ def test_scorer_keeps_every_contract_on_random_texts(data, hyps):
             if method in BOUNDED_BY_ONE or method in VARIANTS:
                 assert (s.abs() <= 1 + ROUNDING).all(), s
         assert ((f >= torch.minimum(p, r) - ROUNDING) & (f <= torch.maximum(p, r) + ROUNDING)).all(), (p, r, f)
+        if centering in ("batch", "sentence"):
+            return  # they can center a text's vectors to 0 (one token alone): C(X, X) = 0, scored 0
         own = scorer(refs, refs)
         nonempty = torch.tensor([bool(t.strip()) for t in refs])
         tolerance = 2e-3 if method in ("moverscore", *VARIANTS) else 1e-5

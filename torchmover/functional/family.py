@@ -285,7 +285,10 @@ def _cross(term: TransportTerm, x: TokenCloud, y: TokenCloud) -> Tensor:
 def signed_f1(r: Tensor, p: Tensor) -> Tensor:
     """The F1 of the family, for scores of any sign: ``2 r p / (r + p)`` where ``r p > 0``, else 0
     (module docs). Symmetric in ``r`` and ``p``. Autograd-safe: the quotient is taken on a denominator
-    replaced by 1 where it is not used, so the untaken branch has a finite gradient (0 reaches it)."""
+    replaced by 1 where it is not used, so the untaken branch has a finite gradient (0 reaches it).
+    ``2 r p`` underflows where ``|r p|`` is below the dtype's smallest normal number (``|r|, |p| <
+    1e-150`` in float64, ``1e-19`` in float32): F1 is then 0 or a subnormal, and its gradient can be
+    infinite at the very smallest subnormals, far below any score's rounding."""
     same_sign = ((r > 0) & (p > 0)) | ((r < 0) & (p < 0))
     total = r + p  # has the sign of r and p where they share it, so it is never 0 there
     safe = torch.where(same_sign, total, torch.ones_like(total))
