@@ -30,8 +30,11 @@ neighbours). Measured in float64 by gradient ascent on 3-dimensional clouds: one
 (``T = 1``), also for one text whose masses differ between its two sides (IDF tables fitted per side;
 1.0008 for a WMT sentence with the default model and ``idf=True``). ``Sim(X, X) = 1`` holds where the
 text has the same masses on both sides (the cross term is then the self-term) and ``C(X, X) > 0``; a
-text whose vectors are all 0 (e.g. one token centered on its own mean) has ``C(X, X) = 0`` and scores
-0. Scores bounded by 1 can exceed it by float rounding only (≤ 1e-6 in float32, asserted in
+text whose vectors are all 0 (e.g. one token centered on its own mean), or sbert's text whose mean
+vector is 0, has ``C(X, X) = 0``: the ratio is then undefined, and so is it, up to rounding, wherever
+``sqrt(C(X1, X1) C(X2, X2)) ≤ 64 ε`` (ε the dtype's machine epsilon; the cross term's rounding error is
+of order ε, and by Cauchy–Schwarz the exact cross term is then below ``64 ε`` for sbert and cka): the
+score is 0 there. Scores bounded by 1 can exceed it by float rounding only (≤ 1e-6 in float32, asserted in
 ``tests/test_properties.py``: an identical pair whose self-term was computed in another batch, a unit
 vector's cosine with itself).
 :func:`family_similarity` is :func:`token_cloud` and :func:`pair_similarity` in one for aligned
@@ -252,7 +255,9 @@ def pair_similarity(
                 ref_self = ref_self.index_select(0, ref_index)
             if hyp_index is not None:
                 hyp_self = hyp_self.index_select(0, hyp_index)
-            cross = cross * (ref_self * hyp_self).clamp_min(torch.finfo(cross.dtype).tiny).rsqrt()
+            norm = ref_self * hyp_self  # C(X1, X1) C(X2, X2)
+            floor = (64 * torch.finfo(cross.dtype).eps) ** 2  # below: the ratio is rounding noise (module docs)
+            cross = torch.where(norm > floor, cross * norm.clamp_min(floor).rsqrt(), 0.0)
         empty = [c.empty for c in (h, r) if c.empty is not None]
         if not empty:  # no text is empty
             return cross
