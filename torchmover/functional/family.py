@@ -12,7 +12,7 @@ however many pairs it is in) and scores a pair with an empty text (all-False mas
 Bounds, proved (no score is clamped). Every token member's term is a plan's average of values in
 ``[-1, 1]``: ``C(X1, X2) = Σ_ij π_ij f(S_ij)`` with ``π ≥ 0`` of total mass 1 (one marginal is exact:
 the direction's, a converged plan's last one, bertscore's greedy ``π_ij = a_i [j = argmax_k S_ik]``,
-``a ⊗ b`` for sbert and cka) and ``f(S) = S`` (``S²`` for cka, ``1 − ‖x − y‖ ≥ −1`` for moverscore), so
+``a ⊗ b`` for sbert and cka) and ``f(S) = S`` (``S²`` for cka, ``1 − ‖x − y‖ ≥ −1`` for moverscore), so::
 
     |C(X1, X2)| ≤ 1     (every member, and f1: the signed F1 below lies between its two terms).
 
@@ -20,7 +20,7 @@ The members that are not normalised (bertscore, moverscore) are ``C`` itself: ``
 and cka Cauchy–Schwarz gives ``|Sim| ≤ 1``: ``C(X1, X2) = ⟨m1, m2⟩`` with ``m = Σ_i a_i x_i`` (cka: the
 Frobenius product of ``M = Σ_i a_i x_i x_iᵀ``) and ``C(X, X) = ‖m‖²``. For the transport members (twmd,
 trwmd, wmd) the plan of a pair is not built from the plans of its two self-pairs and no such inequality
-holds: their exact bound is
+holds: their exact bound is::
 
     |Sim(X1, X2)| ≤ 1 / sqrt(C(X1, X1) C(X2, X2)),
 
@@ -42,7 +42,7 @@ vector's cosine with itself).
 
 Directions: ``recall`` — every reference token ships exactly its mass (the plan's rows are exact);
 ``precision`` — every hypothesis token receives exactly its mass (columns exact); ``f1`` — the signed F1
-of the two un-normalised terms, normalised the same way. For scores ``P`` and ``R`` of any sign
+of the two un-normalised terms, normalised the same way. For scores ``P`` and ``R`` of any sign::
 
     F1(P, R) = 2PR / (P + R)   where PR > 0   (then P + R has their sign and is never 0),
     F1(P, R) = 0               where PR ≤ 0,
