@@ -10,6 +10,15 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+try:  # property-based tests (tests/test_properties.py): a bounded number of examples, no deadline
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile("ci", max_examples=25, deadline=None, print_blob=True,
+                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+except ImportError:  # hypothesis is in the test extra; only tests/test_properties.py needs it
+    pass
+
 WORDS = (
     "the a an cat dog mat sat on is was in of and to it he she they we you this that with for "
     "barked sleeps runs ran house red blue green big small quick brown fox jumps over lazy day "

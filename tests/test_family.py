@@ -111,7 +111,9 @@ def test_clouds_known_nonempty_score_as_the_placeholder_clouds(method, direction
     assert torch.equal(score(*known), score(token_cloud(*hyp_args), token_cloud(*ref_args)))
     with_empty = texts(4, 3, 6, empty=1)
     got = score(known[0], token_cloud(*with_empty))
-    assert torch.isfinite(got).all() and (got[ref_index == 1] == 0).all() and (got[ref_index != 1] != 0).all()
+    assert torch.isfinite(got).all() and (got[ref_index == 1] == 0).all()
+    if direction != "f1":  # the signed F1 is 0 where precision and recall differ in sign, as random clouds may
+        assert (got[ref_index != 1] != 0).all()
 
 
 @pytest.mark.parametrize("weighted", [False, True])

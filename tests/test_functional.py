@@ -2,7 +2,7 @@
 
 The references below are naive NumPy loops over the real tokens of one pair (no padding, no
 masks, no batching), written from the formulas in the issue; exact WMD is checked against POT's LP
-solver ``ot.emd``.
+solver ``ot.emd`` (only those comparisons need POT: they alone are skipped without it).
 """
 from __future__ import annotations
 
@@ -17,7 +17,12 @@ from scipy.special import logsumexp
 import torchmover.functional as F
 from torchmover.functional.transport import CONVERGENCE_TOLERANCE
 
-ot = pytest.importorskip("ot")
+try:
+    import ot
+except ImportError:  # POT is in the test extra; without it only the LP comparisons are skipped
+    ot = None
+
+needs_pot = pytest.mark.skipif(ot is None, reason="POT (the LP reference of exact WMD) is not installed")
 
 DIRECTIONS = ("recall", "precision", "f1")
 
@@ -87,7 +92,8 @@ def c_lp(x1, x2, a, b, exact=None):
 
 
 def harmonic(r, p):
-    return 0.0 if r + p == 0 else 2 * r * p / (r + p)
+    """The family's signed F1: the harmonic mean where r and p share a sign, else 0."""
+    return 2 * r * p / (r + p) if r * p > 0 else 0.0
 
 
 def sim_reference(c, x1, x2, a, b, direction="recall", normalize=True):
@@ -192,6 +198,7 @@ def test_matches_naive_reference(name, normalize, weighted):
         assert out[i].item() == pytest.approx(expected, rel=1e-10, abs=1e-12), (name, i)
 
 
+@needs_pot
 @pytest.mark.parametrize("seed,l1,l2", [(0, 3, 3), (1, 4, 6), (2, 7, 5), (3, 10, 10)])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_wmd_matches_lp_solver(seed, l1, l2, weighted):
@@ -281,6 +288,7 @@ def test_trwmd_tends_to_bertscore_as_temperature_vanishes(direction, normalize):
 
 # --- the WMD gradient is the envelope gradient ------------------------------------------------------
 
+@needs_pot
 def test_wmd_gradient_matches_finite_differences_of_lp():
     """∂/∂hyp of the LP value max_π Σ π S (unique optimum: random data, distinct lengths) by central
     differences, against autograd through ``wmd`` (plan held constant, T = 1e-3)."""

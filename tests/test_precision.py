@@ -1,5 +1,7 @@
 """bf16 / fp16 encoders: the centering mean stays float32, centering and transport run in float32, and
-scores stay within 1e-2 of float32 (measured: within 1e-3 on these pairs), never NaN."""
+scores stay within 2e-3 (bf16) / 3e-4 (fp16) of float32, never NaN. Measured on these pairs with the
+default model on CPU (``python -m pytest tests/test_precision.py``): at most 8.0e-4 (bf16) and 9.9e-5
+(fp16) over the configurations below."""
 from __future__ import annotations
 
 import copy
@@ -49,13 +51,34 @@ def default_encoder():
     return Encoder.from_pretrained(DEFAULT_MODEL)
 
 
+TOLERANCE = {"bf16": 2e-3, "fp16": 3e-4}
+HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def cpu_runs_transformer_ops_in(dtype: torch.dtype) -> bool:
+    """Whether this torch build has the CPU kernels of a transformer layer in ``dtype``."""
+    x = torch.ones(2, 3, 4, dtype=dtype)
+    try:
+        torch.nn.functional.layer_norm(torch.nn.functional.linear(x, torch.ones(4, 4, dtype=dtype)), (4,))
+        torch.softmax(x @ x.transpose(1, 2), -1)
+        torch.nn.functional.gelu(x)
+    except RuntimeError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("dtype, options", [
     ("bf16", dict(centering="fixed")), ("bf16", dict()), ("bf16", dict(method="trwmd")),
     ("bf16", dict(method="bertscore", direction="f1")),
-    ("fp16", dict(centering="fixed")), ("fp16", dict(method="bertscore", direction="f1")),
+    ("fp16", dict(centering="fixed")), ("fp16", dict()), ("fp16", dict(method="trwmd")),
+    ("fp16", dict(method="bertscore", direction="f1")),
 ])
-def test_half_precision_encoder_scores_within_1e_2_of_float32(default_encoder, options, dtype):
-    """The default model (all-MiniLM-L6-v2) on CPU; fp16 on CPU needs torch's half kernels."""
+def test_half_precision_encoder_scores_close_to_float32(default_encoder, options, dtype):
+    """The default model (all-MiniLM-L6-v2) on CPU; skipped only where torch has no CPU kernels for the
+    dtype (an error anywhere else fails)."""
+    if not cpu_runs_transformer_ops_in(HALF[dtype]):
+        pytest.skip(f"this torch build has no CPU {dtype} kernels for a transformer layer")
+
     def scores(**extra):
         scorer = Scorer(copy.deepcopy(default_encoder), **options, **extra)
         if scorer.config.centering == "fixed":
@@ -64,11 +87,8 @@ def test_half_precision_encoder_scores_within_1e_2_of_float32(default_encoder, o
             return scorer(HYPS, REFS), scorer
 
     reference, _ = scores()
-    try:
-        half, scorer = scores(dtype=dtype)
-    except RuntimeError as error:  # e.g. an op without a CPU half kernel in this torch build
-        pytest.skip(f"{dtype} on CPU: {error}")
-    assert next(scorer.encoder.parameters()).dtype != torch.float32
+    half, scorer = scores(dtype=dtype)
+    assert next(scorer.encoder.parameters()).dtype == HALF[dtype]
     assert half.dtype == torch.float32 and not half.isnan().any()
     assert half[2] == 0  # the empty hypothesis
-    torch.testing.assert_close(half, reference, rtol=0, atol=1e-2)
+    torch.testing.assert_close(half, reference, rtol=0, atol=TOLERANCE[dtype])

@@ -9,25 +9,53 @@ defines its transport term ``C`` (:mod:`torchmover.functional.members`); the res
 :func:`pair_similarity` normalises so that ``Sim(X, X) = 1`` (each text's self-term computed once,
 however many pairs it is in) and scores a pair with an empty text (all-False mask) exactly 0.
 
-Bounds. Every score is clamped to ``[-1, 1]`` by :func:`pair_similarity`, so that ``|Sim| ≤ 1`` and
-``Sim(X, X) ≤ 1`` hold on every path. Without the clamp they can fail in two ways:
+Bounds, proved (no score is clamped). Every token member's term is a plan's average of values in
+``[-1, 1]``: ``C(X1, X2) = Σ_ij π_ij f(S_ij)`` with ``π ≥ 0`` of total mass 1 (one marginal is exact:
+the direction's, a converged plan's last one, bertscore's greedy ``π_ij = a_i [j = argmax_k S_ik]``,
+``a ⊗ b`` for sbert and cka) and ``f(S) = S`` (``S²`` for cka, ``1 − ‖x − y‖ ≥ −1`` for moverscore), so::
 
-- rounding: a self-term computed in another batch (e.g. cached by a reward from a call with other
-  texts, so padded and summed differently) can come out one ulp below the cross term of an identical
-  pair (1.0000001), and a unit vector's cosine with itself can round above 1 (bertscore);
-- unequal masses: where a text's token masses differ between its two sides (IDF tables fitted per
-  side), the cross term of a tempered member with finitely many Sinkhorn iterations is not bounded by
-  the geometric mean of the self-terms: an identical text then scores up to about ``1 + 1e-3``
-  (measured in float64 on random clouds: 1.0003 at ``T = 0.1``, 1.003 at ``T = 1``, one iteration;
-  1.0008 for a WMT sentence with the default model and ``idf=True``); with uniform masses, or solved
-  to convergence, no excess beyond rounding was measured.
+    |C(X1, X2)| ≤ 1     (every member, and f1: the signed F1 below lies between its two terms).
 
-A clamped score's gradient is 0 (at an identical pair the exact gradient is 0 too).
-:func:`family_similarity` is the two in one for aligned ``[B, L, D]`` batches.
+The members that are not normalised (bertscore, moverscore) are ``C`` itself: ``|Sim| ≤ 1``. For sbert
+and cka Cauchy–Schwarz gives ``|Sim| ≤ 1``: ``C(X1, X2) = ⟨m1, m2⟩`` with ``m = Σ_i a_i x_i`` (cka: the
+Frobenius product of ``M = Σ_i a_i x_i x_iᵀ``) and ``C(X, X) = ‖m‖²``. For the transport members (twmd,
+trwmd, wmd) the plan of a pair is not built from the plans of its two self-pairs and no such inequality
+holds: their exact bound is::
+
+    |Sim(X1, X2)| ≤ 1 / sqrt(C(X1, X1) C(X2, X2)),
+
+which is above 1 wherever a self-term is below 1 (a tempered plan spreads a token's mass over its
+neighbours). Measured in float64 by gradient ascent on 3-dimensional clouds: one-iteration TWMD up to
+1.0034 at ``T = 0.1`` with uniform masses, and with weighted masses up to 1.015 (``T = 0.1``) and 1.15
+(``T = 1``), also for one text whose masses differ between its two sides (IDF tables fitted per side;
+1.0008 for a WMT sentence with the default model and ``idf=True``). ``Sim(X, X) = 1`` holds where the
+text has the same masses on both sides (the cross term is then the self-term) and ``C(X, X) > 0``; a
+text whose vectors are all 0 (e.g. one token centered on its own mean), or sbert's text whose mean
+vector is 0, has ``C(X, X) = 0``: the ratio is then undefined, and so is it, up to rounding, wherever
+``sqrt(C(X1, X1) C(X2, X2)) ≤ 64 ε`` (ε the dtype's machine epsilon; the cross term's rounding error is
+of order ε, and by Cauchy–Schwarz the exact cross term is then below ``64 ε`` for sbert and cka): the
+score is 0 there. Scores bounded by 1 can exceed it by float rounding only (≤ 1e-6 in float32, asserted in
+``tests/test_properties.py``: an identical pair whose self-term was computed in another batch, a unit
+vector's cosine with itself).
+:func:`family_similarity` is :func:`token_cloud` and :func:`pair_similarity` in one for aligned
+``[B, L, D]`` batches.
 
 Directions: ``recall`` — every reference token ships exactly its mass (the plan's rows are exact);
-``precision`` — every hypothesis token receives exactly its mass (columns exact); ``f1`` — the harmonic
-mean ``2 C_R C_P / (C_R + C_P)`` of the two un-normalised terms, normalised the same way.
+``precision`` — every hypothesis token receives exactly its mass (columns exact); ``f1`` — the signed F1
+of the two un-normalised terms, normalised the same way. For scores ``P`` and ``R`` of any sign::
+
+    F1(P, R) = 2PR / (P + R)   where PR > 0   (then P + R has their sign and is never 0),
+    F1(P, R) = 0               where PR ≤ 0,
+
+(:func:`signed_f1`): the harmonic mean where both are positive (BERTScore's F, bert_score's values to
+1e-5), it always lies between ``P`` and ``R``, is continuous (the harmonic mean tends to 0 on the axes)
+and has a finite gradient (``|∂F1/∂P| = 2R² / (P + R)² ≤ 2`` where the signs agree, 0 elsewhere).
+With centered vectors ``P`` and ``R`` can have opposite signs, where ``2PR / (P + R)`` leaves
+``[P, R]`` and explodes near ``P = −R``. A text's self-terms are equal in the two directions (the
+precision plan of ``(X, X)`` is the recall plan transposed), so normalising ``F1(C_R, C_P)`` by the
+self-terms' F1 equals ``F1`` of the normalised recall and precision (``F1`` is positively homogeneous):
+twmd's, trwmd's and bertscore's ``f1`` lie between their ``precision`` and ``recall``. The scorer's
+``return_all``, the rewards and the sensitivity analysis read the same ``f1``.
 """
 from __future__ import annotations
 
@@ -81,15 +109,16 @@ def _check_inputs(hyp: Tensor, ref: Tensor, hyp_mask: Tensor | None, ref_mask: T
 def _masses(mask: Tensor, weights: Tensor | None, name: str, dtype: torch.dtype,
             validate: bool, nonempty: bool = False) -> tuple[Tensor, Tensor]:
     """Token masses (in ``dtype``) summing to 1 over real tokens, and the mask with zero-weight
-    tokens removed. ``validate`` checks that the weights are non-negative (a read of device data).
+    tokens removed. ``validate`` checks that the weights of real tokens are finite and non-negative
+    (one read of device data).
     ``nonempty``: every row has a token of positive weight (no total of 0 to guard against)."""
     if weights is None:  # uniform: 1 on every real token, already 0 off the mask
         weights = mask.to(dtype)
     elif weights.shape != mask.shape:
         raise ValueError(f"{name} must have shape {tuple(mask.shape)}, got {tuple(weights.shape)}")
     else:
-        if validate and bool((weights < 0).any()):
-            raise ValueError(f"{name} must be non-negative")
+        if validate and bool((mask & ~((weights >= 0) & (weights < torch.inf))).any()):  # NaN fails both
+            raise ValueError(f"{name} must be finite and non-negative (masses), got a NaN, inf or negative weight")
         mask = mask & (weights > 0)
         weights = torch.where(mask, weights, 0.0)
     total = weights.sum(-1, keepdim=True)
@@ -97,20 +126,20 @@ def _masses(mask: Tensor, weights: Tensor | None, name: str, dtype: torch.dtype,
 
 
 def _unit_vectors(x: Tensor, mask: Tensor, finite_padding: bool = False) -> Tensor:
-    """L2-normalised token vectors ``x / max(‖x‖, tiny)``, exactly zero at padding: never NaN,
-    whatever padding holds (it is zeroed first).
+    """L2-normalised token vectors ``x / ‖x‖``, exactly zero at padding and where ``x = 0`` (a token
+    vector that centering made 0, e.g. the one token of a text centered on its own mean): never NaN,
+    whatever padding holds, and a finite gradient (0 at a zero vector) everywhere.
 
-    ``finite_padding``: the caller knows that padding holds finite values (an encoder's output, a
-    centered or gathered batch), so zeroing it first (a select over all of ``x``, a scalar loop on
-    the CPU) is not needed: the norms (``[..., 1]``, small) are replaced by ``inf`` at padding
-    instead, where ``x / inf`` is then 0 (signed); real tokens are divided by the same norms, to the
-    bit. The replacement is a select, so no gradient reaches a padding norm: dividing the norms by
-    the mask would give the same values but a NaN gradient (``0 · inf``) wherever padding is not zero
-    (no centering, which zeroes it)."""
+    The norm is replaced by ``inf`` at padding and at zero vectors (a select, so ``x / inf`` is 0 and
+    no gradient reaches the replaced norms; dividing by a clamped norm instead would give a zero
+    vector the gradient ``1 / tiny = inf``). ``finite_padding``: the caller knows that padding holds
+    finite values (an encoder's output, a centered or gathered batch), so zeroing it first (a select
+    over all of ``x``, a scalar loop on the CPU) is not needed; by default it is zeroed first, so NaN
+    there does no harm. Real tokens are divided by their norms either way, to the bit."""
     if not finite_padding:
         x = torch.where(mask.unsqueeze(-1), x, 0.0)
-    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
-    return x / (torch.where(mask.unsqueeze(-1), norm, torch.inf) if finite_padding else norm)
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return x / torch.where(mask.unsqueeze(-1) & (norm > 0), norm, torch.inf)
 
 
 def _placeholder_for_empty(x: Tensor, mask: Tensor, w: Tensor, empty: Tensor):
@@ -150,9 +179,9 @@ def token_cloud(x: Tensor, mask: Tensor, weights: Tensor | None = None, *, dtype
                 nonempty: bool = False, finite_padding: bool = False) -> TokenCloud:
     """The :class:`TokenCloud` of token vectors ``x`` ``[N, L, D]`` with ``mask`` ``[N, L]`` and optional
     non-negative ``weights`` ``[N, L]`` (uniform over real tokens if None), in ``dtype`` (default: ``x``'s
-    promoted to at least float32). ``validate=True`` raises for negative weights, which reads the
-    weights on the host (a device sync): callers whose weights are non-negative by construction (the
-    :class:`~torchmover.Scorer`'s IDF weights) pass ``False``.
+    promoted to at least float32). ``validate=True`` raises for NaN, infinite or negative weights (of
+    real tokens), which reads them on the host (one device sync): callers whose weights are masses by
+    construction (the :class:`~torchmover.Scorer`'s IDF weights) pass ``False``.
 
     A token of weight 0 is dropped, unless ``zero_mass_targets``: then it stays in the mask with mass 0,
     a token the other text's tokens can be matched to but which ships nothing itself (bert_score's
@@ -189,7 +218,7 @@ def family_similarity(
     ``term`` is one function, or a dict with ``"recall"`` and ``"precision"`` terms from which
     ``direction`` picks (``"f1"``: their harmonic mean). Computes in at least float32. Returns
     ``[B]``; a pair with an empty text scores exactly 0. ``validate`` (default True) raises for
-    negative weights; it reads them on the host (a device sync), so pass ``False`` in a training loop
+    NaN, infinite or negative weights; it reads them on the host (a device sync), so pass ``False`` in a training loop
     whose weights are known to be non-negative. Nothing else reads device data.
     """
     hyp_mask, ref_mask = _check_inputs(hyp, ref, hyp_mask, ref_mask)
@@ -212,7 +241,7 @@ def pair_similarity(
     self-terms ``C(X, X)`` are computed per text of ``hyp`` and ``ref`` and gathered, and
     ``ref_self`` ``[N_ref]`` may supply the references' (e.g. cached across calls, from
     :func:`self_similarity`). Autocast is off inside: the matmuls run in the clouds' dtype. Scores
-    are clamped to ``[-1, 1]`` against rounding (module docs).
+    are not clamped: their bounds are proved (module docs).
     """
     term = _resolve(term, direction)
     with autocast_off(hyp.vectors.device):
@@ -226,8 +255,9 @@ def pair_similarity(
                 ref_self = ref_self.index_select(0, ref_index)
             if hyp_index is not None:
                 hyp_self = hyp_self.index_select(0, hyp_index)
-            cross = cross * (ref_self * hyp_self).clamp_min(torch.finfo(cross.dtype).tiny).rsqrt()
-        cross = cross.clamp(-1.0, 1.0)  # rounding only (see the module docs)
+            norm = ref_self * hyp_self  # C(X1, X1) C(X2, X2)
+            floor = (64 * torch.finfo(cross.dtype).eps) ** 2  # below: the ratio is rounding noise (module docs)
+            cross = torch.where(norm > floor, cross * norm.clamp_min(floor).rsqrt(), 0.0)
         empty = [c.empty for c in (h, r) if c.empty is not None]
         if not empty:  # no text is empty
             return cross
@@ -241,15 +271,15 @@ def self_similarity(term: TransportTerm | dict[str, TransportTerm], cloud: Token
 
 
 def _resolve(term: TransportTerm | dict[str, TransportTerm], direction: str) -> TransportTerm:
-    """The term of ``direction`` (``f1``, unless the member has its own: the harmonic mean of the recall
-    and precision terms)."""
+    """The term of ``direction`` (``f1``, unless the member has its own: the :func:`signed_f1` of the
+    recall and precision terms)."""
     if not isinstance(term, dict):
         return term
     _check_direction(direction)
     if direction in term:
         return term[direction]
     recall, precision = term["recall"], term["precision"]
-    return lambda *args: _harmonic_mean(recall(*args), precision(*args))
+    return lambda *args: signed_f1(recall(*args), precision(*args))
 
 
 def _cross(term: TransportTerm, x: TokenCloud, y: TokenCloud) -> Tensor:
@@ -257,11 +287,17 @@ def _cross(term: TransportTerm, x: TokenCloud, y: TokenCloud) -> Tensor:
     return term(x.vectors, y.vectors, x.mask, y.mask, x.mass, y.mass)
 
 
-def _harmonic_mean(r: Tensor, p: Tensor) -> Tensor:
-    """``2 r p / (r + p)``, defined as 0 where ``r + p = 0``."""
-    total = r + p
-    safe = torch.where(total == 0, torch.ones_like(total), total)
-    return torch.where(total == 0, torch.zeros_like(total), 2 * r * p / safe)
+def signed_f1(r: Tensor, p: Tensor) -> Tensor:
+    """The F1 of the family, for scores of any sign: ``2 r p / (r + p)`` where ``r p > 0``, else 0
+    (module docs). Symmetric in ``r`` and ``p``. Autograd-safe: the quotient is taken on a denominator
+    replaced by 1 where it is not used, so the untaken branch has a finite gradient (0 reaches it).
+    ``2 r p`` underflows where ``|r p|`` is below the dtype's smallest normal number (``|r|, |p| <
+    1e-150`` in float64, ``1e-19`` in float32): F1 is then 0 or a subnormal, and its gradient can be
+    infinite at the very smallest subnormals, far below any score's rounding."""
+    same_sign = ((r > 0) & (p > 0)) | ((r < 0) & (p < 0))
+    total = r + p  # has the sign of r and p where they share it, so it is never 0 there
+    safe = torch.where(same_sign, total, torch.ones_like(total))
+    return torch.where(same_sign, 2 * r * p / safe, torch.zeros_like(total))
 
 
 def _sim(x: Tensor, y: Tensor) -> Tensor:

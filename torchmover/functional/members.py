@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from .family import DIRECTIONS, WMD_TEMPERATURE, TransportTerm, _harmonic_mean, _log, _sim
+from .family import DIRECTIONS, WMD_TEMPERATURE, TransportTerm, signed_f1, _log, _sim
 from .transport import (TransportPlan, converged_sinkhorn, cost_matrix, log_pair_mask, plan_value, real_sides,
                         sinkhorn, sinkhorn_value, tempered_residual)
 
@@ -171,13 +171,13 @@ def _relaxed_term(temperature: float, exact: str) -> TransportTerm:
 
 def _greedy_term(direction: str) -> TransportTerm:
     """BERTScore's greedy matching ``R = Σ_i a_i max_j S_ij``, ``P = Σ_j b_j max_i S_ij``, or (``f1``)
-    both from one similarity matrix and their harmonic mean."""
+    both from one similarity matrix and their signed F1 (:func:`~torchmover.functional.family.signed_f1`)."""
     def term(x, y, rows, cols, a, b):
         sim = _sim(x, y) + log_pair_mask(rows, cols, x.dtype)  # -inf off the mask
         recall = (torch.where(rows, sim.amax(-1), 0.0) * a).sum(-1) if direction != "precision" else None
         precision = (torch.where(cols, sim.amax(-2), 0.0) * b).sum(-1) if direction != "recall" else None
         if direction == "f1":
-            return _harmonic_mean(recall, precision)
+            return signed_f1(recall, precision)
         return recall if direction == "recall" else precision
     return term
 

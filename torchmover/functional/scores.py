@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ..runtime.devices import autocast_off
-from .family import WMD_TEMPERATURE, FamilyScore, _check_inputs, _harmonic_mean, family_similarity, token_cloud
+from .family import WMD_TEMPERATURE, FamilyScore, _check_inputs, signed_f1, family_similarity, token_cloud
 from .members import Transport, member_term, moverscore_transport, twmd_transport
 from .transport import check_temperature
 
@@ -37,8 +37,9 @@ def tempered_wmd(
     (hypothesis tokens) to their masses ``b``, then rows (reference tokens) to theirs ``a``, so every
     reference token ships exactly its mass; **precision** does the two steps in the opposite order.
     ``C = Σ_ij π_ij S_ij``; with ``normalize`` the score is ``C(X1,X2) / sqrt(C(X1,X1) C(X2,X2))``
-    with the same direction, so ``Sim(X, X) = 1``; ``f1`` is the harmonic mean of the un-normalised
-    recall and precision terms, normalised the same way. (The paper's text writes ``exp(−S/T)``; its
+    with the same direction, so ``Sim(X, X) = 1``; ``f1`` is the signed F1 (``2RP / (R + P)`` where
+    ``RP > 0``, else 0: :mod:`~torchmover.functional.family`) of the un-normalised recall and precision
+    terms, normalised the same way. (The paper's text writes ``exp(−S/T)``; its
     released code and this function use ``exp(+S/T)``: similar tokens attract mass.)
 
     ``n_iter=None`` solves the entropic problem at ``T`` to convergence
@@ -47,7 +48,7 @@ def tempered_wmd(
     the gradient is exact.
 
     With finite ``n_iter`` nothing reads device data (no host-device sync on CUDA), except the check
-    that given weights are non-negative: ``validate=False`` skips it (e.g. in a training loop).
+    that given weights are finite and non-negative: ``validate=False`` skips it (e.g. in a training loop).
     """
     return _transport_score(
         temperature, n_iter, hyp, ref, hyp_mask, ref_mask, direction=direction,
@@ -150,14 +151,15 @@ def bertscore(
     hyp_weights: Tensor | None = None, ref_weights: Tensor | None = None, normalize: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """BERTScore greedy matching ``(P, R, F)``: ``R = Σ_i a_i max_j S_ij``, ``P = Σ_j b_j max_i S_ij``,
-    ``F = 2PR / (P + R)`` (0 where ``P + R = 0``). With unit vectors ``C(X, X) = 1``, so normalising
+    ``F = 2PR / (P + R)`` where ``PR > 0``, else 0 (the signed F1 of
+    :mod:`~torchmover.functional.family`: always between P and R). With unit vectors ``C(X, X) = 1``, so normalising
     changes nothing but rounding. Weights play the role of BERTScore's IDF weights.
     """
     kw = dict(hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=normalize)
     terms = member_term("bertscore")
     p = family_similarity(terms, hyp, ref, hyp_mask, ref_mask, direction="precision", **kw)
     r = family_similarity(terms, hyp, ref, hyp_mask, ref_mask, direction="recall", **kw)
-    return p, r, _harmonic_mean(p, r)
+    return p, r, signed_f1(p, r)
 
 
 def sbert(

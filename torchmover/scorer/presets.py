@@ -22,10 +22,13 @@ Presets:
                      centers each mini-batch of 32 pairs: call the scorer on slices of 32 pairs to
                      reproduce that; ``scorer.score`` centers on the whole call), and its "recall"
                      (= precision here). Its P, R and F1 are torchmover's ``precision``, ``recall`` and
-                     ``f1`` directions (their F1 ``f1_12 / sqrt(f1_11 · f1_22)`` is torchmover's ``f1``:
-                     the self-terms of both directions are equal, so normalising the harmonic mean and
-                     taking the harmonic mean of normalised scores agree); ``bench/studies/compare_authors.py``
-                     checks all three, for TWMD, TRWMD and BERTScore, with and without centering.
+                     ``f1`` directions (their F1 ``f1_12 / sqrt(f1_11 · f1_22)`` is torchmover's ``f1``
+                     where the recall and precision terms share a sign: the self-terms of both directions
+                     are equal, so normalising the harmonic mean and taking the harmonic mean of
+                     normalised scores agree; where the signs differ the signed F1 is 0);
+                     ``bench/studies/compare_authors.py`` checks all three, for TWMD, TRWMD and BERTScore, with
+                     and without centering. Its one deviation from the authors' code, which has no rule
+                     for empty texts (it moves the [CLS] token): an empty text scores 0, as everywhere.
 ``trwmd-b``          TRWMD-b: the closed-form relaxation, T = 0.15.
 ``twmd``             TWMD without centering at the paper's T = 0.02.
 ``moverscore``       MoverScore v2: distilbert-base-uncased, last layer, [CLS]/[SEP] kept (IDF gives them

@@ -62,7 +62,8 @@ class TokenEmbeddings(NamedTuple):
     Attributes:
         embeddings: ``[N, L, D]`` token vectors of the chosen layer.
         mask: ``[N, L]`` True for the tokens that take part: not padding, and special tokens only
-            as the encoder's ``special_tokens`` policy keeps them.
+            as the encoder's ``special_tokens`` policy keeps them (none in a text without a token of
+            its own).
         input_ids: ``[N, L]`` token ids (padding included).
         word_ids: ``[N, L]`` index of the word each token belongs to (``-1`` for special tokens and
             padding), from the fast tokenizer: subword pieces of one word share an index.
@@ -118,6 +119,16 @@ def template_spans(lengths: Sequence[int], before: int, after: int) -> list[tupl
     :func:`template_special_ends`), found from the lengths alone: ``(before, length - after)``, or
     ``(0, 0)`` for a text without such tokens."""
     return [(before, n - after) if n - after > before else (0, 0) for n in lengths]
+
+
+def _empty_without_text_tokens(mask: np.ndarray, special: np.ndarray, spans: list[tuple[int, int]]):
+    """``mask`` (host ``[N, L]``) and ``spans`` with every text that keeps no token but special ones
+    (an empty or whitespace text, or one whose every token the token policy dropped) emptied: it then
+    scores exactly 0 under every special-tokens policy, as under ``drop``."""
+    has_text = (mask & ~special).any(1)
+    if has_text.all():
+        return mask, spans
+    return mask & has_text[:, None], [span if keep else (0, 0) for span, keep in zip(spans, has_text.tolist())]
 
 
 def pad_lists(ragged: Sequence[Sequence[Sequence[int]]], pads: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -322,7 +333,9 @@ class Encoder(nn.Module):
             authors' code), ``keep`` (all kept: MoverScore v2, where IDF then gives them weight 0) or
             ``target`` (all kept in the mask, like ``keep``; the :class:`~torchmover.Scorer` then gives
             them mass 0 but leaves them as matching targets: bert_score, where [CLS] and [SEP]
-            weigh 0 yet every token's best match is searched among them too).
+            weigh 0 yet every token's best match is searched among them too). Under every policy a
+            text without a token of its own (empty, whitespace, or every token dropped by the token
+            policy) keeps no special token either: it is empty, and scores exactly 0.
         power_mean_layers: ``k > 1`` replaces the layer's vectors by the concatenated power means
             ``[mean, max, min]`` over layers ``layer − k + 1 … layer`` (MoverScore's Eq. 3–5,
             ``p ∈ {1, +∞, −∞}``), so the vectors have ``3·hidden_size`` dimensions.
@@ -549,6 +562,8 @@ class Encoder(nn.Module):
             mask = token_policy(*(torch.from_numpy(a) for a in (mask, host["input_ids"], host["word_ids"]))).numpy()
         ends = None if token_policy is not None else self._kept_ends()
         spans = kept_spans(mask) if ends is None else template_spans(lengths.tolist(), *ends)
+        if self.special_tokens != "drop":  # a text without a token of its own keeps no special token: it is empty
+            mask, spans = _empty_without_text_tokens(mask, special, spans)
         model_inputs = {"input_ids": host["input_ids"], "attention_mask": valid}
         if "token_type_ids" in tokenizer.model_input_names:
             model_inputs["token_type_ids"] = host.get("token_type_ids", np.zeros_like(host["input_ids"]))
