@@ -185,8 +185,6 @@ def test_least_squares_matches_polyfit():
 def test_bad_arguments_are_reported(setup, full_run, tmp_path):
     with pytest.raises(ValueError, match="fp16 needs a GPU"):
         recipe.main(argv(setup, tmp_path / "x", "--precision", "fp16", "--device", "cpu"))
-    with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        recipe.main(argv(setup, tmp_path / "y", "--resume"))
     with pytest.raises(ValueError, match="changed: --batch-size 4 -> 3"):  # the data order would change
         recipe.main(argv(setup, full_run[0], "--resume", "--batch-size", "3"))
 

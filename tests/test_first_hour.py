@@ -42,9 +42,14 @@ def test_the_quick_start_prints_what_the_readme_shows():
     result = torchmover(*score, "--no-progress")
     assert result.returncode == 0, result.stderr
     expected = readme_block("Expected output", "text").splitlines()
-    assert result.stdout.splitlines() == expected[:8]  # the eight scores, to the printed digit
+    # The eight scores, to one unit of the printed digit: a CPU's vector kernels can move the seventh
+    # decimal (0.9032455 prints 0.903245 on one x86 machine, 0.903246 on another).
+    printed = [float(line) for line in result.stdout.splitlines()]
+    assert printed == pytest.approx([float(line) for line in expected[:8]], abs=1.01e-6, rel=0)
     mean, signature = [line for line in result.stderr.splitlines() if line.startswith(("mean:", "signature:"))]
-    assert mean == expected[8]
+    value, count = mean.split()[1], mean.split()[2]
+    assert (float(value), count) == (pytest.approx(float(expected[8].split()[1]), abs=1.01e-6, rel=0),
+                                     expected[8].split()[2])
     fields = [f for f in signature.split("|") if not f.startswith(LIBRARY_FIELDS)]  # versions move with installs
     assert fields == [f for f in expected[9].split("|") if not f.startswith(LIBRARY_FIELDS)]
 
