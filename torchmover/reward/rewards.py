@@ -70,7 +70,7 @@ from ..runtime.distributed import shard
 from ..scorer import Scorer
 from ..scorer.inputs import as_list, check_references, check_texts
 from ..scorer.plan import PairIndex, pair_index
-from ..scorer.references import combine_pieces, needs_pieces, piece_calls, split_references
+from ..scorer.references import needs_pieces, score_in_pieces, split_references
 from ..scorer.signature import tensor_digest
 from ..scorer.units import Units
 from .cache import CacheInfo, ReferenceCache, ReferencePlan
@@ -313,10 +313,9 @@ class MoverReward:
         if not hyps:
             return torch.zeros(0, dtype=torch.promote_types(encoder.dtype, torch.float32), device=device)
         if needs_pieces(groups):  # many references: scored in pieces, in bounded memory
-            pieces = split_references(hyps, groups)
-            parts = [self._scores(pieces.hyps[run], pieces.groups[run], centering, device)
-                     for run in piece_calls(pieces)]
-            scores = combine_pieces(torch.cat(parts), pieces, len(hyps), self._scorer.config.multi_ref)
+            scores = score_in_pieces(split_references(hyps, groups), len(hyps), self._scorer.config.multi_ref,
+                                     lambda piece_hyps, piece_groups: self._scores(piece_hyps, piece_groups,
+                                                                                   centering, device))
         else:
             scores = self._scores(hyps, groups, centering, device)
         if self.shaping is not None:

@@ -33,7 +33,7 @@ from . import corpus, serialization
 from .config import ScorerConfig
 from .inputs import check_references, check_texts, distinct_texts
 from .plan import CallPlan, PairIndex, call_plan
-from .references import combine_pieces, needs_pieces, piece_calls, split_references
+from .references import combine_pieces, needs_pieces, piece_calls, score_in_pieces, split_references
 from .signature import scorer_signature
 from .units import PRF, Units
 
@@ -491,10 +491,16 @@ class Scorer(nn.Module):
         batch_mean_with_grad = self.config.centering == "batch" and (torch.is_grad_enabled() or self.centering._syncs())
         if needs_pieces(groups) and not batch_mean_with_grad:
             return self._forward_in_pieces(hyps, groups, return_all)
+        return self._score_texts(hyps, groups, return_all)
+
+    def _score_texts(self, hyps: list[str], groups: list[list[str]], return_all: bool,
+                     means: tuple[Tensor, ...] | None = None) -> Tensor | PRF:
+        """Encode the distinct texts of one call and score its pairs (:meth:`score_call`)."""
         texts = distinct_texts(hyps, groups)
         plan = call_plan(hyps, groups, texts).to_device(self.encoder.device)  # before the encoder
         units, spans = self.embed_with_spans(texts)
-        return self.score_call(plan, units, return_all=return_all, nonempty=all(b > a for a, b in spans))
+        return self.score_call(plan, units, return_all=return_all, means=means,
+                               nonempty=all(b > a for a, b in spans))
 
     def _forward_in_pieces(self, hyps: list[str], groups: list[list[str]], return_all: bool) -> Tensor | PRF:
         """:meth:`forward` of a call of many references, in bounded memory: cut into pieces of at most
@@ -504,20 +510,14 @@ class Scorer(nn.Module):
         a call whose batch mean takes part in the gradient (grad enabled) or is taken over the ranks
         is not cut."""
         pieces = split_references(hyps, groups)
-        calls = [(pieces.hyps[run], pieces.groups[run]) for run in piece_calls(pieces)]
         means = None
         if self.config.centering == "batch":
             with torch.no_grad():
+                calls = [(pieces.hyps[run], pieces.groups[run]) for run in piece_calls(pieces)]
                 means = corpus.call_means(self, calls, 64)[0]
-        parts = []
-        for call_hyps, call_groups in calls:
-            texts = distinct_texts(call_hyps, call_groups)
-            plan = call_plan(call_hyps, call_groups, texts).to_device(self.encoder.device)
-            units, spans = self.embed_with_spans(texts)
-            parts.append(self.score_call(plan, units, return_all=return_all, means=means,
-                                         nonempty=all(b > a for a, b in spans)))
-        scores = PRF(*(torch.cat(s) for s in zip(*parts))) if return_all else torch.cat(parts)
-        return combine_pieces(scores, pieces, len(hyps), self.config.multi_ref)
+        return score_in_pieces(pieces, len(hyps), self.config.multi_ref,
+                               lambda piece_hyps, piece_groups: self._score_texts(piece_hyps, piece_groups,
+                                                                                  return_all, means))
 
     def score_call(self, plan: CallPlan, units: Units, *, return_all: bool = False,
                    means: tuple[Tensor, ...] | None = None, nonempty: bool = False) -> Tensor | PRF:

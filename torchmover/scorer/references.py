@@ -14,7 +14,7 @@ combines the same way.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
@@ -22,7 +22,7 @@ from torch import Tensor
 from .units import PRF
 
 __all__ = ["CALL_REFERENCES", "REFERENCE_CHUNK", "Pieces", "combine_pieces", "needs_pieces", "piece_calls",
-           "split_references"]
+           "score_in_pieces", "split_references"]
 
 REFERENCE_CHUNK = 64  # the most references of one hypothesis scored together
 CALL_REFERENCES = 1024  # the most references of one call (Scorer.forward, a reward) scored together
@@ -90,3 +90,12 @@ def combine_pieces(scores: Tensor | PRF, pieces: Pieces, n: int, multi_ref: str)
         count = torch.zeros(n, dtype=torch.float64, device=s.device).index_add_(0, owner, sizes.double())
         return (total / count).to(s.dtype)
     return PRF(*map(mean, scores)) if isinstance(scores, PRF) else mean(scores)
+
+
+def score_in_pieces(pieces: Pieces, n: int, multi_ref: str,
+                    score: Callable[[list[str], list[list[str]]], Tensor | PRF]) -> Tensor | PRF:
+    """The scores ``[n]`` (or ``PRF``) of a call cut into ``pieces``: ``score(hyps, groups)`` of each run
+    of :func:`piece_calls`, concatenated, then combined by :func:`combine_pieces`."""
+    parts = [score(pieces.hyps[run], pieces.groups[run]) for run in piece_calls(pieces)]
+    scores = PRF(*(torch.cat(s) for s in zip(*parts))) if isinstance(parts[0], PRF) else torch.cat(parts)
+    return combine_pieces(scores, pieces, n, multi_ref)
