@@ -491,10 +491,12 @@ def test_stop_cuts_off_what_is_still_running_at_the_drain_deadline(reward):
 
 
 def _refused(server) -> bool:
+    """Whether the server no longer listens: a connection is refused, or reset in the handshake (the
+    listening socket was closed while the connection sat in its backlog, a race of the shutdown)."""
     try:
         socket.create_connection((server.host, server.port), timeout=5).close()
         return False
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, ConnectionResetError):
         return True
 
 
