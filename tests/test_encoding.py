@@ -314,3 +314,26 @@ def _model_for(tokenizer):
 
     return BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                                 intermediate_size=16, max_position_embeddings=512)).eval()
+
+
+@pytest.mark.parametrize("with_word_ids", [False, True])
+def test_texts_tokenized_beforehand_encode_as_the_texts_do(tiny_encoder, with_word_ids):
+    """``tokenized``: the tokens of :meth:`Encoder.tokenize` (or a :func:`take_tokens` of them), not
+    tokenized again; the same outputs as the texts themselves. Tokens of other texts, or without the
+    word ids the call needs, are refused by name."""
+    from torchmover.text.encoder import take_tokens
+
+    texts = ["the cat sat", "a dog", "the quick brown fox jumps", "sun"]
+    tokens = tiny_encoder.tokenize(texts, word_ids=with_word_ids)
+    for index in ([0, 1, 2, 3], [2, 0]):
+        picked = [texts[i] for i in index]
+        got = tiny_encoder(picked, with_word_ids=with_word_ids, tokenized=take_tokens(tokens, index))
+        want = tiny_encoder(picked, with_word_ids=with_word_ids)
+        assert got.spans == want.spans and got.num_words == want.num_words
+        for a, b in zip(got[:5], want[:5]):
+            assert (a is None and b is None) or torch.equal(a, b)
+    with pytest.raises(ValueError, match="tokenized must hold the 2 texts"):
+        tiny_encoder(texts[:2], tokenized=take_tokens(tokens, [0]), with_word_ids=with_word_ids)
+    if not with_word_ids:
+        with pytest.raises(ValueError, match="word ids"):
+            tiny_encoder(texts, tokenized=tokens, with_word_ids=True)

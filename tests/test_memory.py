@@ -15,16 +15,39 @@ REFS = ["a cat was on the mat", "the dog barked", "a fox jumps over the dog", "t
 
 
 def test_encoder_batches_bound_their_padded_area_longest_first():
-    texts = [f"{'x' * n}{k}" for k, n in enumerate([5] * 40 + [10] * 30 + [300, 280, 250, 240])]
-    batches = encoder_batches(texts, 16)
-    assert sorted(t for b in batches for t in b) == sorted(texts)  # every text once
-    longest = [max(map(len, b)) for b in batches]
+    lengths = [5] * 40 + [10] * 30 + [300, 280, 250, 240]
+    batches = encoder_batches(lengths, 16)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))  # every text once
+    longest = [max(lengths[i] for i in b) for b in batches]
     assert longest == sorted(longest, reverse=True)  # the longest batch first
-    median = sorted(map(len, texts))[len(texts) // 2]
+    median = sorted(lengths)[len(lengths) // 2]
     for batch in batches:
-        assert len(batch) <= 16 and (len(batch) == 1 or len(batch) * max(map(len, batch)) <= 16 * 2 * median)
+        assert len(batch) <= 16 and (len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 16 * 2 * median)
     assert len(batches[0]) < 4  # the four long texts do not pad one batch together
-    assert encoder_batches([], 8) == [] and encoder_batches(["a"] * 3, 8) == [["a"] * 3]
+    assert encoder_batches([], 8) == [] and encoder_batches([1] * 3, 8) == [[0, 1, 2]]
+
+
+def test_score_batches_texts_by_their_token_counts_and_tokenizes_each_once(tiny_encoder, monkeypatch):
+    """Texts whose order by characters interleaves their token counts (an unknown word is one token,
+    "a" is one too): the encoder's batches are cut by tokens, so they pad less than batches by
+    characters would, and every text is tokenized once in the call."""
+    scorer = Scorer(tiny_encoder, centering="none")
+    texts = [" ".join("a" * (k + 7)) if k % 2 else "abcdefghij" + "k" * k for k in range(8)]  # 3 or 9+ tokens
+    hyps, refs = texts[:4], texts[4:]
+    tokenized, widths = [], []
+    tokenize, forward = scorer.encoder.tokenize, scorer.encoder.model.forward
+    monkeypatch.setattr(scorer.encoder, "tokenize", lambda texts, **k: tokenized.extend(texts) or tokenize(texts, **k))
+    monkeypatch.setattr(scorer.encoder.model, "forward",
+                        lambda input_ids, **k: widths.append(tuple(input_ids.shape)) or forward(input_ids, **k))
+    expected = scorer(hyps, refs)
+    tokenized.clear(), widths.clear()
+    torch.testing.assert_close(scorer.score(hyps, refs, batch_size=2, progress=False), expected, rtol=0, atol=1e-6)
+    assert sorted(tokenized) == sorted(texts)  # each text tokenized once
+    counts = scorer.encoder.token_counts(texts)
+    area = sum(n * w for n, w in widths)
+    assert widths == [(len(b), max(counts[i] for i in b)) for b in encoder_batches(counts, 2)]
+    by_characters = sum(len(b) * max(counts[i] for i in b) for b in encoder_batches(list(map(len, texts)), 2))
+    assert area < by_characters and area == sum(max(pair) * 2 for pair in zip(*[iter(sorted(counts))] * 2))
 
 
 def test_the_encoder_reads_the_last_state_alone_once_it_is_the_layers(tiny_encoder):

@@ -48,8 +48,8 @@ def test_score_draws_one_bar_in_pairs(tiny_encoder, capsys):
 
 
 def bar_at_each_encoder_batch(scorer, monkeypatch):
-    """Run ``scorer.score`` with a bar; returns ``[(characters encoded in the batch, bar position
-    before it)]`` and the bar."""
+    """Run ``scorer.score`` with a bar; returns ``[(tokens encoded in the batch, bar position before
+    it)]`` and the bar."""
     bars, seen = [], []
 
     class Recording(progress.PairProgress):
@@ -60,9 +60,9 @@ def bar_at_each_encoder_batch(scorer, monkeypatch):
     monkeypatch.setattr(corpus, "PairProgress", Recording)
     embed = scorer.embed_with_spans
 
-    def recording_embed(texts):
-        seen.append((sum(map(len, texts)), bars[0].bar.n))
-        return embed(texts)
+    def recording_embed(texts, tokenized):
+        seen.append((sum(map(len, tokenized["input_ids"])), bars[0].bar.n))
+        return embed(texts, tokenized)
     monkeypatch.setattr(scorer, "embed_with_spans", recording_embed)
     scorer.score(HYPS, REFS, batch_size=2, progress=True)
     return seen, bars[0]
@@ -71,7 +71,7 @@ def bar_at_each_encoder_batch(scorer, monkeypatch):
 @pytest.mark.parametrize("centering", ["batch", "none"])
 def test_the_bar_stands_where_the_encoder_is_from_the_first_batch(tiny_encoder, monkeypatch, centering):
     """Pairs/s and the time left are right from the first update when the bar's position is the
-    share of the call's encoder work done (each text's characters its work), the first pass of
+    share of the call's encoder work done (each text's tokens its work), the first pass of
     batch centering (the call's mean) included: the encoder is nearly all of a call's time."""
     seen, bar = bar_at_each_encoder_batch(Scorer(tiny_encoder, centering=centering), monkeypatch)
     work, done = sum(w for w, _ in seen), 0

@@ -81,9 +81,9 @@ class PairProgress:
     """The one bar of a scoring call, in pairs, moved by the share of the call's encoder work done.
 
     The encoder is nearly all of a call's time, so the bar advances as texts are encoded, weighted by
-    their characters (a proxy of their tokens): ``total_work`` is every character the call will
-    encode (a call that encodes its texts twice, e.g. once for the ``batch`` centering mean, counts
-    them twice), and :meth:`advance` credits characters as they are encoded. Pairs per second and the
+    their tokens: ``total_work`` is the call's encoder work (a call that encodes its texts twice, e.g.
+    once for the ``batch`` centering mean, counts them twice), and :meth:`advance` credits it as
+    texts are encoded. Pairs per second and the
     time left are then right from the first update, whatever pass the call is in; the bar shows
     ``pairs × work done / total_work``.
     """
@@ -95,11 +95,11 @@ class PairProgress:
         self.bar = tqdm(total=pairs, desc=desc, unit="pair", disable=not show_progress(progress), dynamic_ncols=True)
 
     def plan(self, work: float) -> None:
-        """Add ``work`` (characters to encode) to the call's total."""
+        """Add ``work`` (encoder work to do) to the call's total."""
         self.total_work += work
 
     def advance(self, work: float) -> None:
-        """Credit ``work`` characters encoded."""
+        """Credit ``work`` of encoder work done."""
         self.work = min(self.work + work, self.total_work)
         shown = int(self.pairs * self.work / self.total_work) if self.total_work else 0
         if shown > self.bar.n:

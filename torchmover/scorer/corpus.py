@@ -4,7 +4,8 @@ encoded once, pairs scored in length-sorted batches gathered from a device arena
 
 As the peers do it: the pairs are taken in chunks of ``SCORE_CHUNK`` hypotheses and at most
 ``SCORE_CHUNK_REFERENCES`` references (:func:`score_chunks`, in input order); every distinct
-text of a chunk is encoded once, in batches of ``batch_size`` texts of similar length, longest first,
+text of a chunk is tokenized and encoded once, in batches of at most ``batch_size`` texts of similar
+token count, longest first,
 each batch packed into a :class:`~torchmover._internal.arena.TokenArena` (only the rows of its texts'
 units are kept; :meth:`~torchmover._internal.arena.TokenArena.pack`). Then the chunk's pairs are
 scored in batches of at most ``batch_size`` hypotheses of similar length, by the length of their
@@ -46,7 +47,9 @@ from .._internal.arena import TokenArena
 from .._internal.transfer import send_plans
 from ..functional.centering import token_sum
 from ..runtime.distributed import all_gather_shares, all_reduce_sum, check_same_on_every_rank, is_distributed
+from ..functional.members import get_member
 from ..runtime.progress import PairProgress
+from ..text.encoder import take_tokens
 from .inputs import check_references, check_texts, distinct_texts
 from .plan import BatchPlan, call_plan, length_batches
 from .units import PRF, Units
@@ -184,7 +187,7 @@ def score_chunk(scorer: nn.Module, hyps: list[str], groups: list[list[str]], bat
 
 def credit(bar: PairProgress | None, pairs: int):
     """The callback by which an encoding of a chunk of ``pairs`` pairs moves ``bar``: the fraction of
-    its characters encoded (:func:`embed_distinct`), times ``pairs``."""
+    its tokens encoded (:func:`embed_distinct`), times ``pairs``."""
     return None if bar is None else (lambda fraction: bar.advance(pairs * fraction))
 
 
@@ -300,25 +303,32 @@ def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_
     """Units of every distinct text of ``texts`` (keyed by text), encoded in :func:`encoder_batches`,
     the longest batch first, each batch stored in the arena as soon as it is encoded: kept as it
     came, or packed to its units if it is mostly padding (:data:`KEEP_FILL`).
-    ``on_batch(fraction)``: called after each batch with the fraction of the texts' characters it
-    encoded (a progress bar's credit)."""
-    batches = encoder_batches(list(dict.fromkeys(texts)), batch_size)
+
+    The texts are tokenized once, here (:meth:`Scorer.tokenize <torchmover.Scorer.tokenize>`), and
+    batched by their token counts, so that a batch pads little; each batch's tokens go to the encoder
+    as they are. (The sentence movers, which encode each sentence of a document, are batched by
+    characters.) ``on_batch(fraction)``: called after each batch with the fraction of the texts'
+    length it encoded (a progress bar's credit)."""
+    texts = list(dict.fromkeys(texts))
+    tokenized = None if get_member(scorer.config.method).documents or not texts else scorer.tokenize(texts)
+    lengths = list(map(len, texts if tokenized is None else tokenized["input_ids"]))
     arena = TokenArena(Units)
-    total = sum(len(t) for batch in batches for t in batch) or 1
-    for batch in batches:
-        units, spans = scorer.embed_with_spans(batch)
+    total = sum(lengths) or 1
+    for batch in encoder_batches(lengths, batch_size):
+        units, spans = scorer.embed_with_spans([texts[i] for i in batch],
+                                               None if tokenized is None else take_tokens(tokenized, batch))
         real = sum(stop - first for first, stop in spans)
         store = arena.keep if real >= KEEP_FILL * units.mask.numel() else arena.pack
-        store(batch, units, spans)
+        store([texts[i] for i in batch], units, spans)
         del units  # a packed batch's padding is freed before the next batch runs
         if on_batch is not None:
-            on_batch(sum(map(len, batch)) / total)
+            on_batch(sum(lengths[i] for i in batch) / total)
     return arena
 
 
-def encoder_batches(texts: list[str], batch_size: int) -> list[list[str]]:
-    """``texts`` cut into batches of similar length (in characters: a free proxy of the token count,
-    which the encoder trims each batch to), the longest batch first.
+def encoder_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """The texts of ``lengths`` (their token counts) cut into batches of similar length, as lists of
+    positions, the longest batch first.
 
     Cut from the shortest text on, each batch holds at most ``batch_size`` texts and at most
     ``batch_size`` × twice the median text's length of padded area (its texts × its longest): a batch
@@ -326,15 +336,15 @@ def encoder_batches(texts: list[str], batch_size: int) -> list[list[str]]:
     every pair of its positions) is its largest cost in memory, so this bounds a call's peak where a
     few long texts would otherwise make one batch several times the others; the time per token is
     about the same. The last batch cut, the longest, is the one that may be part-filled."""
-    texts = sorted(texts, key=len)
-    if not texts:
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    if not order:
         return []
-    budget = batch_size * 2 * max(len(texts[len(texts) // 2]), 1)
-    batches: list[list[str]] = [[]]
-    for text in texts:  # each text is the longest of its batch so far
-        if batches[-1] and (len(batches[-1]) == batch_size or (len(batches[-1]) + 1) * len(text) > budget):
+    budget = batch_size * 2 * max(lengths[order[len(order) // 2]], 1)
+    batches: list[list[int]] = [[]]
+    for i in order:  # each text is the longest of its batch so far
+        if batches[-1] and (len(batches[-1]) == batch_size or (len(batches[-1]) + 1) * lengths[i] > budget):
             batches.append([])
-        batches[-1].append(text)
+        batches[-1].append(i)
     return batches[::-1]
 
 

@@ -322,13 +322,21 @@ class Scorer(nn.Module):
         """Encode ``texts`` and apply the token policy: ``Units`` before centering (differentiable)."""
         return self.embed_with_spans(texts)[0]
 
-    def embed_with_spans(self, texts: Sequence[str]) -> tuple[Units, list[tuple[int, int]]]:
+    def tokenize(self, texts: Sequence[str]):
+        """``texts`` tokenized as :meth:`embed_with_spans` tokenizes them (word ids where the token
+        policy or the subword pooling needs them), to be passed back to it as ``tokenized``."""
+        c = self.config
+        return self.encoder.tokenize(texts, word_ids=c.subwords == "mean" or not c.token_policy_is_identity)
+
+    def embed_with_spans(self, texts: Sequence[str], tokenized=None) -> tuple[Units, list[tuple[int, int]]]:
         """:meth:`embed`, and per text the columns ``(first, stop)`` of the units that hold its
         unmasked ones (known on the host, from the tokenizer's output; ``(0, 0)`` for a text without
         one). The units are trimmed to the columns that hold any (views): a [CLS] column, say, or the
         padding of a text that stopwords left short, is not moved; a :class:`~torchmover._internal.arena.TokenArena`
         stores each text by its span. Pooled subwords (``subwords="mean"``) and the sentence movers
-        give every text the whole row: their units are made on the device."""
+        give every text the whole row: their units are made on the device. ``tokenized``: the texts
+        as :meth:`tokenize` (or a :func:`~torchmover.text.encoder.take_tokens` of it) gave them, not
+        tokenized again (not for the sentence movers, which tokenize each sentence)."""
         c = self.config
         if c.idf and not self.idf:
             raise RuntimeError("this scorer uses idf=True: call fit_idf(references, hypotheses) first")
@@ -337,7 +345,7 @@ class Scorer(nn.Module):
             units = Units(documents.embeddings, documents.mask, sentence_ids=documents.sentence_ids)
             return units, [(0, units.mask.shape[1])] * len(texts)
         policy = None if c.token_policy_is_identity else self._keep_mask
-        tokens = self.encoder(texts, token_policy=policy, with_word_ids=c.subwords == "mean")
+        tokens = self.encoder(texts, token_policy=policy, with_word_ids=c.subwords == "mean", tokenized=tokenized)
         x, mask = tokens.embeddings, tokens.mask
         weights = [self.idf[side](tokens.input_ids) for side in ("hyp", "ref")] if c.idf else []
         if c.special_tokens == "target":  # in the mask as matching targets, with mass 0

@@ -56,6 +56,16 @@ DEFAULT_LAYERS: dict[str, tuple[int, str]] = {
 }
 
 
+def take_tokens(batch, index: Sequence[int]):
+    """The texts ``index`` of a tokenized ``batch`` (:meth:`Encoder.tokenize`), in that order: a
+    ``BatchEncoding`` of the same columns (and ``encodings``, where it has them)."""
+    from transformers import BatchEncoding
+
+    encodings = batch.encodings
+    return BatchEncoding({k: [v[i] for i in index] for k, v in batch.items()},
+                         encoding=None if encodings is None else [encodings[i] for i in index])
+
+
 class TokenEmbeddings(NamedTuple):
     """Padded token vectors and what is known of each token.
 
@@ -517,7 +527,7 @@ class Encoder(nn.Module):
             backend.encode_special_tokens = split
 
     def forward(self, texts: Sequence[str], token_policy: TokenPolicy | None = None, *,
-                with_word_ids: bool = True) -> TokenEmbeddings:
+                with_word_ids: bool = True, tokenized=None) -> TokenEmbeddings:
         """Token vectors of ``hidden_states[layer]`` with padding, and special tokens as the policy says,
         masked out.
 
@@ -536,11 +546,18 @@ class Encoder(nn.Module):
         ``with_word_ids=False`` leaves ``word_ids`` and ``num_words`` ``None`` (unless ``token_policy``
         needs them): reading them from the tokenizer is a Python loop over every token, about a
         sixth of a reward call's host work, which a scorer without a word-level policy skips.
+
+        ``tokenized``: ``texts`` already tokenized (:meth:`tokenize`, or a :func:`take_tokens` of it,
+        with word ids where they are needed), e.g. by a caller that tokenized many texts at once to
+        batch them by token count: they are not tokenized again.
         """
         if not texts:  # the tokenizer's own call fails on an empty batch, and a model on an empty input
             raise ValueError("texts is empty: the encoder needs at least one text")
         with_word_ids = with_word_ids or token_policy is not None
-        batch = self.tokenize(texts, word_ids=with_word_ids)
+        batch = self.tokenize(texts, word_ids=with_word_ids) if tokenized is None else tokenized
+        if len(batch["input_ids"]) != len(texts) or (with_word_ids and batch.encodings is None):
+            raise ValueError(f"tokenized must hold the {len(texts)} texts' tokens"
+                             + (" with their word ids (tokenize(texts, word_ids=True))" if with_word_ids else ""))
         tokenizer = self.tokenizer
         ragged = {"input_ids": (batch["input_ids"], tokenizer.pad_token_id or 0)}
         if self.special_ends is None:
