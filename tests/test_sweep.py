@@ -19,7 +19,7 @@ HYPS, REFS = texts(20, 0), texts(20, 1)
 
 @pytest.fixture(scope="module")
 def all_layers(tiny_model_dir):
-    return AllLayers(str(tiny_model_dir))
+    return AllLayers(str(tiny_model_dir), keep=range(4))
 
 
 @pytest.mark.parametrize("special_tokens", ["drop", "cls", "keep"])
@@ -49,6 +49,7 @@ def test_the_model_runs_once_per_batch_for_every_layer_and_policy(tiny_model_dir
         layers.encoder(2)
     with pytest.raises(ValueError, match="keep must name layers"):
         AllLayers(str(tiny_model_dir), keep=[7])
+    assert AllLayers(str(tiny_model_dir)).keep == (1, 2, 3)  # the blocks' outputs, not the embeddings
 
 
 def test_with_grad_the_model_runs_and_the_gradient_reaches_it(tiny_model_dir):

@@ -41,8 +41,8 @@ class AllLayers:
 
     Args:
         model: hub name or local path (as :meth:`Encoder.from_pretrained`).
-        keep: the layers whose hidden states the memo keeps (default: every layer ``0 … n_layers``);
-            an encoder at another layer raises ``ValueError``.
+        keep: the layers whose hidden states the memo keeps (default: the blocks' outputs
+            ``1 … n_layers``; 0 is the embeddings); an encoder at another layer raises ``ValueError``.
         max_length, model_name: as :meth:`Encoder.from_pretrained`.
 
     Attributes: ``n_layers`` (the model's hidden layers), ``name`` (its name in a signature).
@@ -55,7 +55,7 @@ class AllLayers:
         self.n_layers = int(AutoConfig.from_pretrained(resolve_model_path(model)).num_hidden_layers)
         self._full = Encoder.from_pretrained(model, layer=self.n_layers, max_length=max_length, model_name=model_name)
         self.name = self._full.name
-        self.keep = tuple(range(self.n_layers + 1)) if keep is None else tuple(sorted(set(keep)))
+        self.keep = tuple(range(1, self.n_layers + 1)) if keep is None else tuple(sorted(set(keep)))
         bad = [k for k in self.keep if not (isinstance(k, int) and 0 <= k <= self.n_layers)]
         if bad or not self.keep:
             raise ValueError(f"keep must name layers in [0, {self.n_layers}], got {keep!r}")
