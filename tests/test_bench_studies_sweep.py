@@ -165,3 +165,22 @@ def test_base_encoder_runs_end_to_end(wmt, tiny_model_dir, tmp_path):
     scores = Scorer(str(tiny_model_dir), device="cpu").score(*zip(*[(r["hyp"], r["ref"]) for r in harness.wmt_sample(wmt, None)]))
     assert figures["torchmover default (untuned)"]["groups"]["cs-en 2015"] == pytest.approx(json.loads(json.dumps(
         study.group_pearson(harness.wmt_sample(wmt, None), scores.tolist())))["cs-en 2015"], abs=1e-6)
+
+
+def test_the_sweep_holds_one_batching_of_the_texts_at_a_time(wmt, tiny_model_dir):
+    """Consecutive stages of ``Scorer.score`` configurations share one encoding; another way of
+    batching the texts (the paper's batches, ``fit_centering``'s) clears the memo first."""
+    from torchmover.evaluation.sweep import AllLayers
+
+    study = load_study("select_defaults")
+    layers = AllLayers(str(tiny_model_dir))
+    runs = []
+    layers._full.model.register_forward_hook(lambda *_: runs.append(1))
+    sweep = study.Sweep(harness.wmt_sample(wmt, None, 0), layers, batch_size=8)
+    sweep.run([study.cfg(k, "none", "twmd", 0.1, "recall") for k in (1, 2, 3)], "first stage")
+    encoded = len(runs)
+    assert layers.batches == encoded > 0
+    sweep.run([study.cfg(k, "sentence", "bertscore", direction="f1") for k in (1, 3)], "second stage")
+    assert len(runs) == encoded  # the same encoding, every layer
+    sweep.run([study.cfg(2, "batch", "twmd", 0.1, "recall")], "paper batches")
+    assert layers.batches == len(sweep.batches) == len(runs) - encoded  # the memo: the paper batches alone

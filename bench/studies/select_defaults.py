@@ -98,7 +98,13 @@ def paper_batches(hyps: list[str], refs: list[str], batch_size: int) -> list[lis
 class Sweep:
     """Scores configurations of one model on one list of pairs (``{hyp, ref, score}`` and their
     ``group``, by default ``"<lp> <year>"``), each with a ``torchmover.Scorer`` on ``layers``; memoises
-    the scores and correlations by key."""
+    the scores and correlations by key.
+
+    The texts are batched three ways: by ``fit_centering`` (``fixed``), by the paper's batches
+    (``batch``) and by ``Scorer.score`` (the others). The memo of ``layers`` holds one way at a time
+    (every layer of every batch: gigabytes on WMT15-16): :meth:`run` fits every scorer first, then
+    scores the ``batch`` configurations, then the others, and clears the memo when the way changes, so
+    that consecutive stages of ``Scorer.score`` configurations share one encoding."""
 
     def __init__(self, pairs: list[dict], layers: AllLayers, batch_size: int, device: str = "cpu"):
         self.layers, self.batch_size, self.device = layers, batch_size, device
@@ -111,6 +117,7 @@ class Sweep:
         self.batches = paper_batches(self.hyps, self.refs, batch_size)
         self.scores: dict[str, np.ndarray] = {}
         self.results: dict[str, dict] = {}
+        self._batching = None  # how the texts in the memo of ``layers`` were batched
 
     def scorer(self, c: dict) -> torchmover.Scorer:
         """The scorer of configuration ``c``, with its IDF (distinct references) and ``fixed`` mean
@@ -121,12 +128,21 @@ class Sweep:
         if c["idf"]:
             scorer.fit_idf(list(dict.fromkeys(self.refs)))
         if c["centering"] == "fixed":
+            self._batch_as("fit_centering")
             scorer.fit_centering(self.texts, self.batch_size, progress=False)
         return scorer
 
-    def score(self, c: dict) -> np.ndarray:
-        """``[n_pairs]`` scores of configuration ``c`` (``batch`` centering: per paper batch)."""
-        scorer = self.scorer(c)
+    def _batch_as(self, batching: str) -> None:
+        """Clear the memo when the texts are about to be batched another way."""
+        if batching != self._batching:
+            self.layers.clear()
+            self._batching = batching
+
+    def score(self, c: dict, scorer: torchmover.Scorer | None = None) -> np.ndarray:
+        """``[n_pairs]`` scores of configuration ``c`` (``batch`` centering: per paper batch), by
+        ``scorer`` (default: :meth:`scorer`)."""
+        scorer = scorer or self.scorer(c)
+        self._batch_as("paper" if c["centering"] == "batch" else "score")
         if c["centering"] != "batch":
             return scorer.score(self.hyps, self.refs, batch_size=self.batch_size, progress=False).double().numpy()
         out = np.zeros(self.n_pairs)
@@ -136,10 +152,12 @@ class Sweep:
         return out
 
     def run(self, configs: list[dict], desc: str) -> None:
+        """Score and correlate the configurations not scored yet (the ``batch`` ones first)."""
         todo = {config_key(c): c for c in configs if config_key(c) not in self.scores}
-        for key, c in tqdm(todo.items(), desc=desc, unit="config"):
-            self.scores[key] = self.score(c)
-            self.results[key] = {**c, **self.correlate(self.scores[key])}
+        scorers = {key: self.scorer(c) for key, c in todo.items()}
+        for key in tqdm(sorted(todo, key=lambda k: todo[k]["centering"] != "batch"), desc=desc, unit="config"):
+            self.scores[key] = self.score(todo[key], scorers[key])
+            self.results[key] = {**todo[key], **self.correlate(self.scores[key])}
 
     def correlate(self, scores: np.ndarray) -> dict:
         """Pearson r and Kendall τ-b per group and their unweighted average (``evaluation.correlate``)."""
