@@ -6,9 +6,9 @@ and is reported as its segment-level Pearson r with the human scores, averaged o
 language-pair × year groups, and over the 6 WMT16 groups (the test year of the fine-tuning recipe):
 
 - **torchmover default**: ``Scorer(model).score(hyps, refs)``, the model's recorded defaults
-  (``DEFAULT_LAYERS`` / ``MODEL_DEFAULTS``, chosen by ``bench/select_defaults.py``);
+  (``DEFAULT_LAYERS`` / ``MODEL_DEFAULTS``, chosen by ``bench/studies/select_defaults.py``);
 - **bert_score F1**: ``bert_score.BERTScorer(model_type=<dir>, num_layers=--bert-score-layer)`` — the
-  layer chosen the same way, by the best average r on WMT15-16 (``bench/robustness.py``'s
+  layer chosen the same way, by the best average r on WMT15-16 (``bench/studies/robustness.py``'s
   ``bert_score F1 (special=target)`` row, which computes bert_score's rule at every layer);
 - **MoverScore v2**: ``moverscore_v2.word_mover_score`` as its README runs it (its last layer, IDF
   dictionaries of the references and of the hypotheses, ``n_gram=1``, subwords removed, no

@@ -366,7 +366,7 @@ def main(argv=None) -> None:
 
     pct = lambda v: f"{v:.4f}"  # noqa: E731
     title = f"Default layer / temperature / direction / centering for `{name}` on WMT15–16"
-    L = [f"{sweep.n_pairs} pairs, {len(sweep.texts)} distinct texts, {len(sweep.group_names)} groups = language pair × year). "
+    L = [f"{sweep.n_pairs} pairs, {len(sweep.texts)} distinct texts, {len(sweep.group_names)} groups (language pair × year). "
          f"Cells are the average over the groups of Pearson r / Kendall τ-b against the human DA score. "
          f"Each configuration is a `torchmover.Scorer`; `batch` centering per batch of {args.batch_size} pairs, sorted "
          f"by length (module docs). "
