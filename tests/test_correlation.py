@@ -467,3 +467,62 @@ def test_compare_reports_williams_and_permutation_side_by_side():
     ranked = compare(good, bad, human, method="spearman", n_permutations=100)
     assert ranked.p_permutation == C.paired_permutation_test(good, bad, human, method="spearman", n_permutations=100)
     assert math.isnan(compare(good, bad, human, n_permutations=0).p_permutation)
+
+
+# --- paired bootstrap of the difference of two average correlations ---------------------------------
+
+def naive_bootstrap_difference(a, b, h, groups, method, n_boot, seed):
+    """The definition, one resample and one group at a time with scipy."""
+    corr = stats.pearsonr if method == "pearson" else stats.spearmanr
+    rng = np.random.default_rng(seed)
+    names = sorted(set(groups))
+    draws = {}
+    for g in names:  # the draws, group after group, as correlate() makes them
+        sel = np.flatnonzero(np.asarray(groups) == g)
+        draws[g] = sel[rng.integers(0, len(sel), size=(n_boot, len(sel)))]
+    deltas = [np.mean([corr(a[draws[g][k]], h[draws[g][k]])[0] - corr(b[draws[g][k]], h[draws[g][k]])[0]
+                       for g in names]) for k in range(n_boot)]
+    observed = np.mean([corr(a[np.asarray(groups) == g], h[np.asarray(groups) == g])[0]
+                        - corr(b[np.asarray(groups) == g], h[np.asarray(groups) == g])[0] for g in names])
+    return observed, np.array(deltas)
+
+
+@pytest.mark.parametrize("method", ["pearson", "spearman"])
+def test_paired_bootstrap_difference_matches_a_naive_loop(method):
+    rng = np.random.default_rng(3)
+    groups = ["de-en/2016"] * 40 + ["cs-en/2015"] * 25
+    h = rng.normal(size=65)
+    a = np.round(h + rng.normal(0, 0.8, 65), 1)  # ties, for the ranks
+    b = h + rng.normal(0, 1.5, 65)
+    result = C.paired_bootstrap_difference(a, b, h, groups, method=method, n_boot=200, seed=7, confidence=0.9)
+    observed, deltas = naive_bootstrap_difference(a, b, h, groups, method, 200, 7)
+    assert result.value == pytest.approx(observed, abs=1e-12)
+    assert result.mean == pytest.approx(deltas.mean(), abs=1e-12)
+    assert (result.low, result.high) == pytest.approx(tuple(np.percentile(deltas, [5, 95])), abs=1e-12)
+    assert result.p_le_0 == (deltas <= 0).mean()
+    assert result.n_boot == 200 and result.confidence == 0.9
+
+
+def test_paired_bootstrap_difference_is_antisymmetric_and_zero_for_one_metric():
+    s, h = tied_data(1, 80)
+    other = s + np.random.default_rng(2).normal(0, 3, 80)
+    ab = C.paired_bootstrap_difference(s, other, h, n_boot=300)
+    ba = C.paired_bootstrap_difference(other, s, h, n_boot=300)
+    assert (ab.value, ab.mean, ab.low, ab.high) == pytest.approx((-ba.value, -ba.mean, -ba.high, -ba.low), abs=1e-12)
+    assert ab.value > 0 and ab.low > 0 and ab.p_le_0 == 0  # the noisier copy correlates worse
+    same = C.paired_bootstrap_difference(s, s, h, n_boot=50)
+    assert (same.value, same.low, same.high, same.p_le_0) == (0, 0, 0, 1)  # paired: every resample ties
+
+
+def test_paired_bootstrap_difference_refuses_bad_input():
+    s, h = tied_data(0, 20)
+    with pytest.raises(ValueError, match="same length"):
+        C.paired_bootstrap_difference(s, s[:-1], h)
+    with pytest.raises(ValueError, match="method"):
+        C.paired_bootstrap_difference(s, s, h, method="kendall")
+    with pytest.raises(ValueError, match="n_boot"):
+        C.paired_bootstrap_difference(s, s, h, n_boot=0)
+    with pytest.raises(ValueError, match="at least 2"):
+        C.paired_bootstrap_difference(s, s, h, ["a"] + ["b"] * 19)
+    with pytest.raises(ValueError, match="undefined"):
+        C.paired_bootstrap_difference(np.ones(20), s, h, n_boot=5)

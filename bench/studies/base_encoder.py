@@ -6,9 +6,9 @@ and is reported as its segment-level Pearson r with the human scores, averaged o
 language-pair × year groups, and over the 6 WMT16 groups (the test year of the fine-tuning recipe):
 
 - **torchmover default**: ``Scorer(model).score(hyps, refs)``, the model's recorded defaults
-  (``DEFAULT_LAYERS`` / ``MODEL_DEFAULTS``, chosen by ``bench/select_defaults.py``);
+  (``DEFAULT_LAYERS`` / ``MODEL_DEFAULTS``, chosen by ``bench/studies/select_defaults.py``);
 - **bert_score F1**: ``bert_score.BERTScorer(model_type=<dir>, num_layers=--bert-score-layer)`` — the
-  layer chosen the same way, by the best average r on WMT15-16 (``bench/robustness.py``'s
+  layer chosen the same way, by the best average r on WMT15-16 (``bench/studies/robustness.py``'s
   ``bert_score F1 (special=target)`` row, which computes bert_score's rule at every layer);
 - **MoverScore v2**: ``moverscore_v2.word_mover_score`` as its README runs it (its last layer, IDF
   dictionaries of the references and of the hypotheses, ``n_gram=1``, subwords removed, no
@@ -27,7 +27,6 @@ Writes ``base_encoder[_<name>].md`` and ``.json`` into ``--out``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import subprocess
 import sys
@@ -45,19 +44,12 @@ from harness import package_version, wmt_parser  # noqa: E402
 SYSTEMS = ("torchmover", "bert_score", "moverscore", "finetuned")
 
 
-def load_rows(data: Path) -> list[dict]:
-    from torchmover.evaluation.data import read_tsv_dir
-
-    return [dataclasses.asdict(r) for r in read_tsv_dir(data)]
-
-
 def group_pearson(rows: list[dict], scores: list[float]) -> dict[str, float]:
-    """Pearson r per ``lp year`` group."""
-    out = {}
-    for group in sorted({f"{r['lp']} {r['year']}" for r in rows}):
-        idx = [i for i, r in enumerate(rows) if f"{r['lp']} {r['year']}" == group]
-        out[group] = float(np.corrcoef([scores[i] for i in idx], [rows[i]["score"] for i in idx])[0, 1])
-    return out
+    """Pearson r per ``lp year`` group (``torchmover.evaluation.correlation.correlate``)."""
+    from torchmover.evaluation.correlation import correlate
+
+    report = correlate(scores, [r["score"] for r in rows], [f"{r['lp']} {r['year']}" for r in rows], n_boot=0)
+    return {g.name: g.pearson.value for g in report.groups}
 
 
 # --- one system (in a subprocess) -------------------------------------------------------------------
@@ -105,7 +97,7 @@ def worker(args) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    rows = load_rows(args.data)
+    rows = harness.wmt_sample(args.data, None, args.seed)  # every row (the order does not change a score)
     if args.worker == "finetuned":
         rows = [r for r in rows if r["year"] == 2016]
     hyps, refs = [r["hyp"] for r in rows], [r["ref"] for r in rows]
@@ -129,7 +121,7 @@ def run_system(args, system: str, result: Path, finetuned: str | None = None) ->
     """Run ``system`` in a subprocess, unless ``result`` already holds its output (resumable)."""
     if not result.is_file():
         command = [sys.executable, __file__, "--worker", system, "--result", str(result), "--data", str(args.data),
-                   "--model", args.model, "--threads", str(args.threads)]
+                   "--model", args.model, "--threads", str(args.threads), "--seed", str(args.seed)]
         if args.bert_score_layer:
             command += ["--bert-score-layer", str(args.bert_score_layer)]
         if finetuned:
@@ -165,6 +157,8 @@ def main(argv=None) -> None:
                         help="encoder: the default model or a local directory (default: %(default)s)")
     parser.add_argument("--bert-score-layer", type=int, help="bert_score's num_layers (chosen on WMT15-16)")
     parser.add_argument("--finetuned", nargs="*", help="fine-tuned scorers (the recipe's final/ directories)")
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS[:3], default=list(SYSTEMS[:3]),
+                        help="the untuned systems to run (default: all three)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
     parser.add_argument("--work", type=Path, help="keep each system's result here, to resume (default: a folder "
                                                   "in the temporary directory)")
@@ -175,8 +169,8 @@ def main(argv=None) -> None:
     if args.worker:
         worker(args)
         return
-    if not args.bert_score_layer:
-        raise SystemExit("--bert-score-layer is needed (bench/robustness.py chooses it on WMT15-16)")
+    if "bert_score" in args.systems and not args.bert_score_layer:
+        raise SystemExit("--bert-score-layer is needed (bench/studies/robustness.py chooses it on WMT15-16)")
     import tempfile
 
     from torchmover import Scorer
@@ -184,9 +178,9 @@ def main(argv=None) -> None:
     name = Scorer(args.model, device="cpu").config.model
     work = args.work or Path(tempfile.gettempdir()) / f"base_encoder_{name.rsplit('/', 1)[-1]}"
     work.mkdir(parents=True, exist_ok=True)
-    results = {"torchmover default (untuned)": run_system(args, "torchmover", work / "torchmover.json"),
-               f"bert_score F1, layer {args.bert_score_layer}": run_system(args, "bert_score", work / "bert_score.json"),
-               "MoverScore v2": run_system(args, "moverscore", work / "moverscore.json")}
+    labels = {"torchmover": "torchmover default (untuned)", "bert_score": f"bert_score F1, layer {args.bert_score_layer}",
+              "moverscore": "MoverScore v2"}
+    results = {labels[system]: run_system(args, system, work / f"{system}.json") for system in args.systems}
     for k, path in enumerate(args.finetuned or []):
         results[f"torchmover fine-tuned ({Path(path).parent.name})"] = run_system(
             args, "finetuned", work / f"finetuned-{k}.json", path)

@@ -16,10 +16,11 @@ scores the chosen configurations once on STS, which never chooses anything:
   torchmover's ``bertscore`` member with special tokens dropped: each at its best layer;
 - TRWMD f1 (T = 0.15) with special tokens dropped or as targets: each at its best layer.
 
-Every configuration keeps the model's default centering (``MODEL_DEFAULTS``, else ``batch``). Scores
-come from the same code as ``bench/select_defaults.py`` (its cached encodings, batches of 32 pairs as
-``Scorer.score`` forms them, the family's functions as ``Scorer`` runs them); with ``--cache`` the
-WMT encoding of ``select_defaults.py --cache`` is reused.
+Every configuration keeps the model's default centering (``MODEL_DEFAULTS``, else ``batch``, per batch
+of 32 pairs as the paper centers). Scores come from ``select_defaults.py``'s sweep: a
+``torchmover.Scorer`` per configuration, on encoders of ``torchmover.evaluation.sweep.AllLayers`` (the
+model loaded once, run once per batch of texts for every layer and special-tokens policy), IDF fitted
+on each data set's distinct references. WMT15-16 is every row of ``harness.wmt_sample``.
 
 STS is read by path (``--sts``, e.g. the TWMD authors' ``dataset/STS``: ``STS1x-en-test/STS.input.
 <subset>.txt`` and ``STS.gs.<subset>.txt``; pairs without a gold score dropped) and never copied. Its
@@ -28,10 +29,10 @@ by the subsets' sizes, then over the five years; the first sentence is the hypot
 reference. WMT15-16 is the average Pearson r over its 10 language-pair × year groups.
 
 Without ``--sts`` only the selection on WMT15-16 runs (e.g. to choose bert_score's layer for
-``bench/base_encoder.py``). Command (from the repository root)::
+``bench/studies/base_encoder.py``). Command (from the repository root)::
 
     python bench/studies/robustness.py --data ../shared/data/wmt15-16 --sts ../authors-code/dataset/STS \\
-        [--model <local dir>] [--cache <scratch dir>] --out bench/results/
+        [--model <local dir>] --out bench/results/
 
 Writes ``robustness[_<name>].md`` and ``.json`` into ``--out``.
 """
@@ -50,7 +51,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import harness  # noqa: E402
 from harness import wmt_parser  # noqa: E402
-from select_defaults import EmbeddingCache, Sweep, cfg, config_key, load_wmt, make_batches  # noqa: E402
+from select_defaults import Sweep, cfg, config_key  # noqa: E402
 
 STS_SUBSETS = {  # the TWMD authors' run_STS.py (STS13's SMT input is not distributed)
     12: ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
@@ -83,28 +84,12 @@ def read_sts(root: Path) -> list[dict]:
     return rows
 
 
-class Benchmark:
-    """One data set's texts encoded once (:class:`EmbeddingCache`), its batches and a :class:`Sweep`
-    (IDF fitted on its distinct references)."""
+def avg_r(sweep: Sweep, c: dict) -> float:
+    return sweep.results[config_key(c)]["avg_r"]
 
-    def __init__(self, rows: list[dict], model: str, args, cache_dir: Path | None):
-        from torchmover.text.weights import IDF
 
-        texts = list(dict.fromkeys([r["hyp"] for r in rows] + [r["ref"] for r in rows]))
-        tid = {t: i for i, t in enumerate(texts)}
-        self.cache = EmbeddingCache(texts, model, args.encode_batch_size, cache_dir)
-        batches = make_batches([tid[r["hyp"]] for r in rows], [tid[r["ref"]] for r in rows],
-                               [len(t) for t in texts], args.batch_size)
-        idf = IDF.fit(list(dict.fromkeys(r["ref"] for r in rows)), self.cache.tokenizer)
-        self.sweep = Sweep(self.cache, batches, len(rows), np.array([r["group"] for r in rows]),
-                           np.array([r["score"] for r in rows]), idf)
-        self.sizes = {g: sum(r["group"] == g for r in rows) for g in self.sweep.group_names}
-
-    def score(self, configs: list[dict], desc: str) -> None:
-        self.sweep.run(configs, desc)
-
-    def r(self, c: dict) -> float:
-        return self.sweep.results[config_key(c)]["avg_r"]
+def group_sizes(sweep: Sweep) -> dict[str, int]:
+    return {g: int((sweep.groups == g).sum()) for g in sweep.group_names}
 
 
 def sts_average(result: dict, sizes: dict[str, int]) -> tuple[float, dict[int, float]]:
@@ -120,21 +105,21 @@ def sts_average(result: dict, sizes: dict[str, int]) -> tuple[float, dict[int, f
 
 # --- selection on WMT ------------------------------------------------------------------------------
 
-def best(wmt: Benchmark, configs: list[dict]) -> dict:
-    return max(configs, key=wmt.r)
+def best(wmt: Sweep, configs: list[dict]) -> dict:
+    return max(configs, key=lambda c: avg_r(wmt, c))
 
 
-def select_on_wmt(wmt: Benchmark, n_layers: int, centering: str) -> dict[str, dict]:
+def select_on_wmt(wmt: Sweep, n_layers: int, centering: str) -> dict[str, dict]:
     """Each variant's configuration of best WMT15-16 average r (module docs)."""
     layers = range(1, n_layers + 1)
     chosen = {}
     twmd = {(p, idf, d): [cfg(l, centering, "twmd", 0.10, d, special_tokens=p, idf=idf) for l in layers]
             for p in POLICIES for idf in (False, True) for d in ("recall", "f1")}
-    wmt.score([c for cs in twmd.values() for c in cs], "WMT: TWMD variants x layer")
+    wmt.run([c for cs in twmd.values() for c in cs], "WMT: TWMD variants x layer")
     for (p, idf, d), configs in twmd.items():
         layer = best(wmt, configs)["layer"]
         at_layer = [cfg(layer, centering, "twmd", t, d, special_tokens=p, idf=idf) for t in TEMPERATURES]
-        wmt.score(at_layer, f"WMT: T at layer {layer}")
+        wmt.run(at_layer, f"WMT: T at layer {layer}")
         chosen[f"twmd/{d}/special={p}" + ("/idf" if idf else "")] = best(wmt, at_layer)
     others = {
         "bert_score F1 (special=target)": [cfg(l, centering, "bertscore", direction="f1", special_tokens="target")
@@ -145,7 +130,7 @@ def select_on_wmt(wmt: Benchmark, n_layers: int, centering: str) -> dict[str, di
         "trwmd/f1/special=drop": [cfg(l, centering, "trwmd", 0.15, "f1") for l in layers],
         "trwmd/f1/special=target": [cfg(l, centering, "trwmd", 0.15, "f1", special_tokens="target") for l in layers],
     }
-    wmt.score([c for cs in others.values() for c in cs], "WMT: other members x layer")
+    wmt.run([c for cs in others.values() for c in cs], "WMT: other members x layer")
     chosen.update({name: best(wmt, configs) for name, configs in others.items()})
     return chosen
 
@@ -154,6 +139,7 @@ def select_on_wmt(wmt: Benchmark, n_layers: int, centering: str) -> dict[str, di
 
 def run(args) -> dict:
     import torchmover
+    from torchmover.evaluation.sweep import AllLayers
     from torchmover.scorer.config import DEFAULT_CENTERING, MODEL_DEFAULTS
 
     torch.set_num_threads(args.threads)
@@ -162,20 +148,21 @@ def run(args) -> dict:
     name = library.model
     default = cfg(library.layer, library.centering, library.method, library.temperature, library.direction)
     centering = MODEL_DEFAULTS.get(name, {}).get("centering", DEFAULT_CENTERING)
-    wmt = Benchmark(load_wmt(args.data), args.model, args, args.cache and args.cache / "wmt")
-    wmt.score([default], "WMT: the library default")
-    chosen = {"library default": default, **select_on_wmt(wmt, wmt.cache.n_layers, centering)}
-    rows = {label: {"config": config_key(c), "wmt_r": wmt.r(c), "sts_r": None, "sts_years": None}
+    layers = AllLayers(args.model)
+    wmt = Sweep(harness.wmt_sample(args.data, None, args.seed), layers, args.batch_size)
+    wmt.run([default], "WMT: the library default")
+    chosen = {"library default": default, **select_on_wmt(wmt, layers.n_layers, centering)}
+    rows = {label: {"config": config_key(c), "wmt_r": avg_r(wmt, c), "sts_r": None, "sts_years": None}
             for label, c in chosen.items()}
     sts = None
     if args.sts is not None:
-        sts = Benchmark(read_sts(args.sts), args.model, args, args.cache and args.cache / "sts")
-        sts.score(list(chosen.values()), "STS (held out)")
+        sts = Sweep(read_sts(args.sts), layers, args.batch_size)
+        sts.run(list(chosen.values()), "STS (held out)")
         for label, c in chosen.items():
-            rows[label]["sts_r"], rows[label]["sts_years"] = sts_average(sts.sweep.results[config_key(c)], sts.sizes)
-    return {"model": name, "centering": centering, "rows": rows, "n_wmt": wmt.sweep.n_pairs,
-            "n_sts": sts and sts.sweep.n_pairs, "threads": args.threads, "torch": torch.__version__,
-            "wall_s": time.perf_counter() - t0, "wmt_results": wmt.sweep.results}
+            rows[label]["sts_r"], rows[label]["sts_years"] = sts_average(sts.results[config_key(c)], group_sizes(sts))
+    return {"model": name, "centering": centering, "rows": rows, "n_wmt": wmt.n_pairs,
+            "n_sts": sts and sts.n_pairs, "threads": args.threads, "torch": torch.__version__,
+            "wall_s": time.perf_counter() - t0, "wmt_results": wmt.results}
 
 
 DOCS_ROWS = {  # the variants of the table of docs/results.md, and how it names them
@@ -236,9 +223,7 @@ def main(argv=None) -> None:
     parser.add_argument("--sts", type=Path, help="the STS12-16 English test sets (STS1x-en-test/); "
                                                  "without it, the WMT15-16 selection alone")
     parser.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2", help="encoder (default: %(default)s)")
-    parser.add_argument("--cache", type=Path, help="keep the encodings here (wmt/, sts/; memory-mapped, reused)")
     parser.add_argument("--batch-size", type=int, default=32, help="pairs per scoring/centering batch")
-    parser.add_argument("--encode-batch-size", type=int, default=64, help="texts per encoder forward")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
     args = parser.parse_args(argv)
     res = run(args)
