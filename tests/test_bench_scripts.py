@@ -112,6 +112,7 @@ def test_select_defaults_correlates_as_scipy_does_per_group():
     ("compare_moverscore", "docs_comparison", "docs_table"),
     ("compare_authors", "docs_members", "docs_table"),
     ("robustness", "docs_variants", "docs_table"),
+    ("probe_server", "docs_probes", "docs_table"),
 ])
 def test_a_docs_table_is_computed_from_the_stored_figures(study, table, make):
     """The table of ``docs/results.md`` that a study's result holds is what its script computes from

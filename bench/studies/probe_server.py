@@ -44,6 +44,7 @@ import harness  # noqa: E402
 from harness import REPO  # noqa: E402
 
 PROBES = ("malformed", "load", "slow", "idle", "abandoned", "large", "sigterm")
+TOO_MANY = "'Too many open files' in the log"  # a figure of every probe
 
 
 # --- the server and raw HTTP ---------------------------------------------------------------------
@@ -315,6 +316,44 @@ async def probe_sigterm(process: subprocess.Popen, port: int, pairs: list[tuple[
             "new connection after exit": (await exchange(port, http("/health", method="GET"), timeout=5))[1][:40]}
 
 
+# --- the table of the documentation -------------------------------------------------------------
+
+def docs_table(results: dict) -> dict:
+    """The probe table of ``docs/guide/server.md`` (``docs_probes``): a row per probe that ran."""
+    rows = []
+    if "malformed" in results:
+        m = results["malformed"]
+        rows.append([f"{m['tried']} malformed requests: answered 4xx", f"**{m['4xx']}**"])
+    if "load" in results:
+        m = results["load"]
+        rows.append([f"{m['requests']} OpenRLHF requests from concurrent clients: answered, largest difference to "
+                     "in-process `MoverReward`", f"{m['answered']} of {m['requests']}, {m['max diff']:.1e}"])
+    if "slow" in results:
+        m = results["slow"]
+        rows.append(["clients dribbling a request head or body a byte a second: disconnected",
+                     f"**{m['disconnected']} of {m['clients']}**, the last after {m['slowest disconnect s']:.1f} s"])
+    if "idle" in results:
+        m = results["idle"]
+        health, score = m["first answers (health, score)"]
+        rows.append([f"{m['idle connections']} idle connections, descriptor limit 256: `/health` and `/score`",
+                     f"{health} / {score} at once, then 200 after {m['seconds until 200']:.1f} s; "
+                     f"\"Too many open files\" {m[TOO_MANY]} time(s)"])
+    if "abandoned" in results:
+        m = results["abandoned"]
+        rows.append(["50 clients send 32 pairs each and disconnect: pairs of theirs scored; latency of the next "
+                     "request (idle server)", f"**{m['abandoned pairs scored']}** of {m['abandoned pairs sent']}; "
+                     f"{m['latency s']:.1f} s ({m['on an idle server s']:.1f} s)"])
+    if "large" in results:
+        m = results["large"]
+        rows.append(["a large request, then a 1-pair one a second later: the small one's latency (the large one's)",
+                     f"**{m['small latency s']:.1f} s** ({m['large latency s']:.0f} s)"])
+    if "sigterm" in results:
+        m = results["sigterm"]
+        rows.append([f"SIGTERM with {m['in flight']} requests in flight: answered; exit status",
+                     f"**{m['answered 200']} of {m['in flight']}**; {m['exit status']} after {m['seconds to exit']:.1f} s"])
+    return harness.table(["probe", "result"], rows)
+
+
 # --- main -----------------------------------------------------------------------------------------
 
 def main(argv=None) -> None:
@@ -325,6 +364,7 @@ def main(argv=None) -> None:
     parser.add_argument("--requests", type=int, default=30, help="requests per client (load)")
     parser.add_argument("--slow", type=int, default=400, help="slow clients")
     parser.add_argument("--large", type=int, default=1500, help="pairs of the large request")
+    parser.add_argument("--pairs", type=int, default=2000, help="distinct WMT pairs drawn for the requests")
     parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of the server")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
     parser.add_argument("--repo", type=Path, default=REPO, help="the checkout whose server is probed (default: this one)")
@@ -335,7 +375,7 @@ def main(argv=None) -> None:
         parser.error(f"unknown probes {unknown}")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     random.seed(0)
-    pairs = wmt_pairs(args.data, 2000, seed=0)
+    pairs = wmt_pairs(args.data, args.pairs, seed=0)
     results = {}
 
     def run(name, coroutine_factory, *options, nofile=None):
@@ -347,7 +387,7 @@ def main(argv=None) -> None:
             if process.poll() is None:
                 results[name]["server exit on SIGTERM"] = stop_server(process)
             errors = [line for line in log.read_text().splitlines() if "Too many open files" in line]
-            results[name]["'Too many open files' in the log"] = len(errors)
+            results[name][TOO_MANY] = len(errors)
         finally:
             process.kill()
             process.wait()
@@ -362,8 +402,8 @@ def main(argv=None) -> None:
     run("large", lambda p, port: probe_large(port, pairs, args.large))
     run("sigterm", lambda p, port: probe_sigterm(p, port, pairs))
     harness.publish(args.out, "probe_server", "The reward server probed from outside", results,
-                    body=["Every probe's counts (the figures, as JSON):",
-                          "```json\n" + json.dumps(results, indent=1) + "\n```"])
+                    {"docs_probes": docs_table(results)},
+                    [*harness.counts_body(results), "## The table of the documentation", {"table": "docs_probes"}])
 
 
 if __name__ == "__main__":
