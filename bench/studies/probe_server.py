@@ -31,6 +31,7 @@ import json
 import os
 import random
 import resource
+import shlex
 import signal
 import subprocess
 import sys
@@ -170,18 +171,18 @@ def malformed_cases() -> list[tuple[str, bytes]]:
 
 
 async def probe_malformed(port: int) -> dict:
-    answers, other = {}, []
+    """Every case of :func:`malformed_cases` (names may repeat: they are cut short), counted by its answer."""
+    answers, other = [], []
     for name, raw in malformed_cases():
         status, detail = await exchange(port, raw, timeout=60)
-        answers[name] = status
+        answers.append(status)
         if status is None or not 400 <= status < 500:
             other.append(f"{name}: {status} {detail[:120]!r}")
         if await health(port) != 200:
             other.append(f"{name}: /health did not answer 200 after it")
-    tried = len(answers)
-    four = sum(1 for s in answers.values() if s is not None and 400 <= s < 500)
-    return {"tried": tried, "4xx": four, "5xx": sum(1 for s in answers.values() if s is not None and s >= 500),
-            "no answer": sum(1 for s in answers.values() if s is None), "other": other}
+    return {"tried": len(answers), "4xx": sum(1 for s in answers if s is not None and 400 <= s < 500),
+            "5xx": sum(1 for s in answers if s is not None and s >= 500),
+            "no answer": sum(1 for s in answers if s is None), "other": other}
 
 
 # --- load, slow and idle clients ------------------------------------------------------------------
@@ -368,6 +369,8 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of the server")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
     parser.add_argument("--repo", type=Path, default=REPO, help="the checkout whose server is probed (default: this one)")
+    parser.add_argument("--serve-options", default="", help="more options of every server, e.g. '--body-timeout 2' "
+                        "(default: none, the server's own)")
     args = parser.parse_args(argv)
     only = args.only.split(",")
     unknown = sorted(set(only) - set(PROBES))
@@ -381,7 +384,7 @@ def main(argv=None) -> None:
     def run(name, coroutine_factory, *options, nofile=None):
         if name not in only:
             return
-        process, port, log = start_server(args.repo, *options, nofile=nofile)
+        process, port, log = start_server(args.repo, *options, *shlex.split(args.serve_options), nofile=nofile)
         try:
             results[name] = asyncio.run(coroutine_factory(process, port))
             if process.poll() is None:
