@@ -297,3 +297,72 @@ def test_probe_saves_recovers_from_a_killed_checkpoint_write_and_names_a_flipped
     verified = flips["torchmover.json, verify=True"]
     assert verified["flips"] == verified["error naming the file"] == 1
     assert all(f["error not naming it"] == [] for f in flips.values())
+
+
+def test_the_fine_tuning_and_sensitivity_tables_of_the_docs_are_computed_from_the_stored_figures():
+    """``docs/results.md``'s seeds of the chosen defaults, members fine-tuned under them and sensitivity
+    summary: each the table its script computes from the stored figures."""
+    choose = load_script(BENCH / "studies" / "choose_finetune_defaults.py")
+    runs = harness.load(BENCH / "results" / "finetune_defaults_runs.json")
+    chosen = runs["figures"]["final"][choose.name_of(runs["figures"]["chosen"])]
+    assert choose.seeds_table(chosen) == runs["tables"]["docs_seeds"]
+    members = harness.load(BENCH / "results" / "finetune_members_wmt15_to_16.json")
+    assert choose.members_table(members["figures"]) == members["tables"]["docs_members"]
+    sensitivity = load_script(BENCH / "studies" / "sensitivity.py")
+    res = harness.load(BENCH / "results" / "sensitivity.json")
+    assert sensitivity.docs_table(res["figures"]) == res["tables"]["docs_cv"]
+    assert sensitivity.cv_table(res["figures"]) == res["tables"]["table1"]
+
+
+def test_sensitivity_runs_the_library_analysis_on_tiny_data(wmt, tiny_model_dir, tmp_path):
+    module = load_script(BENCH / "studies" / "sensitivity.py")
+    options = json.dumps({"model": str(tiny_model_dir), "layer": 2, "centering": "none"})
+    module.main(["--max-per-group", "6", "--factors", "temperature,iterations", "--options", options,
+                 "--batch-size", "4", "--threads", "1", "--data", str(wmt), "--out", str(tmp_path)])
+    res = published(tmp_path, f"sensitivity_{tiny_model_dir.name}", [])
+    assert res["figures"]["n_records"] == 12 and [f["factor"] for f in res["figures"]["factors"]] == [
+        "temperature", "iterations"]
+    assert res["tables"]["docs_cv"] == module.docs_table(res["figures"])
+    assert len(res["tables"]["docs_cv"]["columns"]) == 2 and res["provenance"]["data"]["files"]
+
+
+def fake_recipe(command: list[str], log: Path) -> None:
+    """Stands for ``recipes/finetune_wmt.py`` in the choice: a seed's run writes its ``result.json``
+    (dev r: the seed's level, plus 0.010 for lr 4e-4 and a little seeded noise otherwise); ``--seeds``
+    writes the candidate's ``seeds.json`` from them."""
+    import random
+    import statistics
+
+    output = Path(command[command.index("--output") + 1])
+    output.mkdir(parents=True, exist_ok=True)
+    if "--seeds" not in command:
+        seed = int(command[command.index("--seed") + 1])
+        gain = 0.010 if "--lr=0.0004" in command else random.Random(" ".join(command[4:])).uniform(-0.004, 0.002)
+        dev = 0.70 + 0.05 * seed + gain
+        (output / "result.json").write_text(json.dumps({"dev_r": dev}))
+        return
+    keys = ("dev_r", "r_before", "r_after", "delta_r", "tau_before", "tau_after", "delta_tau")
+    rows = []
+    for seed in map(int, command[command.index("--seeds") + 1].split(",")):
+        dev = json.loads((output / f"seed-{seed}" / "result.json").read_text())["dev_r"]
+        rows.append({"seed": seed, "best_epoch": 1, **dict(zip(keys, (dev, 0.63, dev - 0.05, dev - 0.68, 0.45, 0.5, 0.05)))})
+    stats = {k: {"mean": statistics.fmean(r[k] for r in rows), "sd": statistics.stdev(r[k] for r in rows),
+                 "min": min(r[k] for r in rows), "max": max(r[k] for r in rows), "n": len(rows)} for k in keys}
+    (output / "seeds.json").write_text(json.dumps({"seeds": rows, "stats": stats}))
+
+
+def test_choose_finetune_defaults_runs_its_stages_and_adopts_a_steady_gain(tmp_path, monkeypatch):
+    """The choice end to end with the recipe faked (a real run trains for minutes): every stage's
+    candidates run once per seed, the steady +0.010 of lr 4e-4 is adopted by the paired rule and
+    nothing else is, and the result carries the chosen defaults' seed table."""
+    module = load_script(BENCH / "studies" / "choose_finetune_defaults.py")
+    (tmp_path / "data").mkdir()
+    data = write_wmt(tmp_path / "data", ("wmt15.cs-en.tsv", "wmt16.de-en.tsv"), 4)
+    monkeypatch.setattr(module, "run", fake_recipe)
+    module.main(["--data", str(data), "--out", str(tmp_path / "runs"), "--seeds", "0,1,2"])
+    res = published(tmp_path / "runs", "finetune_defaults_runs", [])
+    f = res["figures"]
+    assert f["chosen"] == {**module.INCUMBENT, "lr": 4e-4}
+    assert [stage["adopted"] for stage in f["stages"]] == [False, False, True, False, False]
+    assert len(list((tmp_path / "runs" / "runs").iterdir())) == 4 + 1 + 2 + 2 + 1  # each candidate once
+    assert res["tables"]["docs_seeds"] == module.seeds_table(f["final"][module.name_of(f["chosen"])])
