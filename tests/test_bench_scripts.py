@@ -366,3 +366,20 @@ def test_choose_finetune_defaults_runs_its_stages_and_adopts_a_steady_gain(tmp_p
     assert [stage["adopted"] for stage in f["stages"]] == [False, False, True, False, False]
     assert len(list((tmp_path / "runs" / "runs").iterdir())) == 4 + 1 + 2 + 2 + 1  # each candidate once
     assert res["tables"]["docs_seeds"] == module.seeds_table(f["final"][module.name_of(f["chosen"])])
+
+
+def test_the_probe_table_has_a_row_for_each_probe_that_ran():
+    module = load_script(BENCH / "studies" / "probe_server.py")
+    too_many = {module.TOO_MANY: 0}
+    results = {"load": {"requests": 6, "answered": 6, "max diff": 1.8e-7, **too_many},
+               "slow": {"clients": 4, "disconnected": 4, "slowest disconnect s": 30.1, **too_many},
+               "idle": {"idle connections": 300, "first answers (health, score)": [503, 503], "seconds until 200": 11.4,
+                        "answers": 3, **too_many},
+               "abandoned": {"next request status": 200, "latency s": 2.5, "on an idle server s": 1.9,
+                             "abandoned pairs scored": 0, "abandoned pairs sent": 1600, **too_many},
+               "large": {"large status": 200, "small status": 200, "small latency s": 12.5, "large latency s": 97.0,
+                         **too_many}}
+    cells = [row[1] for row in module.docs_table(results)["rows"]]
+    assert cells == ["6 of 6, 1.8e-07", "**4 of 4**, the last after 30.1 s",
+                     '503 / 503 at once, then 200 after 11.4 s; "Too many open files" 0 time(s)',
+                     "**0** of 1600; 2.5 s (1.9 s)", "**12.5 s** (97 s)"]

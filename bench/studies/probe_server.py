@@ -319,40 +319,29 @@ async def probe_sigterm(process: subprocess.Popen, port: int, pairs: list[tuple[
 
 # --- the table of the documentation -------------------------------------------------------------
 
+DOCS_ROWS = {  # probe -> its row of the documentation's table, from its figures
+    "malformed": lambda m: [f"{m['tried']} malformed requests: answered 4xx", f"**{m['4xx']}**"],
+    "load": lambda m: [f"{m['requests']} OpenRLHF requests from concurrent clients: answered, largest difference to "
+                       "in-process `MoverReward`", f"{m['answered']} of {m['requests']}, {m['max diff']:.1e}"],
+    "slow": lambda m: ["clients dribbling a request head or body a byte a second: disconnected",
+                       f"**{m['disconnected']} of {m['clients']}**, the last after {m['slowest disconnect s']:.1f} s"],
+    "idle": lambda m: [f"{m['idle connections']} idle connections, descriptor limit 256: `/health` and `/score`",
+                       "{} / {} at once, then 200 after {:.1f} s; \"Too many open files\" {} time(s)".format(
+                           *m["first answers (health, score)"], m["seconds until 200"], m[TOO_MANY])],
+    "abandoned": lambda m: ["50 clients send 32 pairs each and disconnect: pairs of theirs scored; latency of the "
+                            "next request (idle server)", f"**{m['abandoned pairs scored']}** of "
+                            f"{m['abandoned pairs sent']}; {m['latency s']:.1f} s ({m['on an idle server s']:.1f} s)"],
+    "large": lambda m: ["a large request, then a 1-pair one a second later: the small one's latency (the large one's)",
+                        f"**{m['small latency s']:.1f} s** ({m['large latency s']:.0f} s)"],
+    "sigterm": lambda m: [f"SIGTERM with {m['in flight']} requests in flight: answered; exit status",
+                          f"**{m['answered 200']} of {m['in flight']}**; {m['exit status']} after "
+                          f"{m['seconds to exit']:.1f} s"],
+}
+
+
 def docs_table(results: dict) -> dict:
     """The probe table of ``docs/guide/server.md`` (``docs_probes``): a row per probe that ran."""
-    rows = []
-    if "malformed" in results:
-        m = results["malformed"]
-        rows.append([f"{m['tried']} malformed requests: answered 4xx", f"**{m['4xx']}**"])
-    if "load" in results:
-        m = results["load"]
-        rows.append([f"{m['requests']} OpenRLHF requests from concurrent clients: answered, largest difference to "
-                     "in-process `MoverReward`", f"{m['answered']} of {m['requests']}, {m['max diff']:.1e}"])
-    if "slow" in results:
-        m = results["slow"]
-        rows.append(["clients dribbling a request head or body a byte a second: disconnected",
-                     f"**{m['disconnected']} of {m['clients']}**, the last after {m['slowest disconnect s']:.1f} s"])
-    if "idle" in results:
-        m = results["idle"]
-        health, score = m["first answers (health, score)"]
-        rows.append([f"{m['idle connections']} idle connections, descriptor limit 256: `/health` and `/score`",
-                     f"{health} / {score} at once, then 200 after {m['seconds until 200']:.1f} s; "
-                     f"\"Too many open files\" {m[TOO_MANY]} time(s)"])
-    if "abandoned" in results:
-        m = results["abandoned"]
-        rows.append(["50 clients send 32 pairs each and disconnect: pairs of theirs scored; latency of the next "
-                     "request (idle server)", f"**{m['abandoned pairs scored']}** of {m['abandoned pairs sent']}; "
-                     f"{m['latency s']:.1f} s ({m['on an idle server s']:.1f} s)"])
-    if "large" in results:
-        m = results["large"]
-        rows.append(["a large request, then a 1-pair one a second later: the small one's latency (the large one's)",
-                     f"**{m['small latency s']:.1f} s** ({m['large latency s']:.0f} s)"])
-    if "sigterm" in results:
-        m = results["sigterm"]
-        rows.append([f"SIGTERM with {m['in flight']} requests in flight: answered; exit status",
-                     f"**{m['answered 200']} of {m['in flight']}**; {m['exit status']} after {m['seconds to exit']:.1f} s"])
-    return harness.table(["probe", "result"], rows)
+    return harness.table(["probe", "result"], [DOCS_ROWS[name](results[name]) for name in PROBES if name in results])
 
 
 # --- main -----------------------------------------------------------------------------------------
