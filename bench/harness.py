@@ -322,6 +322,16 @@ def publish(out: Path, name: str, title: str, figures, tables: dict | None = Non
     return write(out, result(name, title, figures, tables, body, data, command))
 
 
+def short(x: float) -> str:
+    """A figure with two significant digits, as the tables print differences: ``0.070``, ``3.6e-7``."""
+    return f"{x:#.2g}" if x >= 0.01 else f"{x:.1e}".replace("e-0", "e-")
+
+
+def counts_body(figures) -> list[str]:
+    """A report's body that shows its figures as they are: a probe's counts, as JSON."""
+    return ["Every probe's counts (the figures, as JSON):", "```json\n" + json.dumps(figures, indent=1) + "\n```"]
+
+
 def model_suffix(model: str | None) -> str:
     """``_<model's last path part>`` for any model but the default one (a result's name suffix)."""
     return "" if model is None or model.endswith("all-MiniLM-L6-v2") else "_" + str(model).rstrip("/").rsplit("/", 1)[-1]

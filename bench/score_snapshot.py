@@ -5,7 +5,8 @@ that a change which should not move any score moves none.
 file: the largest absolute difference per configuration, and exit status 1 if any exceeds
 ``--tolerance`` (default 1e-7). The pairs are the first ``--pairs`` rows (default 24) of the WMT15-16
 files plus degenerate texts (empty, whitespace, punctuation, one word); the default model throughout
-(the presets keep their options but run on it). Configurations:
+(``--model``/``--layer`` another one, with the default model's centering, none, where a configuration
+names none; the presets keep their options but run on it). Configurations:
 
 - every member x direction, through ``Scorer.score`` (batched, arena), ``Scorer.forward`` and
   ``return_all``;
@@ -86,7 +87,7 @@ def fitted(scorer, hyps: list[str], refs: list[str]):
     return scorer
 
 
-def scorer_scores(hyps: list[str], refs: list[str]) -> dict[str, list[float]]:
+def scorer_scores(hyps: list[str], refs: list[str], encoder: dict) -> dict[str, list[float]]:
     from tqdm.auto import tqdm
 
     from torchmover import Scorer
@@ -94,7 +95,7 @@ def scorer_scores(hyps: list[str], refs: list[str]) -> dict[str, list[float]]:
     out = {}
     multi = [[r, refs[(i + 1) % len(refs)]] for i, r in enumerate(refs)]
     for name, options in tqdm(scorer_configs().items(), desc="scorers"):
-        scorer = fitted(Scorer(**options), hyps, refs)
+        scorer = fitted(Scorer(**{**encoder, **options}), hyps, refs)
         out[f"{name}/score"] = scorer.score(hyps, refs, batch_size=8, progress=False).tolist()
         with torch.no_grad():
             out[f"{name}/forward"] = scorer(hyps, refs).tolist()
@@ -102,12 +103,12 @@ def scorer_scores(hyps: list[str], refs: list[str]) -> dict[str, list[float]]:
             out[f"{name}/all{k}"] = values.tolist()
         if name in ("twmd-recall", "bertscore-f1", "twmd-batch"):
             out[f"{name}/multi-max"] = scorer.score(hyps, multi, progress=False).tolist()
-            out[f"{name}/multi-mean"] = fitted(Scorer(**options, multi_ref="mean"), hyps, refs).score(
+            out[f"{name}/multi-mean"] = fitted(Scorer(**{**encoder, **options}, multi_ref="mean"), hyps, refs).score(
                 hyps, multi, progress=False).tolist()
     return out
 
 
-def reward_scores(hyps: list[str], refs: list[str]) -> dict[str, list[float]]:
+def reward_scores(hyps: list[str], refs: list[str], encoder: dict) -> dict[str, list[float]]:
     from torchmover import BatchedReward, GroupReward, MoverReward, Scorer, SelfCriticalReward
 
     out = {}
@@ -115,7 +116,7 @@ def reward_scores(hyps: list[str], refs: list[str]) -> dict[str, list[float]]:
     for name, options in {"twmd": {}, "trwmd": dict(method="trwmd"), "bertscore": dict(method="bertscore"),
                           "twmd-batch-fit": dict(centering="batch"), "sms": dict(method="sms"),
                           "twmd-idf": dict(idf=True), "twmd-f1": dict(direction="f1")}.items():
-        scorer = fitted(Scorer(**options), hyps, refs)
+        scorer = fitted(Scorer(**{**encoder, **options}), hyps, refs)
         reward = MoverReward(scorer)
         if scorer.config.centering == "batch":
             reward.fit(refs)
@@ -127,7 +128,7 @@ def reward_scores(hyps: list[str], refs: list[str]) -> dict[str, list[float]]:
         if scorer.config.centering == "batch":
             uncached.fit(refs)
         out[f"reward-{name}/cache-off"] = uncached(hyps, refs).tolist()
-    scorer = Scorer()
+    scorer = Scorer(**encoder)
     critical = SelfCriticalReward(scorer)(hyps, hyps[::-1], refs)
     out["self-critical/advantage"] = critical.advantage.tolist()
     group = GroupReward(scorer, baseline="leave_one_out")([hyps[i:i + 4] for i in range(0, 24, 4)], refs[:6])
@@ -137,9 +138,14 @@ def reward_scores(hyps: list[str], refs: list[str]) -> dict[str, list[float]]:
     return out
 
 
-def snapshot(data: Path, n: int) -> dict[str, list[float]]:
+def snapshot(data: Path, n: int, model: str | None = None, layer: int | None = None) -> dict[str, list[float]]:
+    """Every configuration's scores of the pairs of :func:`read_pairs` (``model`` and ``layer``: the
+    encoder of every scorer, default: the default model at its layer; another model is given the
+    default model's centering, none, where a configuration names none)."""
     hyps, refs = read_pairs(data, n)
-    return {**scorer_scores(hyps, refs), **reward_scores(hyps, refs)}
+    encoder = {} if model is None else {"model": model, "centering": "none"}
+    encoder.update({} if layer is None else {"layer": layer})
+    return {**scorer_scores(hyps, refs, encoder), **reward_scores(hyps, refs, encoder)}
 
 
 def main(argv=None) -> int:
@@ -147,12 +153,14 @@ def main(argv=None) -> int:
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "wmt15-16")
     parser.add_argument("--pairs", type=int, default=24)
     parser.add_argument("--tolerance", type=float, default=1e-7)
+    parser.add_argument("--model", help="the encoder of every scorer (default: the default model)")
+    parser.add_argument("--layer", type=int, help="its layer (default: the model's recorded layer)")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", type=Path, help="record the scores here")
     mode.add_argument("--check", type=Path, help="compare with the scores recorded here")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # one thread: reductions in one order, before and after
-    scores = snapshot(args.data, args.pairs)
+    scores = snapshot(args.data, args.pairs, args.model, args.layer)
     if args.write:
         args.write.write_text(json.dumps(scores) + "\n", encoding="utf-8")
         print(f"{len(scores)} configurations, {sum(map(len, scores.values()))} scores -> {args.write}")

@@ -2,6 +2,7 @@
 ones that run in seconds on tiny data (the tiny random model of conftest.py, a 24-row WMT-style
 directory) run end to end and publish a result with its provenance."""
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -26,20 +27,25 @@ def load_script(path: Path):
     return module
 
 
+def write_wmt(directory: Path, names: tuple[str, ...], rows: int) -> Path:
+    """WMT-style files (``wmt15.cs-en.tsv``, ...) of ``rows`` random rows each over the tiny model's
+    vocabulary (seeded)."""
+    import random
+
+    rng = random.Random(0)
+    for name in names:
+        lines = ["lp\tyear\tref\thyp\tscore"]
+        for _ in range(rows):
+            ref, hyp = (" ".join(rng.choices(WORDS, k=rng.randint(3, 9))) for _ in range(2))
+            lines.append(f"{name[6:11]}\t{2000 + int(name[3:5])}\t{ref}\t{hyp}\t{rng.uniform(-1, 1):.3f}")
+        (directory / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return directory
+
+
 @pytest.fixture(scope="module")
 def wmt(tmp_path_factory):
     """Two WMT-style files of 12 rows each over the tiny model's vocabulary."""
-    import random
-
-    directory = tmp_path_factory.mktemp("wmt")
-    rng = random.Random(0)
-    for k, name in enumerate(("wmt15.cs-en.tsv", "wmt16.de-en.tsv")):
-        rows = ["lp\tyear\tref\thyp\tscore"]
-        for _ in range(12):
-            ref, hyp = (" ".join(rng.choices(WORDS, k=rng.randint(3, 9))) for _ in range(2))
-            rows.append(f"{name[6:11]}\t{2015 + k}\t{ref}\t{hyp}\t{rng.uniform(-1, 1):.3f}")
-        (directory / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return directory
+    return write_wmt(tmp_path_factory.mktemp("wmt"), ("wmt15.cs-en.tsv", "wmt16.de-en.tsv"), 12)
 
 
 def test_the_scripts_of_bench_and_its_studies_are_all_found():
@@ -64,6 +70,7 @@ def published(out: Path, name: str, argv: list[str]) -> dict:
 
 
 TINY = object()  # stands for the tiny model's directory
+PARTS = ("bench_corpus_memory", "bench_corpus_flat", "bench_corpus_sharding")
 
 
 @pytest.mark.parametrize("script, name, args", [
@@ -72,9 +79,21 @@ TINY = object()  # stands for the tiny model's directory
     ("studies/reward_scale.py", "reward_scale", ["--pairs", "8", "--threads", "1", "--model", TINY]),
     ("bench_batching.py", "bench_batching", ["--calls", "8", "--callers", "2", "--repeats", "1", "--threads", "1"]),
     ("studies/compare_bertscore.py", "compare_bertscore", ["--pairs", "8", "--batch-size", "4"]),
-], ids=lambda v: v if isinstance(v, str) and v.endswith(".py") else "")
+    ("bench_serve.py", "bench_serve", ["--requests", "8", "--clients", "2", "--threads", "1", "--device", "cpu"]),
+    ("bench_corpus.py", "bench_corpus_memory", ["--part", "memory", "--pairs", "16", "--rounds", "1", "--threads", "1"]),
+    ("bench_corpus.py", "bench_corpus_flat", ["--part", "flat", "--sizes", "20", "--chunk-size", "16",
+                                              "--threads", "1"]),
+    ("bench_corpus.py", "bench_corpus_sharding", ["--part", "sharding", "--rounds", "1"]),
+    ("bench_speed.py", "bench_speed", ["--model", TINY, "--layer", "2", "--pairs", "4", "--repeats", "1",
+                                       "--warmup", "0", "--threads", "1"]),
+    ("bench_reward_worker.py", "bench_reward_worker", ["--references", "8", "--calls", "8", "--repeats", "1",
+                                                       "--threads", "1"]),
+    ("studies/family_contracts.py", "family_contracts", ["--refs", "4", "--batch", "4", "--alone", "2",
+                                                         "--threads", "1"]),
+], ids=lambda v: v if isinstance(v, str) and v.endswith(".py") else v if v in PARTS else "")
 def test_a_script_runs_on_tiny_data_and_publishes(script, name, args, wmt, tiny_model_dir, tmp_path, capsys):
-    """(bench_batching and compare_bertscore read the default offline model.)"""
+    """(All but bench_evaluation, bench_ops, reward_scale and bench_speed read the default offline model;
+    bench_serve, bench_corpus and bench_reward_worker measure it in processes of their own.)"""
     module = load_script(BENCH / script)
     args = [str(tiny_model_dir) if a is TINY else a for a in args]
     module.main([*args, "--data", str(wmt), "--out", str(tmp_path)])
@@ -83,35 +102,13 @@ def test_a_script_runs_on_tiny_data_and_publishes(script, name, args, wmt, tiny_
     assert res["body"] and all(t["rows"] for t in res["tables"].values())
 
 
-def test_select_defaults_correlates_as_scipy_does_per_group():
-    """The study's correlations come from ``evaluation.correlate``: the Pearson r and Kendall τ-b of
-    each group that ``scipy.stats`` gives, and their unweighted average."""
-    import types
-
-    import numpy as np
-    from scipy import stats
-
-    select_defaults = load_script(BENCH / "studies" / "select_defaults.py")
-    rng = np.random.default_rng(0)
-    groups = np.array(["cs-en 2015"] * 40 + ["de-en 2016"] * 30)
-    human = rng.normal(size=70)
-    scores = human + rng.normal(size=70)
-    scores[:5] = scores[5]  # ties
-    sweep = types.SimpleNamespace(groups=groups, human=human)
-    out = select_defaults.Sweep.correlate(sweep, scores)
-    for g in ("cs-en 2015", "de-en 2016"):
-        sel = groups == g
-        assert out["per_group"][g]["r"] == pytest.approx(stats.pearsonr(scores[sel], human[sel])[0], abs=1e-12)
-        assert out["per_group"][g]["tau"] == pytest.approx(stats.kendalltau(scores[sel], human[sel])[0], abs=1e-12)
-    assert out["avg_r"] == pytest.approx(np.mean([v["r"] for v in out["per_group"].values()]))
-
-
 @pytest.mark.parametrize("study, table, make", [
     ("select_defaults", "docs_default", "docs_default_table"),
     ("compare_bertscore", "docs_comparison", "docs_table"),
     ("compare_moverscore", "docs_comparison", "docs_table"),
     ("compare_authors", "docs_members", "docs_table"),
     ("robustness", "docs_variants", "docs_table"),
+    ("probe_server", "docs_probes", "docs_table"),
 ])
 def test_a_docs_table_is_computed_from_the_stored_figures(study, table, make):
     """The table of ``docs/results.md`` that a study's result holds is what its script computes from
@@ -135,3 +132,231 @@ def test_bench_gpu_measures_on_the_cpu_with_a_tiny_model(wmt, tiny_model_dir):
     row.update(variant="fp32", max_diff=0.0)
     tables = bench_gpu.docs_tables({"default": {"layer": 2, "systems": systems, "reward": [row]}}, len(pairs))
     assert len(tables["docs_scoring"]["rows"]) == 2 and tables["docs_reward"]["rows"][0][2] == "fp32"
+
+
+def test_bench_many_references_publishes_one_call(tmp_path):
+    module = load_script(BENCH / "bench_many_references.py")
+    for call in ("forward", "reward"):
+        module.main([call, "4", "--out", str(tmp_path)])
+        res = published(tmp_path, f"bench_many_references_{call}_4", [])
+        assert res["figures"]["references"] == 4 and 0 < res["figures"]["score"] <= 1
+
+
+def test_score_snapshot_checks_a_tree_against_its_own_snapshot_and_catches_a_moved_score(
+        tmp_path, tiny_model_dir, capsys, monkeypatch):
+    """``--write`` then ``--check`` on the same code: no difference (scored twice, one thread); a
+    recorded score moved by 1e-6 makes ``--check`` fail naming its configuration."""
+    module = load_script(BENCH / "score_snapshot.py")
+    names = tuple(f"wmt{y}.{lp}-en.tsv" for y, lp in (("15", "cs"), ("15", "de"), ("15", "fi"),
+                                                       ("16", "cs"), ("16", "de"), ("16", "ro")))
+    data = write_wmt(tmp_path, names, 4)  # 24 rows: the 24 hypotheses of the group reward
+    model = ["--data", str(data), "--model", str(tiny_model_dir), "--layer", "2"]
+    assert module.main([*model, "--write", str(tmp_path / "snap.json")]) == 0
+    recorded = json.loads((tmp_path / "snap.json").read_text())
+    assert {"twmd-recall/score", "preset-moverscore/forward", "reward-twmd/cached", "group/advantages"} <= set(recorded)
+    capsys.readouterr()
+    assert module.main([*model, "--check", str(tmp_path / "snap.json")]) == 0
+    assert f"{len(recorded)} configurations compared; largest difference 0;" in capsys.readouterr().out
+    recorded["bertscore-f1/score"][3] += 1e-6
+    (tmp_path / "moved.json").write_text(json.dumps(recorded))
+    monkeypatch.setattr(module, "snapshot", lambda *a: json.loads((tmp_path / "snap.json").read_text()))
+    assert module.main([*model, "--check", str(tmp_path / "moved.json")]) == 1
+    assert "  bertscore-f1/score: 1e-06 > 1e-07" in capsys.readouterr().out
+
+
+AUTHORS_STAND_IN = '''
+"""A stand-in for the TWMD authors' batch_center_eval.py (their code is not installed here): their
+Scorer's interface, its (R, P, F1) rows computed by torchmover's twmd-b-authors preset per mini-batch."""
+import torch
+import torchmover
+
+
+class Scorer:
+    def __init__(self, model_name, batch_size, device):
+        self.model_name, self.batch_size, self.layer_use = model_name, batch_size, None
+
+    def score(self, cands, refs, metric, T, batch_center):
+        encoder = torchmover.Encoder.from_pretrained(self.model_name, layer=self.layer_use, special_tokens="cls")
+        options = dict(method=metric.lower(), centering="batch" if batch_center else "none",
+                       center_scope="pairs" if batch_center else "joint")
+        if T is not None:
+            options["temperature"] = T
+        scorer = torchmover.Scorer.from_preset("twmd-b-authors", model=encoder, **options)
+        with torch.no_grad():
+            parts = [scorer(cands[i:i + self.batch_size], refs[i:i + self.batch_size], return_all=True)
+                     for i in range(0, len(cands), self.batch_size)]
+        return torch.stack([torch.cat([getattr(p, k) for p in parts]) for k in ("precision", "recall", "f1")])
+'''
+
+
+def test_compare_authors_runs_against_a_stand_in_of_the_authors_code(wmt, tmp_path):
+    """The authors' code (xchen147/BatchCenterTWMD) is not installed: a stand-in with its interface,
+    computing their (R, P, F1) by the preset, runs the study end to end; the preset's rows then agree
+    to float rounding, which they would not if the study mixed up the authors' R and P."""
+    module = load_script(BENCH / "studies" / "compare_authors.py")
+    with pytest.raises(SystemExit, match="no batch_center_eval.py"):
+        module.authors_scorer(tmp_path, 4, 8)
+    code = tmp_path / "authors"
+    code.mkdir()
+    (code / "batch_center_eval.py").write_text(AUTHORS_STAND_IN)
+    try:
+        module.main(["--authors-code", str(code), "--rows", "6", "--batch-size", "4", "--data", str(wmt),
+                     "--out", str(tmp_path)])
+    finally:
+        sys.modules.pop("batch_center_eval", None)
+        sys.path.remove(str(code))
+    res = published(tmp_path, "compare_authors", [])
+    rows = res["figures"]["rows"]
+    assert res["figures"]["n"] == 12 and len(rows) == 9  # 3 members x (none, batch, batch separate)
+    assert all(row[k]["max_abs"] < 1e-6 for key, row in rows.items() if key.endswith("-preset") for k in module.OUTPUTS)
+    assert res["tables"]["docs_members"] == module.docs_table(res["figures"])
+
+
+def test_compare_moverscore_parts_that_need_no_moverscore_v2(tmp_path):
+    """moverscore_v2 (the moverscore package) is not installed here, so the study cannot run; its exact
+    EMD and its report are checked (the report rendered from the stored figures)."""
+    import types
+
+    import numpy as np
+
+    module = load_script(BENCH / "studies" / "compare_moverscore.py")
+    rng = np.random.default_rng(0)
+    x, w = rng.normal(size=(5, 8)), np.array([1.0, 2.0, 0.0, 1.0, 1.0])
+    assert module.exact_moverscore(x, w, x, w) == pytest.approx(1.0, abs=1e-12)
+    assert module.exact_moverscore(x, np.zeros(5), x, w) == 0.0
+    y = rng.normal(size=(1, 8))
+    unit = lambda v: v / np.linalg.norm(v)  # noqa: E731  one token each: the whole mass moves, cost = distance
+    assert module.exact_moverscore(x[:1], w[:1], y, np.ones(1)) == pytest.approx(
+        1 - np.linalg.norm(unit(x[0]) - unit(y[0])), abs=1e-12)
+    res = harness.load(BENCH / "results" / "compare_moverscore.json")
+    text = module.report(types.SimpleNamespace(batch_size=64, seed=0, threads=1), res["figures"], 1.0)
+    assert "| **torchmover vs moverscore_v2 (IDF, the preset)** | `tm` − `ms` | 1.000000 |" in text
+
+
+def test_self_critical_names_reads_the_phases_of_a_run(tmp_path):
+    """A run directory of the recipe's three phases (untrained tiny T5s saved as the recipe saves its
+    final models): the rates of the right name and city, in [0, 1], published."""
+    sys.path.insert(0, str(ROOT / "recipes"))
+    import self_critical_summarization as recipe
+
+    module = load_script(BENCH / "studies" / "self_critical_names.py")
+    rows = recipe.make_toy_dataset()
+    tokenizer = recipe.tiny_tokenizer([r["document"] for r in rows] + [r["summary"] for r in rows])
+    for seed, phase in enumerate(module.PHASES):
+        recipe.tiny_model(tokenizer, seed).save_pretrained(tmp_path / "run" / phase / "final")
+        tokenizer.save_pretrained(tmp_path / "run" / phase / "final")
+    module.main([str(tmp_path / "run"), "--samples", "1", "--out", str(tmp_path / "out")])
+    res = published(tmp_path / "out", "self_critical_names", [])
+    rates = res["figures"][str(tmp_path / "run")]
+    assert set(rates) == set(module.PHASES) and all(0 <= r <= 1 for pair in rates.values() for r in pair)
+
+
+def test_probe_server_answers_every_malformed_request_4xx(wmt, tmp_path):
+    """The malformed probe against this checkout's server (default model; the body announced but not
+    sent answered 408 after 1 s instead of 30): every request 4xx, and ``/health`` 200 after each; the
+    documentation's table row computed from it."""
+    module = load_script(BENCH / "studies" / "probe_server.py")
+    module.main(["--only", "malformed", "--pairs", "24", "--threads", "1", "--serve-options", "--body-timeout 1",
+                 "--data", str(wmt), "--out", str(tmp_path)])
+    res = published(tmp_path, "probe_server", [])
+    m = res["figures"]["malformed"]
+    assert m["tried"] == m["4xx"] == len(module.malformed_cases()) and m["other"] == []
+    assert m["server exit on SIGTERM"] == 0
+    assert res["tables"]["docs_probes"]["rows"] == [[f"{m['tried']} malformed requests: answered 4xx", f"**{m['tried']}**"]]
+
+
+def test_probe_saves_recovers_from_a_killed_checkpoint_write_and_names_a_flipped_file(tmp_path):
+    module = load_script(BENCH / "studies" / "probe_saves.py")
+    module.main(["--only", "checkpoints,flips", "--kills", "1", "--flips", "1", "--out", str(tmp_path)])
+    res = published(tmp_path, "probe_saves", [])
+    checkpoints, flips = res["figures"]["checkpoints"], res["figures"]["flips"]
+    assert checkpoints["kills"] == checkpoints["latest loads"] == 1 and checkpoints["left after the next save"] == 0
+    verified = flips["torchmover.json, verify=True"]
+    assert verified["flips"] == verified["error naming the file"] == 1
+    assert all(f["error not naming it"] == [] for f in flips.values())
+
+
+def test_the_fine_tuning_and_sensitivity_tables_of_the_docs_are_computed_from_the_stored_figures():
+    """``docs/results.md``'s seeds of the chosen defaults, members fine-tuned under them and sensitivity
+    summary: each the table its script computes from the stored figures."""
+    choose = load_script(BENCH / "studies" / "choose_finetune_defaults.py")
+    runs = harness.load(BENCH / "results" / "finetune_defaults_runs.json")
+    chosen = runs["figures"]["final"][choose.name_of(runs["figures"]["chosen"])]
+    assert choose.seeds_table(chosen) == runs["tables"]["docs_seeds"]
+    members = harness.load(BENCH / "results" / "finetune_members_wmt15_to_16.json")
+    assert choose.members_table(members["figures"]) == members["tables"]["docs_members"]
+    sensitivity = load_script(BENCH / "studies" / "sensitivity.py")
+    res = harness.load(BENCH / "results" / "sensitivity.json")
+    assert sensitivity.docs_table(res["figures"]) == res["tables"]["docs_cv"]
+    assert sensitivity.cv_table(res["figures"]) == res["tables"]["table1"]
+
+
+def test_sensitivity_runs_the_library_analysis_on_tiny_data(wmt, tiny_model_dir, tmp_path):
+    module = load_script(BENCH / "studies" / "sensitivity.py")
+    options = json.dumps({"model": str(tiny_model_dir), "layer": 2, "centering": "none"})
+    module.main(["--max-per-group", "6", "--factors", "temperature,iterations", "--options", options,
+                 "--batch-size", "4", "--threads", "1", "--data", str(wmt), "--out", str(tmp_path)])
+    res = published(tmp_path, f"sensitivity_{tiny_model_dir.name}", [])
+    assert res["figures"]["n_records"] == 12 and [f["factor"] for f in res["figures"]["factors"]] == [
+        "temperature", "iterations"]
+    assert res["tables"]["docs_cv"] == module.docs_table(res["figures"])
+    assert len(res["tables"]["docs_cv"]["columns"]) == 2 and res["provenance"]["data"]["files"]
+
+
+def fake_recipe(command: list[str], log: Path) -> None:
+    """Stands for ``recipes/finetune_wmt.py`` in the choice: a seed's run writes its ``result.json``
+    (dev r: the seed's level, plus 0.010 for lr 4e-4 and a little seeded noise otherwise); ``--seeds``
+    writes the candidate's ``seeds.json`` from them."""
+    import random
+    import statistics
+
+    output = Path(command[command.index("--output") + 1])
+    output.mkdir(parents=True, exist_ok=True)
+    if "--seeds" not in command:
+        seed = int(command[command.index("--seed") + 1])
+        gain = 0.010 if "--lr=0.0004" in command else random.Random(" ".join(command[4:])).uniform(-0.004, 0.002)
+        dev = 0.70 + 0.05 * seed + gain
+        (output / "result.json").write_text(json.dumps({"dev_r": dev}))
+        return
+    keys = ("dev_r", "r_before", "r_after", "delta_r", "tau_before", "tau_after", "delta_tau")
+    rows = []
+    for seed in map(int, command[command.index("--seeds") + 1].split(",")):
+        dev = json.loads((output / f"seed-{seed}" / "result.json").read_text())["dev_r"]
+        rows.append({"seed": seed, "best_epoch": 1, **dict(zip(keys, (dev, 0.63, dev - 0.05, dev - 0.68, 0.45, 0.5, 0.05)))})
+    stats = {k: {"mean": statistics.fmean(r[k] for r in rows), "sd": statistics.stdev(r[k] for r in rows),
+                 "min": min(r[k] for r in rows), "max": max(r[k] for r in rows), "n": len(rows)} for k in keys}
+    (output / "seeds.json").write_text(json.dumps({"seeds": rows, "stats": stats}))
+
+
+def test_choose_finetune_defaults_runs_its_stages_and_adopts_a_steady_gain(tmp_path, monkeypatch):
+    """The choice end to end with the recipe faked (a real run trains for minutes): every stage's
+    candidates run once per seed, the steady +0.010 of lr 4e-4 is adopted by the paired rule and
+    nothing else is, and the result carries the chosen defaults' seed table."""
+    module = load_script(BENCH / "studies" / "choose_finetune_defaults.py")
+    (tmp_path / "data").mkdir()
+    data = write_wmt(tmp_path / "data", ("wmt15.cs-en.tsv", "wmt16.de-en.tsv"), 4)
+    monkeypatch.setattr(module, "run", fake_recipe)
+    module.main(["--data", str(data), "--out", str(tmp_path / "runs"), "--seeds", "0,1,2"])
+    res = published(tmp_path / "runs", "finetune_defaults_runs", [])
+    f = res["figures"]
+    assert f["chosen"] == {**module.INCUMBENT, "lr": 4e-4}
+    assert [stage["adopted"] for stage in f["stages"]] == [False, False, True, False, False]
+    assert len(list((tmp_path / "runs" / "runs").iterdir())) == 4 + 1 + 2 + 2 + 1  # each candidate once
+    assert res["tables"]["docs_seeds"] == module.seeds_table(f["final"][module.name_of(f["chosen"])])
+
+
+def test_the_probe_table_has_a_row_for_each_probe_that_ran():
+    module = load_script(BENCH / "studies" / "probe_server.py")
+    too_many = {module.TOO_MANY: 0}
+    results = {"load": {"requests": 6, "answered": 6, "max diff": 1.8e-7, **too_many},
+               "slow": {"clients": 4, "disconnected": 4, "slowest disconnect s": 30.1, **too_many},
+               "idle": {"idle connections": 300, "first answers (health, score)": [503, 503], "seconds until 200": 11.4,
+                        "answers": 3, **too_many},
+               "abandoned": {"next request status": 200, "latency s": 2.5, "on an idle server s": 1.9,
+                             "abandoned pairs scored": 0, "abandoned pairs sent": 1600, **too_many},
+               "large": {"large status": 200, "small status": 200, "small latency s": 12.5, "large latency s": 97.0,
+                         **too_many}}
+    cells = [row[1] for row in module.docs_table(results)["rows"]]
+    assert cells == ["6 of 6, 1.8e-07", "**4 of 4**, the last after 30.1 s",
+                     '503 / 503 at once, then 200 after 11.4 s; "Too many open files" 0 time(s)',
+                     "**0** of 1600; 2.5 s (1.9 s)", "**12.5 s** (97 s)"]

@@ -234,11 +234,52 @@ def summary_table(result: dict) -> dict:
                           "smallest detectable Δ", "decision"], rows, align="--rrrrr-")
 
 
+def seeds_table(seeds: dict) -> dict:
+    """The documentation's table of one candidate's seeds (``docs_seeds``), from the recipe's
+    ``seeds.json``: per seed and mean ± sd, dev r, WMT16 r and τ before and after, and the gains."""
+    columns = (("dev_r", "dev r", ".3f"), ("r_before", "r before", ".3f"), ("r_after", "r after", ".3f"),
+               ("delta_r", "Δr", "+.3f"), ("tau_before", "τ before", ".3f"), ("tau_after", "τ after", ".3f"),
+               ("delta_tau", "Δτ", "+.3f"))
+    rows = [[str(row["seed"]), *(format(row[key], fmt) for key, _, fmt in columns)] for row in seeds["seeds"]]
+    stats = seeds["stats"]
+    mean = [f"{format(stats[key]['mean'], fmt)} ± {stats[key]['sd']:.3f}" for key, _, fmt in columns]
+    mean[2] = f"**{mean[2]}**"  # r after: the figure the defaults are read by
+    rows.append([f"**mean ± sd** (n={len(seeds['seeds'])})", *mean])
+    return harness.table(["seed", *(name for _, name, _ in columns)], rows, "r" * (len(columns) + 1))
+
+
+MEMBERS = {"twmd": "TWMD (recall, T = 0.15)", "bertscore_f1": "BERTScore F1", "trwmd": "TRWMD (recall, T = 0.15)",
+           "sbert": "SBERT mean pooling"}
+
+
+def members_table(figures: dict) -> dict:
+    """The documentation's table of the members fine-tuned under the defaults (``docs_members``), from
+    each member's ``seeds.json`` (``finetune_members_wmt15_to_16``'s figures): mean ± sd over the seeds,
+    gains in Pearson / Kendall points; the best member of each column after fine-tuning in bold."""
+    stats = {name: figures[name]["stats"] for name in MEMBERS}
+    best = {key: max(stats, key=lambda name: stats[name][key]["mean"])
+            for key in ("r_after", "delta_r", "tau_after", "delta_tau")}
+    bold = lambda text, name, key: f"**{text}**" if best[key] == name else text  # noqa: E731
+    rows = []
+    for name, label in MEMBERS.items():
+        f = stats[name]
+        spread = lambda key, scale=1, fmt=".3f": f"{format(scale * f[key]['mean'], fmt)} ± {scale * f[key]['sd']:.{fmt[-2]}f}"  # noqa: E731
+        rows.append([label, spread("dev_r"), f"{f['r_before']['mean']:.3f}", bold(spread("r_after"), name, "r_after"),
+                     bold(spread("delta_r", 100, "+.1f"), name, "delta_r")
+                     + f" ({100 * f['delta_r']['min']:+.1f} … {100 * f['delta_r']['max']:+.1f})",
+                     bold(spread("tau_after"), name, "tau_after"), bold(spread("delta_tau", 100, "+.1f"), name, "delta_tau")])
+    return harness.table(["member (top layer, 1 epoch, lr 2e-4; 3 seeds, mean ± sd)", "dev r after", "r before",
+                          "r after", "Δr, points (range)", "τ after", "Δτ, points"], rows, "-rrrrrr")
+
+
 def publish_stages(out: Path, name: str, title: str, result: dict, intro: list[str]) -> Path:
     tables, body = {"summary": summary_table(result)}, [*intro, {"table": "summary"}]
     for k, stage in enumerate(result["stages"], 1):
         tables[f"stage{k}"] = stage_table(stage)
         body += [f"## {stage['stage']}", {"table": f"stage{k}"}, stage_verdict(stage)]
+    if "final" in result:  # a choice that ran: the chosen defaults' seeds, as the documentation shows them
+        tables["docs_seeds"] = seeds_table(result["final"][name_of(result["chosen"])])
+        body += ["## The table of the documentation", {"table": "docs_seeds"}]
     return harness.publish(out, name, title, result, tables, body)
 
 

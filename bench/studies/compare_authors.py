@@ -178,7 +178,7 @@ def docs_table(res: dict) -> dict:
     """The table of ``docs/results.md`` (``docs_members``): the preset's largest difference per output."""
     names = {"BERTSCORE": "BERTScore"}
     rows = [[names.get(key.split("-")[0], key.split("-")[0]), "on" if key.split("-")[1] == "batch" else "off",
-             *(f"{row[k]['max_abs']:.1e}".replace("e-0", "e-") for k in OUTPUTS)]
+             *(harness.short(row[k]["max_abs"]) for k in OUTPUTS)]
             for key, row in res["rows"].items() if key.endswith("-preset")]
     return harness.table(["member", "batch centering", *(f"{k} max abs diff" for k in OUTPUTS)], rows, "--rrr")
 

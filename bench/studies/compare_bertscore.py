@@ -169,18 +169,13 @@ DOCS_ROWS = (("**`bertscore` preset, no IDF**", "tm_uniform", "bs_uniform"),
              ("the same, IDF", "tm_drop_idf", "bs_idf"))
 
 
-def short(x: float) -> str:
-    """Two significant digits: ``0.070``, ``3.6e-7``."""
-    return f"{x:#.2g}" if x >= 0.01 else f"{x:.1e}".replace("e-0", "e-")
-
-
 def docs_table(res: dict) -> dict:
     """The table of ``docs/results.md`` (``docs_comparison``): max / mean absolute difference of P, R, F1."""
     s = res["scores"]
     rows = []
     for label, a, b in DOCS_ROWS:
         g = {k: agreement(s[a][k], s[b][k]) for k in DIRECTIONS}
-        rows.append([label, *(f"{short(g[k]['max_abs'])} / {short(g[k]['mean_abs'])}" for k in DIRECTIONS)])
+        rows.append([label, *(f"{harness.short(g[k]['max_abs'])} / {harness.short(g[k]['mean_abs'])}" for k in DIRECTIONS)])
     return harness.table([f"{res['n']:,} WMT pairs, MiniLM layer {res['layer']}, torchmover − bert_score",
                           "P max / mean abs diff", "R max / mean", "F1 max / mean"], rows)
 

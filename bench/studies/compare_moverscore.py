@@ -277,11 +277,10 @@ DOCS_ROWS = (("`moverscore` preset vs moverscore_v2, IDF", "tm", "ms"),
 
 def docs_table(res: dict) -> dict:
     """The table of ``docs/results.md`` (``docs_comparison``): agreement of the preset and its parts."""
-    sci = lambda x: f"{x:.1e}".replace("e-0", "e-")  # noqa: E731
     rows = []
     for label, a, b in DOCS_ROWS:
         g = agreement(res["scores"][a], res["scores"][b])
-        rows.append([label, f"{g['pearson']:.6f}", sci(g["max_abs"]), sci(g["mean_abs"])])
+        rows.append([label, f"{g['pearson']:.6f}", harness.short(g["max_abs"]), harness.short(g["mean_abs"])])
     return harness.table([f"comparison ({res['n']} WMT pairs, same MiniLM layer 6)", "Pearson r", "max abs diff",
                           "mean abs diff"], rows)
 

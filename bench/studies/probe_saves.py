@@ -197,8 +197,7 @@ def main(argv=None) -> None:
             results[name] = probes[name]()
             print(f"{name}: {json.dumps(results[name], indent=1)}", flush=True)
     harness.publish(args.out, "probe_saves", "Saving and loading probed from outside", results,
-                    body=["Every probe's counts (the figures, as JSON):",
-                          "```json\n" + json.dumps(results, indent=1) + "\n```"])
+                    body=harness.counts_body(results))
 
 
 if __name__ == "__main__":

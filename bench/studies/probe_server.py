@@ -31,6 +31,7 @@ import json
 import os
 import random
 import resource
+import shlex
 import signal
 import subprocess
 import sys
@@ -44,6 +45,7 @@ import harness  # noqa: E402
 from harness import REPO  # noqa: E402
 
 PROBES = ("malformed", "load", "slow", "idle", "abandoned", "large", "sigterm")
+TOO_MANY = "'Too many open files' in the log"  # a figure of every probe
 
 
 # --- the server and raw HTTP ---------------------------------------------------------------------
@@ -169,18 +171,18 @@ def malformed_cases() -> list[tuple[str, bytes]]:
 
 
 async def probe_malformed(port: int) -> dict:
-    answers, other = {}, []
+    """Every case of :func:`malformed_cases` (names may repeat: they are cut short), counted by its answer."""
+    answers, other = [], []
     for name, raw in malformed_cases():
         status, detail = await exchange(port, raw, timeout=60)
-        answers[name] = status
+        answers.append(status)
         if status is None or not 400 <= status < 500:
             other.append(f"{name}: {status} {detail[:120]!r}")
         if await health(port) != 200:
             other.append(f"{name}: /health did not answer 200 after it")
-    tried = len(answers)
-    four = sum(1 for s in answers.values() if s is not None and 400 <= s < 500)
-    return {"tried": tried, "4xx": four, "5xx": sum(1 for s in answers.values() if s is not None and s >= 500),
-            "no answer": sum(1 for s in answers.values() if s is None), "other": other}
+    return {"tried": len(answers), "4xx": sum(1 for s in answers if s is not None and 400 <= s < 500),
+            "5xx": sum(1 for s in answers if s is not None and s >= 500),
+            "no answer": sum(1 for s in answers if s is None), "other": other}
 
 
 # --- load, slow and idle clients ------------------------------------------------------------------
@@ -315,6 +317,33 @@ async def probe_sigterm(process: subprocess.Popen, port: int, pairs: list[tuple[
             "new connection after exit": (await exchange(port, http("/health", method="GET"), timeout=5))[1][:40]}
 
 
+# --- the table of the documentation -------------------------------------------------------------
+
+DOCS_ROWS = {  # probe -> its row of the documentation's table, from its figures
+    "malformed": lambda m: [f"{m['tried']} malformed requests: answered 4xx", f"**{m['4xx']}**"],
+    "load": lambda m: [f"{m['requests']} OpenRLHF requests from concurrent clients: answered, largest difference to "
+                       "in-process `MoverReward`", f"{m['answered']} of {m['requests']}, {m['max diff']:.1e}"],
+    "slow": lambda m: ["clients dribbling a request head or body a byte a second: disconnected",
+                       f"**{m['disconnected']} of {m['clients']}**, the last after {m['slowest disconnect s']:.1f} s"],
+    "idle": lambda m: [f"{m['idle connections']} idle connections, descriptor limit 256: `/health` and `/score`",
+                       "{} / {} at once, then 200 after {:.1f} s; \"Too many open files\" {} time(s)".format(
+                           *m["first answers (health, score)"], m["seconds until 200"], m[TOO_MANY])],
+    "abandoned": lambda m: ["50 clients send 32 pairs each and disconnect: pairs of theirs scored; latency of the "
+                            "next request (idle server)", f"**{m['abandoned pairs scored']}** of "
+                            f"{m['abandoned pairs sent']}; {m['latency s']:.1f} s ({m['on an idle server s']:.1f} s)"],
+    "large": lambda m: ["a large request, then a 1-pair one a second later: the small one's latency (the large one's)",
+                        f"**{m['small latency s']:.1f} s** ({m['large latency s']:.0f} s)"],
+    "sigterm": lambda m: [f"SIGTERM with {m['in flight']} requests in flight: answered; exit status",
+                          f"**{m['answered 200']} of {m['in flight']}**; {m['exit status']} after "
+                          f"{m['seconds to exit']:.1f} s"],
+}
+
+
+def docs_table(results: dict) -> dict:
+    """The probe table of ``docs/guide/server.md`` (``docs_probes``): a row per probe that ran."""
+    return harness.table(["probe", "result"], [DOCS_ROWS[name](results[name]) for name in PROBES if name in results])
+
+
 # --- main -----------------------------------------------------------------------------------------
 
 def main(argv=None) -> None:
@@ -325,9 +354,12 @@ def main(argv=None) -> None:
     parser.add_argument("--requests", type=int, default=30, help="requests per client (load)")
     parser.add_argument("--slow", type=int, default=400, help="slow clients")
     parser.add_argument("--large", type=int, default=1500, help="pairs of the large request")
+    parser.add_argument("--pairs", type=int, default=2000, help="distinct WMT pairs drawn for the requests")
     parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of the server")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
     parser.add_argument("--repo", type=Path, default=REPO, help="the checkout whose server is probed (default: this one)")
+    parser.add_argument("--serve-options", default="", help="more options of every server, e.g. '--body-timeout 2' "
+                        "(default: none, the server's own)")
     args = parser.parse_args(argv)
     only = args.only.split(",")
     unknown = sorted(set(only) - set(PROBES))
@@ -335,19 +367,19 @@ def main(argv=None) -> None:
         parser.error(f"unknown probes {unknown}")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     random.seed(0)
-    pairs = wmt_pairs(args.data, 2000, seed=0)
+    pairs = wmt_pairs(args.data, args.pairs, seed=0)
     results = {}
 
     def run(name, coroutine_factory, *options, nofile=None):
         if name not in only:
             return
-        process, port, log = start_server(args.repo, *options, nofile=nofile)
+        process, port, log = start_server(args.repo, *options, *shlex.split(args.serve_options), nofile=nofile)
         try:
             results[name] = asyncio.run(coroutine_factory(process, port))
             if process.poll() is None:
                 results[name]["server exit on SIGTERM"] = stop_server(process)
             errors = [line for line in log.read_text().splitlines() if "Too many open files" in line]
-            results[name]["'Too many open files' in the log"] = len(errors)
+            results[name][TOO_MANY] = len(errors)
         finally:
             process.kill()
             process.wait()
@@ -362,8 +394,8 @@ def main(argv=None) -> None:
     run("large", lambda p, port: probe_large(port, pairs, args.large))
     run("sigterm", lambda p, port: probe_sigterm(p, port, pairs))
     harness.publish(args.out, "probe_server", "The reward server probed from outside", results,
-                    body=["Every probe's counts (the figures, as JSON):",
-                          "```json\n" + json.dumps(results, indent=1) + "\n```"])
+                    {"docs_probes": docs_table(results)},
+                    [*harness.counts_body(results), "## The table of the documentation", {"table": "docs_probes"}])
 
 
 if __name__ == "__main__":
