@@ -460,10 +460,11 @@ class _MemoEncoder(Encoder):
         self.special_ends, self.last_state_is_layer = inner.special_ends, inner.last_state_is_layer
         self._memo: dict[tuple[str, ...], TokenEmbeddings] = {}
 
-    def forward(self, texts: Sequence[str], token_policy=None, *, with_word_ids: bool = True) -> TokenEmbeddings:
+    def forward(self, texts: Sequence[str], token_policy=None, *, with_word_ids: bool = True,
+                tokenized=None) -> TokenEmbeddings:
         if torch.is_grad_enabled() or self.training:
-            return super().forward(texts, token_policy, with_word_ids=with_word_ids)
-        key = tuple(texts)
+            return super().forward(texts, token_policy, with_word_ids=with_word_ids, tokenized=tokenized)
+        key = tuple(texts)  # remembered with word ids, for every policy: ``tokenized`` may lack them
         if key not in self._memo:
             self._memo[key] = super().forward(texts)
         tokens = self._memo[key]  # the token policy on the memoised tokens: one encoding for every policy
