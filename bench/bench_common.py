@@ -4,6 +4,8 @@ torchmover and bert_score with the encoder's share split off (``bench_peers.py``
 ``bench_gpu.py`` on a GPU)."""
 from __future__ import annotations
 
+import functools
+
 import os
 import resource
 import time
@@ -85,40 +87,58 @@ class Recorded:
         return out
 
 
-def measure(run, patch, unpatch, encode_fn, replay: bool = True, sync: Callable[[], None] = lambda: None) -> dict:
+def measure(run, install, replay: bool = True, sync: Callable[[], None] = lambda: None) -> dict:
     """End-to-end call (encoder share timed), then the metric part on recorded encoder outputs.
 
     ``run()`` scores every pair and returns the scores as a list (which waits for the device);
-    ``patch(f)`` installs ``f`` in place of the system's encoding function ``encode_fn``;
-    ``unpatch()`` restores it; ``sync`` waits for the device around the encoder's share.
+    ``install(wrap)`` replaces each of the system's encoding functions ``f`` (its tokenizer's and its
+    encoder's, where they are apart) by ``wrap(f)`` and returns a function that restores them;
+    ``sync`` waits for the device around the encoder's share. The recorded outputs are keyed by the
+    texts (and a ``word_ids`` keyword, where given).
     """
-    timed = Timed(encode_fn, sync=sync)
-    patch(timed)
+    timers = []
+
+    def timed(fn):
+        timers.append(Timed(fn, sync=sync))
+        return timers[-1]
+    restore = install(timed)
     rss_before, peak_before = rss_mb(), peak_rss_mb()
     t = time.perf_counter()
     scores = run()
     total = time.perf_counter() - t
     peak_after = peak_rss_mb()
+    restore()
+    encoder, calls = sum(t.seconds for t in timers), sum(t.calls for t in timers)
+    out = {"total_s": total, "encoder_s": encoder, "encoder_calls": calls, "metric_split_s": total - encoder,
+           "metric_cached_s": total - encoder, "rss_before_mb": rss_before, "peak_before_mb": peak_before,
+           "peak_after_mb": peak_after, "peak_delta_mb": peak_after - rss_before,
+           "scores": [float(s) for s in scores]}
     if not replay:  # too slow to run three times: the metric part is the split estimate
-        unpatch()
-        return {"total_s": total, "encoder_s": timed.seconds, "encoder_calls": timed.calls,
-                "metric_split_s": total - timed.seconds, "metric_cached_s": total - timed.seconds,
-                "rss_before_mb": rss_before, "peak_before_mb": peak_before, "peak_after_mb": peak_after,
-                "peak_delta_mb": peak_after - rss_before, "scores": [float(s) for s in scores]}
-    recorded = Recorded(encode_fn, key=lambda texts, *a, **k: tuple(texts))
-    patch(recorded)
+        return out
+    recorders = []
+
+    def recorded(fn):
+        recorders.append(Recorded(fn, key=lambda texts, *a, **k: (tuple(texts), k.get("word_ids"))))
+        return recorders[-1]
+    restore = install(recorded)
     run()  # records the encoder outputs (untimed)
-    recorded.replaying = True
+    for r in recorders:
+        r.replaying = True
     t = time.perf_counter()
     cached_scores = run()
-    metric_cached = time.perf_counter() - t
-    unpatch()
+    out["metric_cached_s"] = time.perf_counter() - t
+    restore()
     same = max(abs(a - b) for a, b in zip(scores, cached_scores))
     assert same < 1e-5, f"replayed embeddings changed the scores by {same}"
-    return {"total_s": total, "encoder_s": timed.seconds, "encoder_calls": timed.calls,
-            "metric_split_s": total - timed.seconds, "metric_cached_s": metric_cached,
-            "rss_before_mb": rss_before, "peak_before_mb": peak_before, "peak_after_mb": peak_after,
-            "peak_delta_mb": peak_after - rss_before, "scores": [float(s) for s in scores]}
+    return out
+
+
+def install_function(module, name: str, wrap) -> Callable[[], None]:
+    """``module.name = wrap(module.name)`` (a system's one encoding function, for :func:`measure`);
+    returns the function that restores it."""
+    original = getattr(module, name)
+    setattr(module, name, wrap(original))
+    return lambda: setattr(module, name, original)
 
 
 # --- systems (each run inside its own subprocess) -------------------------------------------------
@@ -155,17 +175,18 @@ def run_torchmover(hyps, refs, layer, method, batch_size, profile_path=None, mod
     scorer.score(hyps[:16], refs[:16], batch_size=batch_size, progress=False)  # warm-up
     encoder = scorer.encoder
 
-    def patch(f):
-        encoder.forward = f  # instance attribute: nn.Module.__call__ calls it
+    def install(wrap):  # the tokenizer (a chunk's texts at once) and the encoder's forward
+        encoder.tokenize = wrap(type(encoder).tokenize.__get__(encoder))
+        encoder.forward = wrap(type(encoder).forward.__get__(encoder))  # nn.Module.__call__ calls it
 
-    def unpatch():
-        del encoder.forward
+        def restore():
+            del encoder.tokenize, encoder.forward
+        return restore
 
     def run():
         return scorer.score(hyps, refs, batch_size=batch_size).tolist()
 
-    out = measure(run, patch, unpatch, type(encoder).forward.__get__(encoder), replay=method != "wmd",
-                  sync=synchronizer(device))
+    out = measure(run, install, replay=method != "wmd", sync=synchronizer(device))
     out.update(layer=scorer.config.layer, signature=scorer.signature, threads=torch.get_num_threads())
     if profile_path:
         from pyinstrument import Profiler
@@ -187,20 +208,13 @@ def run_bert_score(hyps, refs, layer, batch_size, model: str | None = None, devi
     scorer = bert_score.BERTScorer(model_type=model or model_dir(), num_layers=layer, batch_size=batch_size,
                                    device=device, idf=False, use_fast_tokenizer=True)
     scorer.score(hyps[:16], refs[:16])  # warm-up
-    original = bert_score.utils.get_bert_embedding
-
-    def patch(f):
-        bert_score.utils.get_bert_embedding = f
-
-    def unpatch():
-        bert_score.utils.get_bert_embedding = original
-
     def run():
         p, r, f = scorer.score(hyps, refs, verbose=True, batch_size=batch_size)
         run.prf = (p.tolist(), r.tolist())
         return f.tolist()
 
-    out = measure(run, patch, unpatch, original, sync=synchronizer(device))
+    out = measure(run, functools.partial(install_function, bert_score.utils, "get_bert_embedding"),
+                  sync=synchronizer(device))
     out.update(layer=layer, signature=scorer.hash, threads=torch.get_num_threads(),
                precision=run.prf[0], recall=run.prf[1])
     return out

@@ -100,12 +100,20 @@ def memory_worker(job: dict) -> dict:
         def run():
             return scorer.score(hyps, refs, batch_size=64, progress=False)
         signature = scorer.signature
+    tokens = {"padded_tokens": 0, "real_tokens": 0}  # what the encoder runs over, and the texts' own
+
+    def count(module, args, kwargs, output):
+        mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+        tokens["padded_tokens"] += mask.numel()
+        tokens["real_tokens"] += int(mask.sum())
+    model = scorer._model if job["system"] == "bert_score" else scorer.encoder.model
     rss = vm_rss_mb()
     reset_hwm()
     started = time.perf_counter()
-    scores = run()
+    with model.register_forward_hook(count, with_kwargs=True):
+        scores = run()
     seconds = time.perf_counter() - started
-    return {"seconds": seconds, "peak_growth_mb": vm_hwm_mb() - rss, "rss_before_mb": rss,
+    return {"seconds": seconds, "peak_growth_mb": vm_hwm_mb() - rss, "rss_before_mb": rss, **tokens,
             "signature": signature, "scores": [float(s) for s in scores]}
 
 
@@ -136,10 +144,13 @@ def run_memory(args) -> tuple[list[str], dict, dict]:
     for name in systems:
         growth = [r["peak_growth_mb"] for r in runs[name]]
         best = min(r["seconds"] for r in runs[name])
+        padding = runs[name][0]["padded_tokens"] / max(runs[name][0]["real_tokens"], 1)
         cells.append([name, f"{best:.2f}", f"{args.pairs / best:.0f}", f"{statistics.median(growth):.0f}",
-                      f"{statistics.median(growth) / bert:.2f}x", ", ".join(f"{g:.0f}" for g in growth)])
+                      f"{statistics.median(growth) / bert:.2f}x", ", ".join(f"{g:.0f}" for g in growth),
+                      f"{padding:.3f}"])
     rows = harness.table(["system", "time: s (best)", "pairs/s", "peak growth during the call: MiB (median)",
-                          "growth vs bert_score", "growth of each round: MiB"], cells)
+                          "growth vs bert_score", "growth of each round: MiB",
+                          "tokens the encoder runs over / the texts' own"], cells)
     notes = [f"{args.pairs} WMT15-16 pairs (seeded sample, seed {args.seed}); the default model "
              "(sentence-transformers/all-MiniLM-L6-v2, offline package) at layer 4 for every system; batch size 64.",
              f"{args.threads} torch thread(s) per process; {args.rounds} round(s), round-robin, each run in its own "

@@ -4,9 +4,10 @@ On a GPU the encoder and the transport get 30-100x faster; what the host does ar
 de-duplicated, indices built, cache lookups, tokenization, Python) does not. Two measurements, each
 over ``--repeats`` runs, medians quoted (the machine may be shared):
 
-Times are CPU time of the calling thread (``time.thread_time``) with one torch thread: on a shared
-machine the wall time of a call also counts the time other processes hold the CPU (on the 2-core
-machine these figures were taken on, the load average was ~15), its CPU time does not.
+Times are the process's CPU time (``harness.time_call``'s ``cpu``) with one torch thread and the
+tokenizer's work in the calling thread, and sections inside a call (``Timed``) the calling thread's
+CPU time: on a shared machine the wall time of a call also counts the time other processes hold the
+CPU, its CPU time does not.
 
 (a) ``Scorer.score`` on ``--pairs`` WMT15-16 pairs (``harness.wmt_sample``, as ``bench/bench_peers.py``: same seed,
     same default model and layer, ``batch_size=64``), "metric part on cached embeddings": the call with
@@ -14,7 +15,8 @@ machine these figures were taken on, the load average was ~15), its CPU time doe
     bert_score ``get_bert_embedding``, both including their tokenization), as ``bench_peers.py`` does,
     for torchmover's TWMD (one iteration) and its ``bertscore`` preset (greedy matching, F1: the
     arithmetic bert_score does), the time in their transport terms ``_cross`` shown apart, and for
-    bert_score (F1, no idf).
+    bert_score (F1, no idf). torchmover tokenizes a chunk's texts once before encoding them
+    (``Encoder.tokenize``, to batch them by token count), so its replay covers both.
 (b) ``MoverReward`` calls of 64 completions (8 prompts x 8) and 512 completions (64 prompts x 8),
     references cached, with a tiny randomly initialised BERT (1 layer, hidden size 32, built from a
     config) behind the default model's tokenizer, so that the forward costs almost nothing. The call
@@ -67,25 +69,29 @@ def metric_part(pairs: list[dict], repeats: int) -> dict:
                          ("bertscore", Scorer.from_preset("bertscore", model=model_dir(), layer=default_layer()))):
         encoder = scorer.encoder
         encoder.forward = Recorded(type(encoder).forward.__get__(encoder), key=lambda texts, *a, **k: tuple(texts))
-        runs[name] = (encoder.forward, functools.partial(scorer.score, hyps, refs, batch_size=64, progress=False))
+        encoder.tokenize = Recorded(type(encoder).tokenize.__get__(encoder),
+                                    key=lambda texts, *a, **k: (tuple(texts), k.get("word_ids", True)))
+        runs[name] = ((encoder.forward, encoder.tokenize),
+                      functools.partial(scorer.score, hyps, refs, batch_size=64, progress=False))
     bert = bert_score.BERTScorer(model_type=model_dir(), num_layers=default_layer(), batch_size=64, device="cpu",
                                  idf=False, use_fast_tokenizer=True)
     original = bert_score.utils.get_bert_embedding
     bert_score.utils.get_bert_embedding = Recorded(original, key=lambda texts, *a, **k: tuple(texts))
-    runs["bert_score"] = (bert_score.utils.get_bert_embedding, functools.partial(bert.score, hyps, refs, batch_size=64))
+    runs["bert_score"] = ((bert_score.utils.get_bert_embedding,), functools.partial(bert.score, hyps, refs, batch_size=64))
     cross = family._cross = Timed(family._cross, CLOCK)
     times = {name: [] for name in runs}
     transport = {name: [] for name in runs}
     try:
         for recorded, run in runs.values():  # recording run
             run()
-            recorded.replaying = True
-        for round_ in range(repeats + 1):  # a warm-up round, then the timed ones
+            for replay in recorded:
+                replay.replaying = True
+        for round_ in range(repeats + 1):  # a warm-up round, then the timed ones (the systems in turn)
             for name, (_, run) in runs.items():
-                cross.seconds, t = 0.0, CLOCK()
-                run()
+                cross.seconds = 0.0
+                cpu = harness.time_call(run, repeats=1, warmup=0).cpu[0]
                 if round_:
-                    times[name].append(CLOCK() - t)
+                    times[name].append(cpu)
                     transport[name].append(cross.seconds)
     finally:
         family._cross = cross.fn
@@ -112,26 +118,26 @@ def reward_call(pairs: list[dict], n_prompts: int, group: int, repeats: int) -> 
     from torchmover.reward.rewards import MoverReward
 
     scorer = tiny_default_tokenizer_scorer()
-    refs = list(dict.fromkeys(p["ref"] for p in pairs))[:n_prompts]
-    hyps = [p["hyp"] for p in pairs][:n_prompts * group]
+    refs = list(itertools.islice(itertools.cycle(dict.fromkeys(p["ref"] for p in pairs)), n_prompts))
+    hyps = list(itertools.islice(itertools.cycle(p["hyp"] for p in pairs), n_prompts * group))  # around again on a small sample
     targets = [refs[i // group] for i in range(n_prompts * group)]
     reward = MoverReward(scorer)
     reward(hyps, targets)  # fills the reference cache
     encoder = scorer.encoder
     forward, tokenize, cross = (Timed(f, CLOCK) for f in (encoder.model.forward, encoder.tokenize, family._cross))
     encoder.model.forward, encoder.tokenize, family._cross = forward, tokenize, cross
-    rows = []
-    try:
+    sections = []  # per timed call: (forward, tokenizer, transport)
+
+    def call():
+        forward.seconds = tokenize.seconds = cross.seconds = 0.0
         reward(hyps, targets)
-        for _ in range(repeats):
-            forward.seconds = tokenize.seconds = cross.seconds = 0.0
-            t = CLOCK()
-            reward(hyps, targets)
-            total = CLOCK() - t
-            rows.append((total, forward.seconds, tokenize.seconds, cross.seconds))
+        sections.append((forward.seconds, tokenize.seconds, cross.seconds))
+    try:
+        timing = harness.time_call(call, repeats=repeats, warmup=1)
     finally:
         del encoder.model.forward, encoder.tokenize
         family._cross = cross.fn
+    rows = [(total, *parts) for total, parts in zip(timing.cpu, sections[1:])]
     total, fwd, tok, transport = (statistics.median(r[k] for r in rows) for k in range(4))
     host = statistics.median(r[0] - r[1] - r[3] for r in rows)
     return {"completions": len(hyps), "prompts": n_prompts, "call_ms": 1e3 * total, "forward_ms": 1e3 * fwd,
@@ -153,20 +159,18 @@ def replayed_call(reward, hyps: list[str], targets: list[str], repeats: int) -> 
                Recorded(encoder.model.forward, key=lambda **inputs: None),
                Recorded(family._cross, key=lambda *args: next(order[0])))
     encoder.tokenize, encoder.model.forward, family._cross = replays
-    times = []
+    def call():
+        order[0] = itertools.count()
+        reward(hyps, targets)
     try:
         reward(hyps, targets)  # records
         for replay in replays:
             replay.replaying = True
-        for _ in range(repeats):
-            order[0] = itertools.count()
-            t = CLOCK()
-            reward(hyps, targets)
-            times.append(CLOCK() - t)
+        timing = harness.time_call(call, repeats=repeats, warmup=0)
     finally:
         del encoder.model.forward, encoder.tokenize
         family._cross = replays[2].fn
-    return statistics.median(times)
+    return statistics.median(timing.cpu)
 
 
 def main(argv=None) -> None:
@@ -184,7 +188,7 @@ def main(argv=None) -> None:
         [[f"{r['completions']} ({r['prompts']} prompts x 8)", *(f"{r[k]:.2f}" for k in (
             "call_ms", "forward_ms", "transport_ms", "host_ms", "tokenizer_ms", "host_without_tokenizer_ms",
             "replayed_ms"))] for r in calls], align="rrrrrrrr")}
-    body = ["- 1 torch thread, CPU time of the calling thread (time.thread_time)\n"
+    body = ["- 1 torch thread, the process's CPU time (harness.time_call); sections inside a call: the calling thread's CPU time\n"
             "- tokenizer: TOKENIZERS_PARALLELISM=false, so its Rust work is in the calling thread",
             f"(b) reward call, references cached, tiny random encoder, medians over {10 * args.repeats} calls, ms",
             {"table": "reward"}]

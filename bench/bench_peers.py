@@ -59,6 +59,7 @@ its table ``docs_cpu`` is the one of ``docs/guide/performance.md``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -70,8 +71,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import harness
-from bench_common import (Recorded, Timed, default_layer, measure, model_dir, pearson, run_bert_score,
-                          run_torchmover)
+from bench_common import (Recorded, Timed, default_layer, install_function, measure, model_dir, pearson,
+                          run_bert_score, run_torchmover)
 
 SYSTEMS = ("torchmover-twmd", "torchmover-wmd", "bert_score", "moverscore")
 
@@ -149,15 +150,8 @@ def run_moverscore(hyps, refs, layer, batch_size=256) -> dict:
     idf = defaultdict(lambda: 1.0)
     ms.word_mover_score(refs[:16], hyps[:16], idf, idf, stop_words=[], n_gram=1,
                         remove_subwords=True, batch_size=batch_size, device="cpu")  # warm-up
-    original, original_emd = ms.get_bert_embedding, ms.emd_with_flow
-    emd = Timed(original_emd)
+    emd = Timed(ms.emd_with_flow)
     ms.emd_with_flow = emd
-
-    def patch(f):
-        ms.get_bert_embedding = f
-
-    def unpatch():
-        ms.get_bert_embedding = original
 
     def run():
         emd.seconds = 0.0
@@ -169,7 +163,7 @@ def run_moverscore(hyps, refs, layer, batch_size=256) -> dict:
         run.emd = emd.seconds
         return scores
 
-    out = measure(run, patch, unpatch, original)
+    out = measure(run, functools.partial(install_function, ms, "get_bert_embedding"))
     out.update(layer=layer, signature="moverscore_v2 1.0.3 (uniform idf), pyemd backend 'pot'",
                threads=torch.get_num_threads(), emd_s=run.emd)
     return out
@@ -193,7 +187,7 @@ def run_reward(pairs: list[dict], repeats: int = 15) -> dict:
     source = f"{len(chosen)} real pairs of 44-56 word pieces"
     i = 0
     while len(chosen) < 64:  # join two shorter pairs into one of ~50 pieces
-        a, b = pairs[i], pairs[i + 1]
+        a, b = pairs[i % len(pairs)], pairs[(i + 1) % len(pairs)]  # around again on a small sample
         i += 2
         hyp, ref = a["hyp"] + " " + b["hyp"], a["ref"] + " " + b["ref"]
         if 40 <= n_pieces(hyp) <= 60 and 40 <= n_pieces(ref) <= 60:

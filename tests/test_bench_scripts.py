@@ -2,6 +2,7 @@
 ones that run in seconds on tiny data (the tiny random model of conftest.py, a 24-row WMT-style
 directory) run end to end and publish a result with its provenance."""
 import importlib.util
+import os
 import json
 import sys
 from pathlib import Path
@@ -90,6 +91,7 @@ PARTS = ("bench_corpus_memory", "bench_corpus_flat", "bench_corpus_sharding")
                                                        "--threads", "1"]),
     ("studies/family_contracts.py", "family_contracts", ["--refs", "4", "--batch", "4", "--alone", "2",
                                                          "--threads", "1"]),
+    ("bench_host.py", "bench_host", ["--pairs", "12", "--repeats", "1"]),
 ], ids=lambda v: v if isinstance(v, str) and v.endswith(".py") else v if v in PARTS else "")
 def test_a_script_runs_on_tiny_data_and_publishes(script, name, args, wmt, tiny_model_dir, tmp_path, capsys):
     """(All but bench_evaluation, bench_ops, reward_scale and bench_speed read the default offline model;
@@ -360,3 +362,73 @@ def test_the_probe_table_has_a_row_for_each_probe_that_ran():
     assert cells == ["6 of 6, 1.8e-07", "**4 of 4**, the last after 30.1 s",
                      '503 / 503 at once, then 200 after 11.4 s; "Too many open files" 0 time(s)',
                      "**0** of 1600; 2.5 s (1.9 s)", "**12.5 s** (97 s)"]
+
+
+MOVERSCORE_STAND_IN = '''
+"""A stand-in for moverscore_v2 (moverscore 1.0.3 is not installed here): its module-level model and
+tokenizer loaded through the bench's shim, and its functions with their signatures; a text's
+"embedding" is its length, a score 1 - the pair's relative length difference."""
+from transformers import DistilBertModel, DistilBertTokenizer
+
+tokenizer = DistilBertTokenizer.from_pretrained("distilbert-base-uncased")
+model = DistilBertModel.from_pretrained("distilbert-base-uncased")
+
+
+def emd_with_flow(first, second, distance):
+    return 0.0, None
+
+
+def get_bert_embedding(all_sens, model, tokenizer, idf_dict, batch_size=-1, device="cuda:0"):
+    return [len(tokenizer(s)["input_ids"]) for s in all_sens]
+
+
+def word_mover_score(refs, hyps, idf_dict_ref, idf_dict_hyp, stop_words=[], n_gram=1, remove_subwords=True,
+                     batch_size=256, device="cuda:0"):
+    r, h = (get_bert_embedding(texts, model, tokenizer, None) for texts in (refs, hyps))
+    return [1 - abs(a - b) / (a + b) - emd_with_flow(None, None, None)[0] for a, b in zip(r, h)]
+'''
+
+
+@pytest.fixture(scope="module")
+def long_wmt(tmp_path_factory):
+    """A WMT-style file of 24 pairs of 20-28 words: two of them joined make the ~50-piece completions
+    of bench_peers' reward call."""
+    import random
+
+    directory = tmp_path_factory.mktemp("long_wmt")
+    rng = random.Random(1)
+    rows = ["lp\tyear\tref\thyp\tscore"] + [
+        "de-en\t2016\t" + "\t".join(" ".join(rng.choices(WORDS, k=rng.randint(20, 28))) for _ in range(2))
+        + f"\t{rng.uniform(-1, 1):.3f}" for _ in range(24)]
+    (directory / "wmt16.de-en.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return directory
+
+
+def test_bench_peers_runs_against_a_stand_in_of_moverscore(long_wmt, tmp_path, monkeypatch):
+    """bench_peers end to end on tiny data (the default offline model; each system in a process of its
+    own), moverscore_v2 a stand-in with its interface: torchmover's encoder share counts its tokenizer
+    and its forward, and the docs' row of each system is computed from its runs."""
+    module = load_script(BENCH / "bench_peers.py")
+    (tmp_path / "stand_in").mkdir()
+    (tmp_path / "stand_in" / "moverscore_v2.py").write_text(MOVERSCORE_STAND_IN)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "stand_in"), os.environ.get("PYTHONPATH", "")]))
+    module.main(["--pairs", "24", "--rounds", "1", "--wmd-pairs", "2", "--threads", "1", "--data", str(long_wmt),
+                 "--out", str(tmp_path)])
+    res = published(tmp_path, "bench_peers", [])
+    runs = res["figures"]["runs"]
+    assert set(runs) == set(module.SYSTEMS)
+    twmd = runs["torchmover-twmd"][0]
+    assert twmd["encoder_calls"] >= 2 and 0 < twmd["encoder_s"] < twmd["total_s"]  # tokenizer and forward
+    assert [row[0] for row in res["tables"]["docs_cpu"]["rows"]] == [
+        "torchmover TWMD (default)", "bert_score F1", "MoverScore v2"]
+
+
+def test_the_performance_goals_are_computed_from_the_results_they_name(tmp_path):
+    """Every row of the goals table names the stored result it comes from; rerun on the stored
+    results, the script publishes the table the documentation shows."""
+    module = load_script(BENCH / "performance_goals.py")
+    module.main(["--out", str(tmp_path)])
+    res = published(tmp_path, "performance_goals", [])
+    stored = harness.load(BENCH / "results" / "performance_goals.json")
+    assert res["tables"]["goals"] == stored["tables"]["goals"]
+    assert all(row[4].startswith("`bench_") for row in res["tables"]["goals"]["rows"])
