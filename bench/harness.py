@@ -197,8 +197,10 @@ def command_line(argv: list[str] | None = None) -> str:
 
 
 def tree_state() -> tuple[str, bool | None]:
-    """The checked-out commit and whether tracked files differ from it (None outside git)."""
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    """The checked-out commit and whether tracked files differ from it (None outside git), the
+    results under ``bench/results/`` apart: a benchmark run after another has written its result
+    measures the same code."""
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results")
     return _git("rev-parse", "HEAD") or "unknown", None if status is None else bool(status)
 
 

@@ -203,3 +203,22 @@ def test_the_stored_choice_redecided_by_the_paired_rule(choose, tmp_path):
     assert best["mean"] == pytest.approx(0.0025, abs=1e-4) and best["t"] == pytest.approx(0.38, abs=0.01)
     assert math.isclose(first["level"], 0.05 / 3)
     assert res["tables"] == harness.load(ROOT / "bench" / "results" / "finetune_defaults_paired.json")["tables"]
+
+
+def test_a_changed_result_leaves_the_tree_clean_and_a_changed_script_does_not(tmp_path, monkeypatch):
+    """A benchmark run after another has written its result measures committed code: changes under
+    bench/results/ are not uncommitted changes of the tree; any other tracked file's are."""
+    import subprocess
+
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    for name in ("bench/results/r.json", "bench/b.py"):
+        (tmp_path / name).write_text("0\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "c"]):
+        subprocess.run([*git, *args], cwd=tmp_path, check=True)
+    monkeypatch.setattr(harness, "REPO", tmp_path)
+    assert harness.tree_state()[1] is False
+    (tmp_path / "bench/results/r.json").write_text("1\n")
+    assert harness.tree_state()[1] is False
+    (tmp_path / "bench/b.py").write_text("1\n")
+    assert harness.tree_state()[1] is True
