@@ -1,10 +1,13 @@
-"""pair_similarity: self-terms once per text, gathered by index, equal to scoring every pair on its own."""
+"""pair_similarity: self-terms once per text, gathered by index, equal to scoring every pair on its own;
+pair_similarities: every direction from each transport term computed once."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from torchmover.functional.family import family_similarity, pair_similarity, self_similarity, token_cloud
+import torchmover.functional.family as family
+from torchmover.functional.family import (family_similarity, pair_similarities, pair_similarity, self_similarity,
+                                          token_cloud)
 from torchmover.functional.members import MEMBERS, member_term
 
 TOKEN_MEMBERS = [name for name, m in MEMBERS.items() if not m.documents]
@@ -131,3 +134,28 @@ def test_clouds_of_finite_padding_are_the_clouds_of_any_padding(weighted):
         assert torch.equal(a, b)
     assert torch.equal(default.empty, fast.empty)
     assert (fast.vectors[~mask] == 0).all() and torch.isfinite(fast.vectors).all()
+
+
+@pytest.mark.parametrize("method", [m for m in TOKEN_MEMBERS if MEMBERS[m].directed])
+def test_every_direction_at_once_equals_each_alone_with_each_term_computed_once(method, monkeypatch):
+    """Precision, recall and F1 together: the scores of each direction alone, to the bit (an empty
+    reference included), from two cross terms and four self terms (each alone: 1 + 2 for P and for R,
+    2 + 4 for an F1 made of them)."""
+    hyp, hyp_mask, hyp_w = texts(4, 3, 4)
+    ref, ref_mask, ref_w = texts(5, 3, 6, empty=2)
+    hyps, refs = token_cloud(hyp, hyp_mask, hyp_w), token_cloud(ref, ref_mask, ref_w)
+    hyp_index, ref_index = torch.tensor([1, 0, 1, 2, 1]), torch.tensor([0, 0, 2, 1, 0])
+    term, normalize = term_of(method), method not in UNNORMALIZED
+    alone = {d: pair_similarity(term, hyps, refs, hyp_index, ref_index, normalize=normalize, direction=d)
+             for d in ("precision", "recall", "f1")}
+    calls = []
+    cross = family._cross
+    monkeypatch.setattr(family, "_cross", lambda *args: calls.append(1) or cross(*args))
+    together = pair_similarities(term, hyps, refs, hyp_index, ref_index, normalize=normalize,
+                                 directions=("precision", "recall", "f1"))
+    for d in alone:
+        assert torch.equal(together[d], alone[d]), d
+    own_f1 = isinstance(term, dict) and "f1" in term
+    assert len(calls) == (3 if own_f1 else 2) * (3 if normalize else 1)
+    with pytest.raises(ValueError, match="ref_self holds the self-terms of one direction"):
+        pair_similarities(term, hyps, refs, directions=("precision", "recall"), ref_self=torch.ones(3))

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import functools
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
@@ -243,25 +243,53 @@ def pair_similarity(
     :func:`self_similarity`). Autocast is off inside: the matmuls run in the clouds' dtype. Scores
     are not clamped: their bounds are proved (module docs).
     """
-    term = _resolve(term, direction)
+    return pair_similarities(term, hyp, ref, hyp_index, ref_index, normalize=normalize, directions=(direction,),
+                             ref_self=ref_self)[direction]
+
+
+def pair_similarities(
+    term: TransportTerm | dict[str, TransportTerm], hyp: TokenCloud, ref: TokenCloud,
+    hyp_index: Tensor | None = None, ref_index: Tensor | None = None, *, normalize: bool = True,
+    directions: Sequence[str] = ("recall",), ref_self: Tensor | None = None,
+) -> dict[str, Tensor]:
+    """:func:`pair_similarity` in each of ``directions`` (``{direction: [P]}``) from one pair of clouds,
+    each transport term computed once: the ``f1`` of a member without an F1 term of its own is the
+    :func:`signed_f1` of the values of its recall and precision terms, ``C_F = F(C_R, C_P)`` for the
+    cross and the self terms alike, so asking for precision, recall and F1 together moves each pair
+    twice (not four times) and each text onto itself twice (not eight times), with the same scores to
+    the bit. ``ref_self`` (the references' self-terms, e.g. cached): with one direction only."""
+    if ref_self is not None and len(directions) != 1:
+        raise ValueError(f"ref_self holds the self-terms of one direction, got directions {tuple(directions)}")
+    terms, combine = _base_terms(term, directions)
     with autocast_off(hyp.vectors.device):
         h = hyp if hyp_index is None else hyp.select(hyp_index)
         r = ref if ref_index is None else ref.select(ref_index)
-        cross = _cross(term, r, h)  # first, so that a diagnosed plan list starts with the cross term
+        cross = combine({name: _cross(fn, r, h) for name, fn in terms.items()})  # first: a diagnosed plan list starts with them
         if normalize:
-            ref_self = self_similarity(term, ref) if ref_self is None else ref_self
-            hyp_self = self_similarity(term, hyp)
-            if ref_index is not None:
-                ref_self = ref_self.index_select(0, ref_index)
-            if hyp_index is not None:
-                hyp_self = hyp_self.index_select(0, hyp_index)
-            norm = ref_self * hyp_self  # C(X1, X1) C(X2, X2)
-            floor = (64 * torch.finfo(cross.dtype).eps) ** 2  # below: the ratio is rounding noise (module docs)
-            cross = torch.where(norm > floor, cross * norm.clamp_min(floor).rsqrt(), 0.0)
+            if ref_self is None:
+                ref_selves = combine({name: _cross(fn, ref, ref) for name, fn in terms.items()})
+            else:
+                ref_selves = {directions[0]: ref_self}
+            hyp_selves = combine({name: _cross(fn, hyp, hyp) for name, fn in terms.items()})
+            cross = {d: _normalized(cross[d], ref_selves[d], hyp_selves[d], ref_index, hyp_index) for d in directions}
         empty = [c.empty for c in (h, r) if c.empty is not None]
         if not empty:  # no text is empty
             return cross
-        return torch.where(functools.reduce(torch.logical_or, empty), torch.zeros_like(cross), cross)
+        empty = functools.reduce(torch.logical_or, empty)
+        return {d: torch.where(empty, torch.zeros_like(c), c) for d, c in cross.items()}
+
+
+def _normalized(cross: Tensor, ref_self: Tensor, hyp_self: Tensor, ref_index: Tensor | None,
+                hyp_index: Tensor | None) -> Tensor:
+    """``C(X1, X2) / sqrt(C(X1, X1) C(X2, X2))`` of each pair, the self-terms gathered per pair; 0 where
+    the normaliser is rounding noise (module docs)."""
+    if ref_index is not None:
+        ref_self = ref_self.index_select(0, ref_index)
+    if hyp_index is not None:
+        hyp_self = hyp_self.index_select(0, hyp_index)
+    norm = ref_self * hyp_self  # C(X1, X1) C(X2, X2)
+    floor = (64 * torch.finfo(cross.dtype).eps) ** 2  # below: the ratio is rounding noise (module docs)
+    return torch.where(norm > floor, cross * norm.clamp_min(floor).rsqrt(), 0.0)
 
 
 def self_similarity(term: TransportTerm | dict[str, TransportTerm], cloud: TokenCloud,
@@ -273,13 +301,26 @@ def self_similarity(term: TransportTerm | dict[str, TransportTerm], cloud: Token
 def _resolve(term: TransportTerm | dict[str, TransportTerm], direction: str) -> TransportTerm:
     """The term of ``direction`` (``f1``, unless the member has its own: the :func:`signed_f1` of the
     recall and precision terms)."""
+    terms, combine = _base_terms(term, (direction,))
+    return lambda *args: combine({name: fn(*args) for name, fn in terms.items()})[direction]
+
+
+def _base_terms(term: TransportTerm | dict[str, TransportTerm], directions: Sequence[str]):
+    """The transport terms that ``directions`` need, by name, and the function that makes each
+    direction's value from theirs (``{name: C}`` -> ``{direction: C}``): a member's own term of a
+    direction; for ``f1`` without one, the :func:`signed_f1` of the recall and precision terms. A
+    single term (not a dict) serves every direction."""
     if not isinstance(term, dict):
-        return term
-    _check_direction(direction)
-    if direction in term:
-        return term[direction]
-    recall, precision = term["recall"], term["precision"]
-    return lambda *args: signed_f1(recall(*args), precision(*args))
+        return {"term": term}, lambda values: {d: values["term"] for d in directions}
+    for d in directions:
+        _check_direction(d)
+    names = {d: (d,) if d in term else ("recall", "precision") for d in directions}
+    needed = {n: term[n] for d in directions for n in names[d]}
+
+    def combine(values: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {d: values[d] if names[d] == (d,) else signed_f1(values["recall"], values["precision"])
+                for d in directions}
+    return needed, combine
 
 
 def _cross(term: TransportTerm, x: TokenCloud, y: TokenCloud) -> Tensor:

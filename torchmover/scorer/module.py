@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from .. import functional as F
 from ..functional.centering import Centering
 from ..functional.compiled import check_compile, compiled_member_term
-from ..functional.family import TokenCloud, pair_similarity, self_similarity, token_cloud
+from ..functional.family import TokenCloud, pair_similarities, self_similarity, token_cloud
 from ..functional.members import get_member, member_term
 from ..functional.transport import warn_if_not_converged
 from ..runtime.devices import resolve_device, resolve_dtype
@@ -379,8 +379,9 @@ class Scorer(nn.Module):
         e.g. cached). ``ref`` may also be the references' :class:`~torchmover.functional.family.TokenCloud`
         (:meth:`token_clouds`, e.g. cached; not for the sentence movers). ``nonempty``: every text of
         both has a unit, as known on the host (see :meth:`token_clouds`)."""
-        scores = self._pair_scores(hyp, ref, index, self.config.direction, ref_self, nonempty=nonempty)
-        return self._rescale(self._combine_references(scores, index.owner, n_hyps), self.config.direction)
+        direction = self.config.direction
+        scores = self._pair_scores(hyp, ref, index, (direction,), ref_self, nonempty=nonempty)[direction]
+        return self._rescale(self._combine_references(scores, index.owner, n_hyps), direction)
 
     def score_all_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int, *,
                         nonempty: bool = False) -> PRF:
@@ -390,10 +391,9 @@ class Scorer(nn.Module):
         the three come from the reference of best F1 (as bert_score does); with ``mean`` each is
         averaged."""
         c = self.config
-        if get_member(c.method).directed:
-            pairs = PRF(*(self._pair_scores(hyp, ref, index, d, nonempty=nonempty) for d in PRF._fields))
-        else:
-            pairs = PRF(*[self._pair_scores(hyp, ref, index, c.direction, nonempty=nonempty)] * 3)
+        directions = PRF._fields if get_member(c.method).directed else (c.direction,)
+        scores = self._pair_scores(hyp, ref, index, directions, nonempty=nonempty)
+        pairs = PRF(*(scores.get(d, scores[c.direction]) for d in PRF._fields))
         if index.owner is None:  # one reference per hypothesis
             combined = pairs
         elif c.multi_ref == "max":  # the pair of best F1 of each hypothesis
@@ -407,19 +407,21 @@ class Scorer(nn.Module):
             combined = PRF(*(self._combine_references(s, index.owner, n_hyps) for s in pairs))
         return PRF(*(self._rescale(s, d) for s, d in zip(combined, PRF._fields)))
 
-    def _pair_scores(self, hyp: Units, ref: Units | TokenCloud, index: PairIndex, direction: str,
-                     ref_self: Tensor | None = None, *, nonempty: bool = False) -> Tensor:
-        """``[P]`` scores of the pairs of ``index`` in ``direction`` (before combining references)."""
+    def _pair_scores(self, hyp: Units, ref: Units | TokenCloud, index: PairIndex, directions: tuple[str, ...],
+                     ref_self: Tensor | None = None, *, nonempty: bool = False) -> dict[str, Tensor]:
+        """``[P]`` scores of the pairs of ``index`` in each of ``directions`` (before combining
+        references), from one token cloud of each side (:func:`~torchmover.functional.family.pair_similarities`)."""
         c, member = self.config, get_member(self.config.method)
         if member.documents:
             h = hyp if index.hyp is None else hyp.select(index.hyp)
             r = ref if index.ref is None else ref.select(index.ref)
-            return F.sentence_movers(h.vectors, r.vectors, h.mask, r.mask, h.sentence_ids, r.sentence_ids,
-                                     variant=c.method, temperature=c.temperature, n_iter=c.n_iter or 1)
-        return pair_similarity(self._member_term(), self.token_clouds(hyp, "hyp", nonempty),
-                               ref if isinstance(ref, TokenCloud) else self.token_clouds(ref, "ref", nonempty),
-                               index.hyp, index.ref, normalize=member.normalized,
-                               direction=direction, ref_self=ref_self)
+            scores = F.sentence_movers(h.vectors, r.vectors, h.mask, r.mask, h.sentence_ids, r.sentence_ids,
+                                       variant=c.method, temperature=c.temperature, n_iter=c.n_iter or 1)
+            return dict.fromkeys(directions, scores)
+        return pair_similarities(self._member_term(), self.token_clouds(hyp, "hyp", nonempty),
+                                 ref if isinstance(ref, TokenCloud) else self.token_clouds(ref, "ref", nonempty),
+                                 index.hyp, index.ref, normalize=member.normalized,
+                                 directions=directions, ref_self=ref_self)
 
     def _rescale(self, scores: Tensor, direction: str) -> Tensor:
         """``(s − b) / (1 − b)`` with the baseline of ``direction`` when ``rescale``; else ``s``."""
