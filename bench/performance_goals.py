@@ -48,7 +48,7 @@ def device(res: dict | None) -> str:
 
 def pairs(res: dict) -> str:
     """How many WMT pairs a result measured on, as its provenance says."""
-    n = (res["provenance"].get("data") or {}).get("n")
+    n = ((res["provenance"].get("data") or {}).get("sample") or {}).get("n")
     return "?" if n is None else f"{n:,}"
 
 
