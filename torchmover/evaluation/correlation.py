@@ -291,13 +291,8 @@ def correlate(scores, human, groups: Sequence | None = None, *, systems: Sequenc
     x, y = _as_array("scores", scores), _as_array("human", human)
     if len(x) != len(y):
         raise ValueError(f"scores and human must have the same length, got {len(x)} and {len(y)}")
-    labels = ["all"] * len(x) if groups is None else [str(g) for g in groups]
-    if len(labels) != len(x):
-        raise ValueError(f"groups must have one label per score, got {len(labels)} for {len(x)} scores")
-    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 0:
-        raise ValueError(f"n_boot must be a non-negative int, got {n_boot!r}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    labels = _group_labels(groups, len(x))
+    _check_bootstrap(n_boot, confidence, least=0)
     members = _members(labels)
 
     rng = np.random.default_rng(seed)
@@ -355,6 +350,22 @@ def _system_level(x, y, labels, systems, n_boot, seed, confidence, metric) -> Re
     report = correlate(mx[keep], my[keep], [groups[i] for i in keep], n_boot=n_boot, seed=seed,
                        confidence=confidence, metric=metric)
     return dataclasses.replace(report, unit="systems")
+
+
+def _group_labels(groups, n: int) -> list[str]:
+    """The group label of each of ``n`` scores (``"all"`` without ``groups``), as strings."""
+    labels = ["all"] * n if groups is None else [str(g) for g in groups]
+    if len(labels) != n:
+        raise ValueError(f"groups must have one label per score, got {len(labels)} for {n} scores")
+    return labels
+
+
+def _check_bootstrap(n_boot, confidence, least: int) -> None:
+    """``n_boot`` an int of at least ``least`` (0 or 1), ``confidence`` in (0, 1)."""
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < least:
+        raise ValueError(f"n_boot must be a {'non-negative' if least == 0 else 'positive'} int, got {n_boot!r}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
 
 
 def _members(labels: Sequence[str]) -> dict[str, list[int]]:
@@ -588,13 +599,8 @@ def paired_bootstrap_difference(scores_a, scores_b, human, groups: Sequence | No
     a, b, h = _as_array("scores_a", scores_a), _as_array("scores_b", scores_b), _as_array("human", human)
     if not len(a) == len(b) == len(h):
         raise ValueError(f"scores_a, scores_b and human must have the same length, got {len(a)}, {len(b)}, {len(h)}")
-    labels = ["all"] * len(h) if groups is None else [str(g) for g in groups]
-    if len(labels) != len(h):
-        raise ValueError(f"groups must have one label per score, got {len(labels)} for {len(h)} scores")
-    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
-        raise ValueError(f"n_boot must be a positive int, got {n_boot!r}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    labels = _group_labels(groups, len(h))
+    _check_bootstrap(n_boot, confidence, least=1)
     members = _members(labels)
 
     def correlation(x: np.ndarray, y: np.ndarray, c: np.ndarray) -> np.ndarray:  # [B]
