@@ -432,24 +432,13 @@ def report(args, res: dict, wall: float) -> str:
         "solver deviation is instead largest on long, different texts (entropic blur and marginal slack grow with "
         "L1·L2).",
         "",
-        "**A float32 floor in torchmover's Euclidean cost (minor bug).** torchmover's `transport.cost_matrix(..., "
-        "'euclidean')` is `torch.cdist`, whose default `compute_mode` switches to the same `|x|² + |y|² − 2x·y` "
-        "form when either side has more than 25 points — counted on the *padded* tensors, so it depends on the "
-        "longest text of the batch. In float32 this leaves distances of ~7e-4–8e-4 between coinciding unit "
-        "vectors, so a text scored against itself is not 1 whenever the batch is padded beyond 25 tokens, and a "
-        "pair's score depends on the other pairs of its batch. Reproduction (idf=False, so hypothesis = reference "
-        "should give exactly 1): `s = Scorer.from_preset('moverscore', model=DEFAULT_MODEL, layer=6, idf=False)`; "
-        "`t = 'It is a bone that did not heal well.'`; `s.score([t], [t])` = 1.0, but with a 29-token pair in the "
-        "same call `s.score([t, long], [t, long])` = [0.99958, 0.99983]. This contradicts `functional.moverscore`'s "
-        "docstring (`Sim(X, X) = 1` because the identity plan costs 0): with 40 random unit vectors in float32, "
-        "`F.moverscore(x, x)` = 0.99973 (0.99999999 in float64; exactly 1.0 up to 25 vectors). In this sample "
-        "it can only have contributed to the `tm` − `tm_exact` column (max 3.5e-4; not isolated); moverscore_v2 "
-        "has a similar floor of its own, but the batch dependence breaks torchmover's stated invariant. Fix: "
-        "`torch.cdist(x, y, compute_mode='donot_use_mm_for_euclid_dist')` in `transport.cost_matrix` (gradients "
-        "stay 0 at coinciding points either way). Not fixed here (library files untouched).",
+        "torchmover's Euclidean cost (`transport.cost_matrix(..., 'euclidean')`) takes each difference directly "
+        "(`torch.cdist(..., compute_mode='donot_use_mm_for_euclid_dist')`, not the `|x|² + |y|² − 2x·y` form), "
+        "so coinciding vectors are at distance 0: a text scored against itself scores 1 whatever the other "
+        "pairs of its batch.",
         "",
         f"**Encoder batching and padding.** moverscore_v2 encodes 256 sentences in one padded batch (unsorted); torchmover "
-        f"length-sorted batches of {args.batch_size}. Token vectors (unit-normalised) differ by at most "
+        f"batches of at most {args.batch_size} texts of similar token count. Token vectors (unit-normalised) differ by at most "
         f"{res['vector_max_abs_diff']:.1e}, which moves exact-EMD scores by at most "
         f"{agreement(s['tm_exact_mspolicy'], s['msvec_exact_mspolicy'])['max_abs']:.1e}; moverscore_v2 against "
         f"itself one pair per call (no padding): max {agreement(s['ms'], s['ms_b1'])['max_abs']:.1e}, the largest "
