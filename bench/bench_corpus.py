@@ -162,6 +162,23 @@ def run_memory(args) -> tuple[list[str], dict, dict]:
     return [n for n in notes if n], rows, runs
 
 
+DOCS_LABELS = {"torchmover": "torchmover (default: no centering)", "torchmover, batch centering":
+               "torchmover, `batch` centering", "bert_score": "bert_score F1"}
+
+
+def docs_memory_table(runs: dict[str, list[dict]], pairs: int) -> dict:
+    """The scale guide's table of the ``memory`` part, from its runs: each system of this tree (not the
+    ``--before`` tree's), its best time and pairs/s, and its median and per-round growth."""
+    rows = []
+    for name, label in DOCS_LABELS.items():
+        growth = [r["peak_growth_mb"] for r in runs[name]]
+        best = min(r["seconds"] for r in runs[name])
+        rows.append([label, f"{best:.2f}", f"{pairs / best:.0f}", f"{statistics.median(growth):.0f}",
+                     ", ".join(f"{g:.0f}" for g in growth)])
+    return harness.table(["system", "time s (best)", "pairs/s", "peak growth during the call MiB (median)",
+                          "growth of each round MiB"], rows, "-rrrr")
+
+
 # --- flat -----------------------------------------------------------------------------------------
 
 def small_model(directory: Path) -> None:
@@ -338,7 +355,8 @@ def main(argv=None) -> None:
     titles = {"memory": "Peak memory of a scoring call against bert_score (CPU)",
               "flat": "Memory of the streaming job against the corpus size (CPU)",
               "sharding": "One process against two (CPU, gloo)"}
-    harness.publish(args.out, f"bench_corpus_{args.part}", titles[args.part], data, {"main": table},
+    tables = {"main": table, **({"docs_memory": docs_memory_table(data, args.pairs)} if args.part == "memory" else {})}
+    harness.publish(args.out, f"bench_corpus_{args.part}", titles[args.part], data, tables,
                     ["\n".join(f"- {n}" for n in notes), {"table": "main"}],
                     data=harness.data_provenance(args.data, args.pairs if args.part == "memory" else None, args.seed))
 

@@ -433,3 +433,11 @@ def test_the_performance_goals_are_computed_from_the_results_they_name(tmp_path)
     stored = harness.load(BENCH / "results" / "performance_goals.json")
     assert res["tables"]["goals"] == stored["tables"]["goals"]
     assert all(row[4].startswith("`bench_") for row in res["tables"]["goals"]["rows"])
+
+
+def test_the_scale_guides_memory_table_is_computed_from_the_stored_runs():
+    """bench_corpus's memory table of the scale guide: this tree's systems, from the stored runs."""
+    module = load_script(BENCH / "bench_corpus.py")
+    res = harness.load(BENCH / "results" / "bench_corpus_memory.json")
+    table = module.docs_memory_table(res["figures"], res["provenance"]["data"]["sample"]["n"])
+    assert table == res["tables"]["docs_memory"] and len(table["rows"]) == 3
