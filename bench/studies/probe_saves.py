@@ -1,4 +1,4 @@
-"""Probes saving and loading from outside, as issue 32 did: ``kill -9`` during saves and checkpoint
+"""Probes saving and loading from outside: ``kill -9`` during saves and checkpoint
 writes, and flipped bits in a saved scorer.
 
 - ``kills``: ``--kills`` times, a process that saves the default scorer (``Scorer().save_pretrained``) is

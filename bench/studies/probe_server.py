@@ -1,4 +1,4 @@
-"""Probes the reward server (``torchmover serve``) from outside, as issue 32 did, and counts what it answers.
+"""Probes the reward server (``torchmover serve``) from outside and counts what it answers.
 
 Starts ``torchmover serve`` (default model, CPU, 127.0.0.1) in a subprocess for each group of probes and
 talks raw HTTP/1.1 to it over sockets (``asyncio`` streams), so that malformed, slow and abandoned

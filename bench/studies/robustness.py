@@ -1,6 +1,6 @@
 """Which choices make TWMD robust beyond WMT: chosen on WMT15-16, checked on held-out sentence similarity.
 
-The question (issue 30, §4): on a benchmark of another kind, sentence similarity (the SemEval STS12-16
+The question: on a benchmark of another kind, sentence similarity (the SemEval STS12-16
 English test sets), the WMT-chosen default trails bert_score's F1, and torchmover's own ``bertscore``
 member beats it. bert_score keeps [CLS]/[SEP] as zero-mass matching targets; TWMD drops them. This
 script finds, **on WMT15-16 only**, the best settings of each variant of the choices in question, then
