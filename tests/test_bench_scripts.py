@@ -110,6 +110,7 @@ def test_a_script_runs_on_tiny_data_and_publishes(script, name, args, wmt, tiny_
     ("compare_moverscore", "docs_comparison", "docs_table"),
     ("compare_authors", "docs_members", "docs_table"),
     ("robustness", "docs_variants", "docs_table"),
+    ("robustness", "docs_guide", "guide_table"),
     ("probe_server", "docs_probes", "docs_table"),
 ])
 def test_a_docs_table_is_computed_from_the_stored_figures(study, table, make):

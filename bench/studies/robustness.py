@@ -188,6 +188,29 @@ def docs_table(res: dict) -> dict:
          bold(f"{row['sts_r']:.4f}", row["sts_r"] == best_sts)] for key, row in rows.items()], "-rr")
 
 
+GUIDE_ROWS = {  # the variants of the evaluation guide's table, and how it names them
+    "library default": "**default**: `twmd`, recall, T = 0.1, no IDF, special tokens dropped",
+    "twmd/f1/special=drop/idf": "`twmd`, f1, T = 0.15, IDF (`idf=True`, fitted on the references)",
+    "twmd/recall/special=drop/idf": "`twmd`, recall, T = 0.15, IDF",
+    "bert_score F1 (special=target)/idf": "`bertscore` preset (bert_score's rule: [CLS]/[SEP] as zero-mass targets), IDF",
+    "bert_score F1 (special=target)": "`bertscore` preset, no IDF",
+    "trwmd/f1/special=target": "`trwmd`, f1, T = 0.15, special tokens as targets",
+}
+
+
+def guide_table(res: dict) -> dict:
+    """The table of the evaluation guide (``docs_guide``): WMT15-16 r, STS12-16 r and their mean of
+    the variants it shows, the library default's WMT r and each other column's best in bold."""
+    rows = {key: res["rows"][key] for key in GUIDE_ROWS}
+    means = {key: (row["wmt_r"] + row["sts_r"]) / 2 for key, row in rows.items()}
+    best_sts, best_mean = max(row["sts_r"] for row in rows.values()), max(means.values())
+    bold = lambda text, yes: f"**{text}**" if yes else text  # noqa: E731
+    return harness.table(["configuration", "WMT15–16 r", "STS12–16 r", "mean of the two"], [
+        [GUIDE_ROWS[key], bold(f"{row['wmt_r']:.3f}", key == "library default"),
+         bold(f"{row['sts_r']:.3f}", row["sts_r"] == best_sts), bold(f"{means[key]:.3f}", means[key] == best_mean)]
+        for key, row in rows.items()], "-rrr")
+
+
 def title(res: dict) -> str:
     return f"Robustness beyond WMT: `{res['model']}`, chosen on WMT15-16" + (
         ", checked on STS12-16" if res["n_sts"] is not None else "")
@@ -229,7 +252,7 @@ def main(argv=None) -> None:
     res = run(args)
     sts = res["n_sts"] is not None
     harness.publish(args.out, "robustness" + harness.model_suffix(res["model"]), title(res), res,
-                    {"docs_variants": docs_table(res)} if sts else {},
+                    {"docs_variants": docs_table(res), "docs_guide": guide_table(res)} if sts else {},
                     [report(res), *(["## The table of the documentation", {"table": "docs_variants"}] if sts else [])],
                     data=harness.data_provenance(args.data, sts=str(args.sts) if args.sts else None))
 
