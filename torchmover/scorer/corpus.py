@@ -46,11 +46,11 @@ from torch import Tensor, nn
 from .._internal.arena import TokenArena
 from .._internal.transfer import send_plans
 from ..functional.centering import token_sum
-from ..runtime.distributed import all_gather_shares, all_reduce_sum, check_same_on_every_rank, is_distributed
 from ..functional.members import get_member
+from ..runtime.distributed import all_gather_shares, all_reduce_sum, check_same_on_every_rank, is_distributed
 from ..runtime.progress import PairProgress
 from ..text.encoder import take_tokens
-from .inputs import check_references, check_texts, distinct_texts
+from .inputs import distinct_texts
 from .plan import BatchPlan, call_plan, length_batches
 from .units import PRF, Units
 
@@ -72,12 +72,11 @@ def score_chunks(groups: list[list[str]]) -> list[slice]:
     return chunks
 
 
-def score_corpus(scorer: nn.Module, hyps: Sequence[str], refs, batch_size: int = 64, progress: bool | None = None,
-                 *, return_all: bool = False, centering_group=None, distributed: bool = False) -> Tensor | PRF:
+def score_corpus(scorer: nn.Module, hyps: list[str], groups: list[list[str]], batch_size: int = 64,
+                 progress: bool | None = None, *, return_all: bool = False, centering_group=None,
+                 distributed: bool = False) -> Tensor | PRF:
     """:meth:`Scorer.score <torchmover.Scorer.score>` of ``scorer`` (a :class:`~torchmover.Scorer`; see
-    there and the module docs)."""
-    hyps = check_texts("hyps", hyps)
-    groups = check_references(hyps, refs)
+    there and the module docs) on lists it has checked: ``hyps`` and one list of references each."""
     check_batch_size(batch_size)
     group = sharding_group(scorer, distributed, centering_group)
     if group is not None:
@@ -315,11 +314,11 @@ def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_
     arena = TokenArena(Units)
     total = sum(lengths) or 1
     for batch in encoder_batches(lengths, batch_size):
-        units, spans = scorer.embed_with_spans([texts[i] for i in batch],
-                                               None if tokenized is None else take_tokens(tokenized, batch))
+        batch_texts = [texts[i] for i in batch]
+        units, spans = scorer.embed_with_spans(batch_texts, None if tokenized is None else take_tokens(tokenized, batch))
         real = sum(stop - first for first, stop in spans)
         store = arena.keep if real >= KEEP_FILL * units.mask.numel() else arena.pack
-        store([texts[i] for i in batch], units, spans)
+        store(batch_texts, units, spans)
         del units  # a packed batch's padding is freed before the next batch runs
         if on_batch is not None:
             on_batch(sum(lengths[i] for i in batch) / total)

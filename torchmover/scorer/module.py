@@ -325,8 +325,12 @@ class Scorer(nn.Module):
     def tokenize(self, texts: Sequence[str]):
         """``texts`` tokenized as :meth:`embed_with_spans` tokenizes them (word ids where the token
         policy or the subword pooling needs them), to be passed back to it as ``tokenized``."""
-        c = self.config
-        return self.encoder.tokenize(texts, word_ids=c.subwords == "mean" or not c.token_policy_is_identity)
+        return self.encoder.tokenize(texts, word_ids=self._needs_word_ids)
+
+    @property
+    def _needs_word_ids(self) -> bool:
+        """Whether the encoder must read the tokens' word ids: the subword pooling, or a token policy."""
+        return self.config.subwords == "mean" or not self.config.token_policy_is_identity
 
     def embed_with_spans(self, texts: Sequence[str], tokenized=None) -> tuple[Units, list[tuple[int, int]]]:
         """:meth:`embed`, and per text the columns ``(first, stop)`` of the units that hold its
@@ -345,7 +349,7 @@ class Scorer(nn.Module):
             units = Units(documents.embeddings, documents.mask, sentence_ids=documents.sentence_ids)
             return units, [(0, units.mask.shape[1])] * len(texts)
         policy = None if c.token_policy_is_identity else self._keep_mask
-        tokens = self.encoder(texts, token_policy=policy, with_word_ids=c.subwords == "mean", tokenized=tokenized)
+        tokens = self.encoder(texts, token_policy=policy, with_word_ids=self._needs_word_ids, tokenized=tokenized)
         x, mask = tokens.embeddings, tokens.mask
         weights = [self.idf[side](tokens.input_ids) for side in ("hyp", "ref")] if c.idf else []
         if c.special_tokens == "target":  # in the mask as matching targets, with mass 0

@@ -554,10 +554,13 @@ class Encoder(nn.Module):
         if not texts:  # the tokenizer's own call fails on an empty batch, and a model on an empty input
             raise ValueError("texts is empty: the encoder needs at least one text")
         with_word_ids = with_word_ids or token_policy is not None
-        batch = self.tokenize(texts, word_ids=with_word_ids) if tokenized is None else tokenized
-        if len(batch["input_ids"]) != len(texts) or (with_word_ids and batch.encodings is None):
+        if tokenized is None:
+            batch = self.tokenize(texts, word_ids=with_word_ids)
+        elif len(tokenized["input_ids"]) != len(texts) or (with_word_ids and tokenized.encodings is None):
             raise ValueError(f"tokenized must hold the {len(texts)} texts' tokens"
                              + (" with their word ids (tokenize(texts, word_ids=True))" if with_word_ids else ""))
+        else:
+            batch = tokenized
         tokenizer = self.tokenizer
         ragged = {"input_ids": (batch["input_ids"], tokenizer.pad_token_id or 0)}
         if self.special_ends is None:
