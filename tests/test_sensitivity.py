@@ -258,14 +258,19 @@ def test_cli_unknown_factor_is_a_clear_error(tmp_path, tiny_model_dir, capsys):
 
 
 def test_variants_that_keep_the_encoder_encode_each_batch_once(ratings, tiny_encoder, monkeypatch):
-    calls = []
-    forward = Encoder.forward
+    calls, tokenized = [], []
+    forward, tokenize = Encoder.forward, Encoder.tokenize
 
-    def counting(self, texts):
+    def counting(self, texts, *args, **kwargs):
         calls.append(tuple(texts))
-        return forward(self, texts)
+        return forward(self, texts, *args, **kwargs)
+
+    def counting_tokenize(self, texts, **kwargs):
+        tokenized.append(tuple(texts))
+        return tokenize(self, texts, **kwargs)
 
     monkeypatch.setattr(Encoder, "forward", counting)
+    monkeypatch.setattr(Encoder, "tokenize", counting_tokenize)
     report = run_sensitivity(ratings, {"model": tiny_encoder}, factors=["punctuation", "temperature"], batch_size=8,
                              progress=False)
     assert sum(len(f.levels) for f in report.factors) == 3 + 5  # punctuation keep/drop/ascii, 5 temperatures
@@ -273,6 +278,8 @@ def test_variants_that_keep_the_encoder_encode_each_batch_once(ratings, tiny_enc
     # each batch of 8 distinct texts is encoded once, for all the variants together
     assert len(calls) == len(set(calls)) == -(-len(distinct) // 8)
     assert sorted(t for batch in calls for t in batch) == sorted(distinct)
+    # and the call's texts are tokenized once, for all the variants together
+    assert len(tokenized) == 1 and sorted(tokenized[0]) == sorted(distinct)
 
 
 def test_the_memo_encoder_gives_what_its_encoder_gives_under_every_token_policy(tiny_encoder):

@@ -446,10 +446,10 @@ def _check_factors(factors, method: str) -> list[str]:
 # --- running -------------------------------------------------------------------------------------
 
 class _MemoEncoder(Encoder):
-    """An encoder that shares another's model and remembers its outputs per tuple of texts while
-    grad is off and it is in eval mode: variants that do not change the encoder then encode each batch
-    once. The outputs are shared, never modified by a scorer (the token policy and centering make new
-    tensors)."""
+    """An encoder that shares another's model and remembers its outputs and its tokenizations per
+    tuple of texts while grad is off and it is in eval mode: variants that do not change the encoder
+    then tokenize each call's texts once and encode each batch once. The outputs are shared, never
+    modified by a scorer (the token policy and centering make new tensors)."""
 
     def __init__(self, inner: Encoder):
         nn.Module.__init__(self)  # not Encoder.__init__: the model is already cut at the layer
@@ -459,14 +459,28 @@ class _MemoEncoder(Encoder):
         self.power_mean_layers, self.reads_type_ids = inner.power_mean_layers, inner.reads_type_ids
         self.special_ends, self.last_state_is_layer = inner.special_ends, inner.last_state_is_layer
         self._memo: dict[tuple[str, ...], TokenEmbeddings] = {}
+        self._tokens: dict[tuple[str, ...], object] = {}
+
+    def _remembers(self) -> bool:
+        return not (torch.is_grad_enabled() or self.training)
+
+    def tokenize(self, texts: Sequence[str], *, word_ids: bool = True):
+        """:meth:`Encoder.tokenize`, remembered with word ids (which serve a caller that needs none)."""
+        if not self._remembers():
+            return super().tokenize(texts, word_ids=word_ids)
+        key = tuple(texts)
+        if key not in self._tokens:
+            self._tokens[key] = super().tokenize(texts, word_ids=True)
+        return self._tokens[key]
 
     def forward(self, texts: Sequence[str], token_policy=None, *, with_word_ids: bool = True,
                 tokenized=None) -> TokenEmbeddings:
-        if torch.is_grad_enabled() or self.training:
+        if not self._remembers():
             return super().forward(texts, token_policy, with_word_ids=with_word_ids, tokenized=tokenized)
-        key = tuple(texts)  # remembered with word ids, for every policy: ``tokenized`` may lack them
+        key = tuple(texts)  # remembered with word ids, for every policy
         if key not in self._memo:
-            self._memo[key] = super().forward(texts)
+            self._memo[key] = super().forward(texts, tokenized=tokenized if tokenized is not None
+                                              and tokenized.encodings is not None else None)
         tokens = self._memo[key]  # the token policy on the memoised tokens: one encoding for every policy
         if token_policy is None:
             return tokens
