@@ -118,7 +118,7 @@ def measure(run, install, replay: bool = True, sync: Callable[[], None] = lambda
     recorders = []
 
     def recorded(fn):
-        recorders.append(Recorded(fn, key=lambda texts, *a, **k: (tuple(texts), k.get("word_ids"))))
+        recorders.append(Recorded(fn, key=by_texts))
         return recorders[-1]
     restore = install(recorded)
     run()  # records the encoder outputs (untimed)
@@ -131,6 +131,23 @@ def measure(run, install, replay: bool = True, sync: Callable[[], None] = lambda
     same = max(abs(a - b) for a, b in zip(scores, cached_scores))
     assert same < 1e-5, f"replayed embeddings changed the scores by {same}"
     return out
+
+
+def by_texts(texts, *args, **kwargs) -> tuple:
+    """The key of an encoding function's call by which :class:`Recorded` replays it: its texts, and
+    the ``word_ids`` keyword where given."""
+    return tuple(texts), kwargs.get("word_ids")
+
+
+def install_encoder(encoder, wrap) -> Callable[[], None]:
+    """A torchmover ``Encoder``'s encoding functions, its tokenizer (a chunk's texts at once) and its
+    forward, replaced by ``wrap(f)`` (for :func:`measure`); returns the function that restores them."""
+    encoder.tokenize = wrap(type(encoder).tokenize.__get__(encoder))
+    encoder.forward = wrap(type(encoder).forward.__get__(encoder))  # nn.Module.__call__ calls it
+
+    def restore():
+        del encoder.tokenize, encoder.forward
+    return restore
 
 
 def install_function(module, name: str, wrap) -> Callable[[], None]:
@@ -173,20 +190,11 @@ def run_torchmover(hyps, refs, layer, method, batch_size, profile_path=None, mod
     else:
         scorer = Scorer(**({"model": model} if model else {}), layer=layer, method=method, device=device)
     scorer.score(hyps[:16], refs[:16], batch_size=batch_size, progress=False)  # warm-up
-    encoder = scorer.encoder
-
-    def install(wrap):  # the tokenizer (a chunk's texts at once) and the encoder's forward
-        encoder.tokenize = wrap(type(encoder).tokenize.__get__(encoder))
-        encoder.forward = wrap(type(encoder).forward.__get__(encoder))  # nn.Module.__call__ calls it
-
-        def restore():
-            del encoder.tokenize, encoder.forward
-        return restore
-
     def run():
         return scorer.score(hyps, refs, batch_size=batch_size).tolist()
 
-    out = measure(run, install, replay=method != "wmd", sync=synchronizer(device))
+    out = measure(run, functools.partial(install_encoder, scorer.encoder), replay=method != "wmd",
+                  sync=synchronizer(device))
     out.update(layer=scorer.config.layer, signature=scorer.signature, threads=torch.get_num_threads())
     if profile_path:
         from pyinstrument import Profiler

@@ -45,7 +45,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer's work
 import torch  # noqa: E402
 
 import harness  # noqa: E402
-from bench_common import Recorded, Timed, default_layer, model_dir  # noqa: E402
+from bench_common import (Recorded, Timed, by_texts, default_layer, install_encoder, install_function,  # noqa: E402
+                          model_dir)
 
 
 CLOCK = time.thread_time
@@ -64,30 +65,30 @@ def metric_part(pairs: list[dict], repeats: int) -> dict:
     from torchmover import Scorer
 
     hyps, refs = [p["hyp"] for p in pairs], [p["ref"] for p in pairs]
+    recorders = []
+
+    def recording(fn):
+        recorders.append(Recorded(fn, key=by_texts))
+        return recorders[-1]
     runs = {}
     for name, scorer in (("twmd", Scorer(layer=default_layer())),
                          ("bertscore", Scorer.from_preset("bertscore", model=model_dir(), layer=default_layer()))):
-        encoder = scorer.encoder
-        encoder.forward = Recorded(type(encoder).forward.__get__(encoder), key=lambda texts, *a, **k: tuple(texts))
-        encoder.tokenize = Recorded(type(encoder).tokenize.__get__(encoder),
-                                    key=lambda texts, *a, **k: (tuple(texts), k.get("word_ids", True)))
-        runs[name] = ((encoder.forward, encoder.tokenize),
-                      functools.partial(scorer.score, hyps, refs, batch_size=64, progress=False))
+        install_encoder(scorer.encoder, recording)
+        runs[name] = functools.partial(scorer.score, hyps, refs, batch_size=64, progress=False)
     bert = bert_score.BERTScorer(model_type=model_dir(), num_layers=default_layer(), batch_size=64, device="cpu",
                                  idf=False, use_fast_tokenizer=True)
-    original = bert_score.utils.get_bert_embedding
-    bert_score.utils.get_bert_embedding = Recorded(original, key=lambda texts, *a, **k: tuple(texts))
-    runs["bert_score"] = ((bert_score.utils.get_bert_embedding,), functools.partial(bert.score, hyps, refs, batch_size=64))
+    restore_bert_score = install_function(bert_score.utils, "get_bert_embedding", recording)
+    runs["bert_score"] = functools.partial(bert.score, hyps, refs, batch_size=64)
     cross = family._cross = Timed(family._cross, CLOCK)
     times = {name: [] for name in runs}
     transport = {name: [] for name in runs}
     try:
-        for recorded, run in runs.values():  # recording run
+        for run in runs.values():  # recording runs
             run()
-            for replay in recorded:
-                replay.replaying = True
+        for replay in recorders:
+            replay.replaying = True
         for round_ in range(repeats + 1):  # a warm-up round, then the timed ones (the systems in turn)
-            for name, (_, run) in runs.items():
+            for name, run in runs.items():
                 cross.seconds = 0.0
                 cpu = harness.time_call(run, repeats=1, warmup=0).cpu[0]
                 if round_:
@@ -95,7 +96,7 @@ def metric_part(pairs: list[dict], repeats: int) -> dict:
                     transport[name].append(cross.seconds)
     finally:
         family._cross = cross.fn
-        bert_score.utils.get_bert_embedding = original
+        restore_bert_score()
     return {"times": times, "transport": transport}
 
 
