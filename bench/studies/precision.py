@@ -20,7 +20,7 @@ scores every WMT15-16 pair (``harness.wmt_sample``, every row; ``--n`` for a sam
   counts (wall time; the process's CPU time of that round beside it). Memory: the encoder's weights,
   and the growth of memory during the warm-up call — on a GPU ``torch.cuda.max_memory_allocated``
   over what was allocated before the call, on the CPU the process's resident set sampled every 5 ms
-  (one process: a precision measured after another may reuse the heap the earlier one grew).
+  over its size before, the C heap's free memory returned to the system first (:class:`PeakMemory`).
 
 Only the encoder runs in the chosen precision: the centering mean and the transport stay float32
 (``torchmover.runtime.devices``). Command (from the repository root)::
@@ -32,6 +32,8 @@ model) into ``--out``.
 """
 from __future__ import annotations
 
+import ctypes
+import gc
 import sys
 import threading
 import time
@@ -71,10 +73,21 @@ def drift(reference, other, moved: float = MOVED) -> dict:
             "non_finite": int((~np.isfinite(b)).sum())}
 
 
+def trim_heap() -> None:
+    """Return the C heap's free memory to the system (glibc's ``malloc_trim(0)``; nothing elsewhere), so
+    that the resident set no longer holds what an earlier call freed."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class PeakMemory:
     """The growth of memory during a ``with`` block, in MiB (``.growth_mib``): on a CUDA device the peak
     of ``torch.cuda.max_memory_allocated`` over what was allocated at the start; elsewhere the peak of
-    the process's resident set, sampled every ``interval`` seconds, over the resident set at the start."""
+    the process's resident set, sampled every ``interval`` seconds, over the resident set at the start
+    (after :func:`trim_heap`, so that memory freed before the block and kept by the allocator does not
+    hide the block's growth)."""
 
     def __init__(self, device: torch.device, interval: float = 0.005):
         self.device, self.interval, self.growth_mib = torch.device(device), interval, None
@@ -87,6 +100,8 @@ class PeakMemory:
             return self
         from bench_common import rss_mb
 
+        gc.collect()
+        trim_heap()
         self.start, self.peak, self.done = rss_mb(), rss_mb(), threading.Event()
 
         def sample():
@@ -288,8 +303,9 @@ def main(argv=None) -> None:
         f"End to end (`Scorer.score` on every pair), best of {args.rounds} rounds, the precisions interleaved "
         "round by round after one untimed warm-up call each. Memory growth: during the warm-up call, "
         + ("`torch.cuda.max_memory_allocated` over what was allocated before." if device.type == "cuda" else
-           "the resident set sampled every 5 ms over its size before (one process: a precision measured after "
-           "another may reuse the heap the earlier one grew)."),
+           "the resident set sampled every 5 ms over its size before, the C heap's free memory returned to the "
+           "system first (`malloc_trim`), so that a precision measured after another does not reuse the heap "
+           "the earlier one grew."),
         {"table": "speed"},
     ]
     name = f"precision_{device.type}" + harness.model_suffix(args.model)
