@@ -191,7 +191,8 @@ def analyse(figures: dict, pairs: list[dict], dtypes: list[str], n_boot: int, se
 # --- tables ---------------------------------------------------------------------------------------
 
 def _signed(x: float) -> str:
-    return f"{x:+.4f}".replace("-", "−")
+    """A difference of correlations with its sign and two significant digits: ``+1.6e-5``, ``−0.012``."""
+    return ("−" if x < 0 else "+") + harness.short(abs(x))
 
 
 def docs_table(figures: dict) -> dict:
