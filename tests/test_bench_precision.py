@@ -44,6 +44,11 @@ def test_drift_counts_a_swapped_pair_and_a_score_that_is_not_finite():
                                                         "non_finite": 0}
 
 
+def test_drift_is_undefined_where_fewer_than_two_pairs_have_finite_scores():
+    d = precision.drift([0.1, 0.2, 0.3], [float("nan"), float("inf"), 0.3])
+    assert d["non_finite"] == 2 and all(d[k] != d[k] for k in ("max_abs", "mean_abs", "moved", "kendall"))  # NaN
+
+
 @pytest.mark.parametrize("reference, other", [([0.1, 0.2], [0.1]), ([], []), ([[0.1]], [[0.1]])])
 def test_drift_refuses_lists_that_do_not_match(reference, other):
     with pytest.raises(ValueError, match="equally long, non-empty"):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import math
 import sys
 import threading
 import time
@@ -66,11 +67,13 @@ def drift(reference, other, moved: float = MOVED) -> dict:
         raise ValueError(f"reference and other must be equally long, non-empty lists of scores, got shapes "
                          f"{a.shape} and {b.shape}")
     finite = np.isfinite(a) & np.isfinite(b)
-    d = np.abs(b - a)[finite]
-    kendall = correlate(a[finite], b[finite], n_boot=0).average.kendall.value if finite.sum() > 1 else float("nan")
-    return {"max_abs": float(d.max()) if len(d) else float("nan"), "mean_abs": float(d.mean()) if len(d) else float("nan"),
-            "moved": float((d > moved).mean()) if len(d) else float("nan"), "kendall": float(kendall),
-            "non_finite": int((~np.isfinite(b)).sum())}
+    out = {"max_abs": math.nan, "mean_abs": math.nan, "moved": math.nan, "kendall": math.nan,
+           "non_finite": int((~np.isfinite(b)).sum())}
+    if finite.sum() > 1:  # NaN where fewer than two pairs have two finite scores
+        d = np.abs(b - a)[finite]
+        out.update(max_abs=float(d.max()), mean_abs=float(d.mean()), moved=float((d > moved).mean()),
+                   kendall=float(correlate(a[finite], b[finite], n_boot=0).average.kendall.value))
+    return out
 
 
 def trim_heap() -> None:
@@ -126,6 +129,7 @@ class PeakMemory:
 # --- measurement ----------------------------------------------------------------------------------
 
 def make_scorer(system: str, model: str, layer: int | None, dtype: str, device: str):
+    """The scorer of ``system`` (a key of ``SYSTEMS``) on ``model`` with its encoder in ``dtype``."""
     from torchmover import Scorer
 
     options = dict(model=model, device=device, dtype=dtype, **({"layer": layer} if layer is not None else {}))
@@ -149,11 +153,12 @@ def measure(pairs: list[dict], model: str, layer: int | None, dtypes: list[str],
             with PeakMemory(torch.device(device)) as memory:
                 runs[dtype]["scores"] = scorer.score(hyps, refs, progress=False).tolist()
             runs[dtype]["memory_growth_mib"] = memory.growth_mib
-        last = {}
+        last = {}  # each precision's scores of its last timed call
         for _ in range(rounds):
             for dtype, scorer in scorers.items():
-                timing = harness.time_call(lambda: last.__setitem__(dtype, scorer.score(hyps, refs, progress=False)),
-                                           repeats=1, warmup=0, sync=sync)
+                def call(dtype=dtype, scorer=scorer):
+                    last[dtype] = scorer.score(hyps, refs, progress=False)
+                timing = harness.time_call(call, repeats=1, warmup=0, sync=sync)
                 runs[dtype]["runs_s"] += timing.runs
                 runs[dtype]["cpu_s"] += timing.cpu
         for dtype in dtypes:  # a timed call scores as the warm-up call did
