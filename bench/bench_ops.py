@@ -14,7 +14,9 @@ iteration, on WMT15-16 pairs:
   English stopwords, ``punctuation="drop"``, ``subwords="first"`` and ``subwords="mean"``;
 - ``reward``: ``MoverReward(Scorer()).fit(refs)`` then a call of 64 completions against 4, 16 or 64
   distinct references, all cached (a first call keeps the references' clouds, a second one may compact
-  the cache, where the clouds were stored with their batch's padding; the third one is counted).
+  the cache, where the clouds were stored with their batch's padding; the third one is counted);
+- ``score``: ``Scorer(...).score(hyps, refs)`` on every drawn pair, without centering (the default) and
+  with ``batch`` centering.
 
 Command (from the repository root)::
 
@@ -77,6 +79,10 @@ def main(argv=None) -> None:
         with torch.no_grad():
             scorer(hyps[:16], refs[:16])  # warm-up
             report(f"forward, 16 pairs, {name}", trace(lambda: scorer(hyps[:16], refs[:16]), scorer))
+    for name, options in {"default": {}, "batch centering": {"centering": "batch"}}.items():
+        scorer = Scorer(**model, **options)
+        scorer.score(hyps[:16], refs[:16], progress=False)  # warm-up
+        report(f"score, {len(hyps)} pairs, {name}", trace(lambda: scorer.score(hyps, refs, progress=False), scorer))
     scorer = Scorer(**model)
     distinct = list(dict.fromkeys(refs))
     for n_refs in (n for n in (4, 16, 64) if n <= len(distinct)):

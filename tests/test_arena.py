@@ -64,91 +64,92 @@ def _assert_gathers(arena, batches, keys):
     torch.testing.assert_close(torch.where(got.mask.unsqueeze(-1), got.vectors, 0.0), vectors)
 
 
-@pytest.mark.parametrize("build", ["of", "add"])
-def test_a_gather_reads_each_text_over_its_span(build):
+def _store(build, batches, **options):
+    arena = TokenArena(Units, **options)
+    for keys, units, spans in batches:
+        getattr(arena, build)(keys, units, spans)
+    return arena
+
+
+@pytest.mark.parametrize("zero_padding", [False, True])
+@pytest.mark.parametrize("build", ["append", "add"])
+def test_a_gather_reads_each_text_over_its_span_in_any_order(build, zero_padding):
     first, first_spans = _batch([2, 4, 0], length=6)
     second, second_spans = _batch([1, 3], length=5, offset=1000)
     batches = [(["a", "b", "e"], first, first_spans), (["c", "d"], second, second_spans)]
-    if build == "of":
-        arena = TokenArena.of(batches)
-    else:
-        arena = TokenArena(Units)
-        for keys, units, spans in batches:
-            arena.add(keys, units, spans)
+    arena = _store(build, batches, zero_padding=zero_padding)
     assert arena.widths() == {"a": 2, "b": 4, "c": 1, "d": 3, "e": 0}
-    for keys in (["c", "a", "e"], ["d", "c", "e", "b", "a"], ["e", "c"], ["a", "e", "b"]):
+    for keys in (["c", "a", "e"], ["d", "c", "e", "b", "a"], ["e", "c"], ["a", "e", "b"], ["b", "d", "b"]):
         where = arena.index(keys)
         assert where.width == max(arena.widths()[k] for k in keys)  # the widest span, not the batches' 6 or 5
-        assert where.n == len(keys) and len(where.runs) <= (len(keys) if build == "of" else 1)
+        assert where.n == len(keys)
         _assert_gathers(arena, batches, keys)
+
+
+def test_append_keeps_only_the_rows_of_the_spans_in_one_block_and_capacity_sizes_it():
+    full, spans = _batch([2, 4, 3], length=7)
+    trimmed = Units(full.vectors[:, 1:6], full.mask[:, 1:6])  # columns cut off as Scorer.embed does
+    second, second_spans = _batch([1, 2], length=4, offset=1000)
+    batches = [(["a", "b", "c"], trimmed, [(a - 1, b - 1) for a, b in spans]), (["d", "e"], second, second_spans)]
+    grown, sized = _store("append", batches), _store("append", batches, capacity=12)
+    # only the rows within the spans are written (2 + 4 + 3, then 1 + 2), not the batches' padded 3 x 5 and 2 x 4
+    assert grown.written == grown.live == sized.written == 12
+    assert grown.fields[0].shape[0] == 18 and sized.fields[0].shape[0] == 12  # 9 rows, doubled; made to size
+    assert grown.fields[0].data_ptr() != trimmed.vectors.data_ptr()  # a copy: the batch can be freed
+    for arena in (grown, sized):
+        _assert_gathers(arena, batches, ["e", "a", "d", "c", "b"])
+        with OpTrace() as trace:
+            arena.gather(torch.tensor(arena.index(["e", "a"]).rows), arena.index(["e", "a"]))
+        assert [op.name for op in trace.kernel_ops].count("aten::index_select") == 2  # one per field
 
 
 @pytest.mark.parametrize("zero_padding", [False, True])
 def test_a_selecting_gather_reads_the_selected_texts(zero_padding):
     """``gather(rows, where, select)`` equals the gather's rows ``select`` (each text as often as it is
-    selected, in that order), without gathering the unselected result; texts of several runs raise."""
+    selected, in that order), without gathering the unselected result."""
     first, first_spans = _batch([2, 4, 0], length=6)
     second, second_spans = _batch([1, 3], length=5, offset=1000)
-    arena = TokenArena(Units, zero_padding=zero_padding)
-    arena.add(["a", "b", "e"], first, first_spans)
-    arena.add(["c", "d"], second, second_spans)
+    arena = _store("add", [(["a", "b", "e"], first, first_spans), (["c", "d"], second, second_spans)],
+                   zero_padding=zero_padding)
     where = arena.index(["c", "a", "e", "d"])
     rows, select = torch.tensor(where.rows), torch.tensor([3, 0, 0, 2, 1, 3])
     got, expected = arena.gather(rows, where, select), arena.gather(rows, where).select(select)
     assert torch.equal(got.mask, expected.mask) and torch.equal(got.vectors, expected.vectors)
     assert got.mask.shape == (6, 3)
-    split = TokenArena.of([(["a", "b", "e"], first, first_spans), (["c", "d"], second, second_spans)])
-    where = split.index(["c", "a"])
-    with pytest.raises(ValueError, match="one block"):
-        split.gather(torch.tensor(where.rows), where, torch.tensor([0]))
 
 
-def test_of_packs_each_batch_into_the_rows_of_its_spans_and_storage_order_makes_one_run_per_batch():
-    full, spans = _batch([2, 4, 3], length=7)
-    trimmed = Units(full.vectors[:, 1:6], full.mask[:, 1:6])  # columns cut off as Scorer.embed does
-    second, second_spans = _batch([1, 2], length=4, offset=1000)
-    batches = [(["a", "b", "c"], trimmed, [(a - 1, b - 1) for a, b in spans]), (["d", "e"], second, second_spans)]
-    arena = TokenArena.of(batches)
-    # only the rows within the spans are kept (2 + 4 + 3 and 1 + 2), not the batches' padded 3 x 5 and 2 x 4
-    assert [block[0].shape[0] for block in arena.blocks] == [9, 3] and arena.size == arena.live == 12
-    assert arena.blocks[0][0].data_ptr() != trimmed.vectors.data_ptr()  # a copy: the batch can be freed
-    keys = arena.in_storage_order(["e", "a", "d", "c", "b"])
-    assert keys == ["a", "b", "c", "d", "e"] and arena.index(keys).runs == ((0, 3), (1, 2))
-    _assert_gathers(arena, batches, keys)
-
-
-def test_keep_stores_each_batch_as_views_and_gathers_what_pack_gathers():
-    full, spans = _batch([2, 4, 3], length=7)
-    trimmed = Units(full.vectors[:, 1:6], full.mask[:, 1:6])  # columns cut off as Scorer.embed does
-    second, second_spans = _batch([1, 2], length=4, offset=1000)
-    batches = [(["a", "b", "c"], trimmed, [(a - 1, b - 1) for a, b in spans]), (["d", "e"], second, second_spans)]
-    kept, packed = TokenArena(Units), TokenArena.of(batches)
-    for batch in batches:
-        kept.keep(*batch)
-    assert kept.blocks[0][0].data_ptr() == trimmed.vectors.data_ptr()  # a view of the batch: no copy
-    assert kept.size == 3 * 7 - 2 + 2 * 4 and kept.live == packed.live == 12  # padded rows held, 12 of them live
-    keys = kept.in_storage_order(["e", "a", "d", "c", "b"])
-    assert keys == ["a", "b", "c", "d", "e"] and kept.index(keys).runs == ((0, 3), (1, 2))
-    _assert_gathers(kept, batches, keys)
-    for got, expected in zip(kept.flat(keys), packed.flat(keys)):
-        assert torch.equal(got.vectors, expected.vectors) and torch.equal(got.mask, expected.mask)
-
-
-def test_flat_reads_the_units_of_the_texts_block_by_block_without_padding():
+@pytest.mark.parametrize("build", ["append", "add"])
+def test_flat_reads_the_units_of_the_texts_without_padding(build):
     first, first_spans = _batch([2, 4, 0], length=6)
     second, second_spans = _batch([1, 3], length=5, offset=1000)
     batches = [(["a", "b", "e"], first, first_spans), (["c", "d"], second, second_spans)]
-    for arena in (TokenArena.of(batches), TokenArena(Units)):
-        if not arena.blocks:
-            for batch in batches:
-                arena.add(*batch)
-        keys = ["d", "a", "e", "b"]
-        parts = list(arena.flat(keys))
-        vectors, mask = _naive_gather(batches, keys)
-        expected = vectors[mask]  # every unit of the texts, none of their padding
-        got = torch.cat([p.vectors[p.mask] for p in parts])
-        assert sorted(got.sum(-1).tolist()) == sorted(expected.sum(-1).tolist())
-        assert sum(p.mask.shape[0] for p in parts) == 2 + 4 + 3 and list(arena.flat([])) == []
+    arena = _store(build, batches)
+    keys = ["d", "a", "e", "b"]
+    got = arena.flat(keys)
+    vectors, mask = _naive_gather(batches, keys)
+    assert got.mask.shape[0] == 3 + 2 + 0 + 4 and got.mask.all()  # every unit of the texts, none of their padding
+    torch.testing.assert_close(got.vectors, vectors[mask])
+    assert arena.flat([]) is None
+
+
+def test_transform_rewrites_every_written_row_once_and_leaves_the_zero_row_zero():
+    first, first_spans = _batch([2, 4, 0], length=6, offset=1)
+    second, second_spans = _batch([1, 3], length=5, offset=1000)
+    batches = [(["a", "b", "e"], first, first_spans), (["c", "d"], second, second_spans)]
+    arena = _store("append", batches, zero_padding=True, capacity=64)
+    seen = []
+
+    def double(x, mask):
+        seen.append(x.shape[0])
+        x.mul_(2)
+    arena.transform_(double, step=4)
+    assert seen == [4, 4, 3]  # the 1 + 10 rows written (the zero row, then the units), 4 at a time, not the 64
+    where = arena.index(["d", "a"])
+    got = arena.gather(torch.tensor(where.rows), where)
+    vectors, mask = _naive_gather(batches, ["d", "a"])
+    torch.testing.assert_close(got.vectors, 2 * vectors)  # padding: the zero row, still zero
+    TokenArena(Units).transform_(double)  # an empty arena: nothing to do
+    assert seen == [4, 4, 3]
 
 
 def test_flat_rows_is_a_view_when_the_columns_are_evenly_strided_and_a_copy_otherwise():
@@ -161,64 +162,49 @@ def test_flat_rows_is_a_view_when_the_columns_are_evenly_strided_and_a_copy_othe
     torch.testing.assert_close(flat[3 * pitch + 1], x[1, 3])
 
 
-def test_empty_texts_join_a_neighbours_run_and_a_batch_of_them_holds_no_rows():
+def test_a_batch_of_empty_texts_holds_no_rows():
     empty = Units(torch.zeros(2, 0, 3), torch.zeros(2, 0, dtype=torch.bool))
     full, spans = _batch([2], length=3)
     batches = [(["x", "y"], empty, [(0, 0), (0, 0)]), (["a"], full, spans)]
-    arena = TokenArena.of(batches)
-    assert arena.blocks[0][0].shape == (0, 3)
-    assert arena.index(["x", "a", "y"]).runs == ((1, 3),)
+    arena = _store("append", batches)
+    assert arena.written == 2
     _assert_gathers(arena, batches, ["x", "a", "y"])
     assert _gather(arena, ["y", "x"]).mask.shape == (2, 0)
     assert arena.all_have_units(["a"]) and not arena.all_have_units(["a", "y"]) and arena.all_have_units([])
 
 
-def test_spans_must_lie_within_the_batch():
+@pytest.mark.parametrize("build", ["append", "add"])
+def test_spans_must_lie_within_the_batch(build):
     units, _ = _batch([2], length=4)
     with pytest.raises(ValueError, match="not within its 4 columns"):
-        TokenArena(Units).add(["a"], units, [(1, 5)])
+        getattr(TokenArena(Units), build)(["a"], units, [(1, 5)])
     with pytest.raises(ValueError, match="1 keys for 2 spans"):
-        TokenArena(Units).add(["a"], units, [(1, 3), (0, 0)])
+        getattr(TokenArena(Units), build)(["a"], units, [(1, 3), (0, 0)])
 
 
-def test_compaction_keeps_only_the_spans():
-    units, spans = _batch([1, 1, 1], length=8)  # 24 rows written, 3 within spans: holes outnumber them
-    arena = TokenArena(Units)
-    arena.add(["a", "b", "c"], units, spans)
+def test_compaction_keeps_only_the_spans_and_later_adds_grow_the_compacted_block():
+    first, first_spans = _batch([1, 1, 1], length=8)  # 24 rows written, 3 within spans: holes outnumber them
+    second, second_spans = _batch([3], length=4, offset=2000)
+    batches = [(["a", "b", "c"], first, first_spans), (["f"], second, second_spans)]
+    arena = _store("add", batches[:1])
     before = _gather(arena, ["c", "a"])
-    arena.compact()
-    assert arena.size == 3 and arena.live == 3
-    torch.testing.assert_close(_gather(arena, ["c", "a"]).vectors, before.vectors)
-
-
-def test_compaction_merges_the_blocks_and_later_adds_grow_the_merged_one():
-    first, first_spans = _batch([1, 1, 1], length=8)
-    second, second_spans = _batch([2, 1], length=6, offset=1000)
-    third, third_spans = _batch([3], length=4, offset=2000)
-    batches = [(["a", "b", "c"], first, first_spans), (["d", "e"], second, second_spans),
-               (["f"], third, third_spans)]
-    arena = TokenArena(Units)
-    arena.add(*batches[0])  # 24 rows in the growable block
-    arena.pack(*batches[1])  # a packed block of 3 rows
     arena.remove("b")
-    arena.compact()  # 27 rows held, 5 within spans
-    assert len(arena.blocks) == 1 and arena.size == arena.live == 5
-    arena.add(*batches[2])
-    keys = ["e", "f", "a", "d", "c"]
-    assert arena.index(keys).runs == ((0, 5),)
-    _assert_gathers(arena, batches, keys)
+    arena.compact()
+    assert arena.written == arena.live == 2
+    torch.testing.assert_close(_gather(arena, ["c", "a"]).vectors, before.vectors)
+    arena.add(*batches[1])
+    _assert_gathers(arena, batches, ["f", "a", "c"])
 
 
 def test_zero_padding_reads_zeros_after_adds_compaction_and_clear():
     """A token cloud's padding must be exactly 0 (the transport relies on it): with ``zero_padding`` the
-    growable block keeps row 0 zero (mask False), where a gather's padding reads from, through
-    compaction and clearing, so a gather is one ``index_select`` per field, nothing to mask. Every
-    stored vector entry here is non-zero."""
+    block keeps row 0 zero (mask False), where a gather's padding reads from, through compaction and
+    clearing, so a gather is one ``index_select`` per field, nothing to mask. Every stored vector
+    entry here is non-zero."""
     first, first_spans = _batch([2, 4], length=6, offset=1)
     second, second_spans = _batch([1, 3], length=5, offset=1000)
     batches = [(["a", "b"], first, first_spans), (["c", "d"], second, second_spans)]
-    plain = TokenArena(Units)
-    plain.add(*batches[0])
+    plain = _store("add", batches[:1])
     padding = ~_gather(plain, ["a", "b"]).mask
     assert _gather(plain, ["a", "b"]).vectors[padding].abs().min() > 0  # without it: row 0's units
     arena = TokenArena(Units, zero_padding=True)
@@ -229,7 +215,7 @@ def test_zero_padding_reads_zeros_after_adds_compaction_and_clear():
         elif step == "compact":
             arena.remove("b")
             arena.compact()
-            assert arena.size == arena.live + 1 == 7  # compacted: the live rows after the zero row
+            assert arena.written == arena.live + 1 == 7  # compacted: the live rows after the zero row
         else:
             arena.clear()
             arena.add(*batches[1])

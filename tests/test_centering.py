@@ -193,3 +193,33 @@ def test_module_validates_arguments():
         Centering("corpus")
     with pytest.raises(ValueError, match="momentum"):
         Centering("running", momentum=0.0)
+
+
+@pytest.mark.parametrize("mode", ["none", "fixed", "running", "batch"])
+def test_shift_is_what_eval_mode_subtracts_from_every_token(mode):
+    """``x − shift`` equals the module's eval-mode centering on every real token, to the bit, so a store
+    of token vectors can be centered once, row by row."""
+    torch.manual_seed(0)
+    x, mask = torch.randn(3, 5, 4), torch.rand(3, 5) > 0.3
+    module = Centering(mode, dim=4)
+    if mode in ("fixed", "running"):
+        module.fit(torch.randn(2, 6, 4) + 1)
+    module.eval()
+    mean = torch.randn(4) if mode == "batch" else None
+    shift = module.shift(mean)
+    centered = module(x, mask, mean)
+    expected = x if shift is None else x - shift
+    assert torch.equal(centered[mask], expected[mask])
+    assert (shift is None) == (mode == "none")
+
+
+def test_shift_refuses_what_depends_on_the_tokens():
+    for mode in ("sentence", "dimension", "batch"):
+        with pytest.raises(ValueError, match="one vector"):
+            Centering(mode, dim=4).eval().shift()
+    with pytest.raises(ValueError, match="one vector"):
+        Centering("none", dim=4).train().shift()
+    with pytest.raises(ValueError, match="explicit mean"):
+        Centering("fixed", dim=4).eval().shift(torch.zeros(4))
+    with pytest.raises(RuntimeError, match="no mean yet"):
+        Centering("fixed", dim=4).eval().shift()

@@ -159,3 +159,40 @@ def test_every_direction_at_once_equals_each_alone_with_each_term_computed_once(
     assert len(calls) == (3 if own_f1 else 2) * (3 if normalize else 1)
     with pytest.raises(ValueError, match="ref_self holds the self-terms of one direction"):
         pair_similarities(term, hyps, refs, directions=("precision", "recall"), ref_self=torch.ones(3))
+
+
+def test_unit_vectors_in_place_equal_the_out_of_place_ones_to_the_bit():
+    torch.manual_seed(0)
+    x, mask = torch.randn(4, 6, 5), torch.rand(4, 6) > 0.3
+    x[0, 1] = 0.0  # a zero vector of a real token: stays 0
+    mask[0, 1] = True
+    expected = family._unit_vectors(x, mask, finite_padding=True)
+    got = x.clone()
+    assert family.unit_vectors_(got, mask) is got and torch.equal(got, expected)
+    assert torch.equal(got[~mask], torch.zeros_like(got[~mask]))
+
+
+@pytest.mark.parametrize("weights", ["uniform", "with zeros"])
+@pytest.mark.parametrize("zero_mass_targets", [False, True])
+@pytest.mark.parametrize("nonempty", [False, True])
+def test_a_cloud_of_unit_vectors_equals_the_cloud_of_the_raw_vectors(weights, zero_mass_targets, nonempty):
+    """``token_cloud(unit_vectors=True)`` of vectors normalised once (:func:`unit_vectors_`) is the cloud
+    of the raw vectors, field by field, to the bit: the tokens a zero weight drops are zeroed, an empty
+    text gets its placeholder, and the vectors passed in are not modified."""
+    torch.manual_seed(1)
+    x, mask = torch.randn(4, 6, 5), torch.rand(4, 6) > 0.3
+    mask[:, 0] = True
+    w = None
+    if weights == "with zeros":
+        w = torch.rand(4, 6) * (torch.rand(4, 6) > 0.4)
+        w[:, 0] = 1.0
+    if not nonempty:
+        mask[2] = False  # an empty text
+    units = family.unit_vectors_(x.clone(), mask)
+    kept = units.clone()
+    options = dict(zero_mass_targets=zero_mass_targets, nonempty=nonempty, validate=False)
+    got = family.token_cloud(units, mask, w, unit_vectors=True, **options)
+    expected = family.token_cloud(x, mask, w, finite_padding=True, **options)
+    for a, b in zip(got, expected):
+        assert (a is None and b is None) or torch.equal(a, b)
+    assert torch.equal(units, kept)

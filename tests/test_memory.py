@@ -1,6 +1,6 @@
 """What bounds a scoring call's memory: encoder batches of bounded padded area, longest first; the
-encoder's last state alone once it is known to be the layer's; the batch mean summed block by block
-(never every text padded to one width). The measured peaks are in bench/results/bench_corpus_memory.md."""
+encoder's last state alone once it is known to be the layer's; the batch mean summed from the stored
+units (never every text padded to one width). The measured peaks are in bench/results/bench_corpus_memory.md."""
 import torch
 from torch import nn
 

@@ -155,12 +155,31 @@ class Centering(nn.Module):
                 batch_mean, n_tokens = token_mean(x, mask), int(mask.sum())
             self._update_running_mean(batch_mean.detach(), n_tokens)
             return center(x, mask, "fixed", batch_mean)
+        self._check_fitted()
+        return center(x, mask, "fixed", self.mean)
+
+    def _check_fitted(self) -> None:
         if not self.fitted:
             raise RuntimeError(
                 f"Centering(mode={self.mode!r}) has no mean yet: call fit(...) on a corpus first"
                 + (" or run it in training mode" if self.mode == "running" else "")
             )
-        return center(x, mask, "fixed", self.mean)
+
+    def shift(self, mean: Tensor | None = None) -> Tensor | None:
+        """The ``[D]`` vector that :meth:`forward` subtracts from every real token in eval mode, where it
+        subtracts one vector whatever the other tokens: ``None`` for ``none``, the fitted mean for
+        ``fixed`` and ``running``, the explicit ``mean`` for ``batch``. So a store of token vectors can
+        be centered once, row by row (``x - shift``, the same values as :meth:`forward`'s). Raises
+        ``ValueError`` where the vector depends on the tokens (``sentence``, ``dimension``, ``batch``
+        without ``mean``, training mode), and as :meth:`forward` does without a fitted mean."""
+        if mean is not None and self.mode != "batch":
+            raise ValueError(f"an explicit mean is only defined for mode='batch', this module uses {self.mode!r}")
+        if self.training or self.mode in ("sentence", "dimension") or (self.mode == "batch" and mean is None):
+            raise ValueError(f"Centering(mode={self.mode!r}{', training' if self.training else ''}) does not "
+                             "subtract one vector from every token")
+        if self.mode in ("fixed", "running"):
+            self._check_fitted()
+        return None if self.mode == "none" else mean if mean is not None else self.mean
 
     def batch_mean(self, x: Tensor, mask: Tensor) -> Tensor:
         """``[D]`` the mean that ``batch`` mode subtracts from ``x`` (``[B, L, D]``, ``mask``: ``[B, L]``):

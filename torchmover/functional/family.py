@@ -138,8 +138,21 @@ def _unit_vectors(x: Tensor, mask: Tensor, finite_padding: bool = False) -> Tens
     there does no harm. Real tokens are divided by their norms either way, to the bit."""
     if not finite_padding:
         x = torch.where(mask.unsqueeze(-1), x, 0.0)
+    return x / _divisors(x, mask)
+
+
+def unit_vectors_(x: Tensor, mask: Tensor) -> Tensor:
+    """:func:`_unit_vectors` of a finite ``x`` ``[..., D]`` in place (no autograd): each unit of ``mask``
+    divided by its norm, every other unit (and a zero vector) made exactly 0; the same values to the
+    bit. For a store of token vectors that many batches read (:meth:`TokenArena.transform_
+    <torchmover._internal.arena.TokenArena.transform_>`): normalised once, not at every read."""
+    return x.div_(_divisors(x, mask))
+
+
+def _divisors(x: Tensor, mask: Tensor) -> Tensor:
+    """``‖x‖`` per unit ``[..., 1]``, ``inf`` at units off ``mask`` and at zero vectors (``x / inf = 0``)."""
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-    return x / torch.where(mask.unsqueeze(-1) & (norm > 0), norm, torch.inf)
+    return torch.where(mask.unsqueeze(-1) & (norm > 0), norm, torch.inf)
 
 
 def _placeholder_for_empty(x: Tensor, mask: Tensor, w: Tensor, empty: Tensor):
@@ -176,7 +189,7 @@ class TokenCloud(NamedTuple):
 
 def token_cloud(x: Tensor, mask: Tensor, weights: Tensor | None = None, *, dtype: torch.dtype | None = None,
                 name: str = "weights", zero_mass_targets: bool = False, validate: bool = True,
-                nonempty: bool = False, finite_padding: bool = False) -> TokenCloud:
+                nonempty: bool = False, finite_padding: bool = False, unit_vectors: bool = False) -> TokenCloud:
     """The :class:`TokenCloud` of token vectors ``x`` ``[N, L, D]`` with ``mask`` ``[N, L]`` and optional
     non-negative ``weights`` ``[N, L]`` (uniform over real tokens if None), in ``dtype`` (default: ``x``'s
     promoted to at least float32). ``validate=True`` raises for NaN, infinite or negative weights (of
@@ -196,11 +209,21 @@ def token_cloud(x: Tensor, mask: Tensor, weights: Tensor | None = None, *, dtype
     ``finite_padding=True`` promises that ``x`` is finite at padding (as an encoder's output is),
     which saves a pass over ``x`` (see :func:`_unit_vectors`); unchecked too: a NaN or inf there
     would make NaN scores. By default padding may hold anything (NaN included).
+
+    ``unit_vectors=True`` promises that ``x`` holds unit vectors already, exactly 0 off ``mask`` (as
+    :func:`unit_vectors_` leaves them): they are not normalised again, only the tokens that a zero
+    weight drops are zeroed. ``x`` is not modified (it is copied where an empty text needs its
+    placeholder).
     """
     dtype = dtype or torch.promote_types(x.dtype, torch.float32)
     mass, massive = _masses(mask, None if weights is None else weights.to(dtype), name, dtype, validate, nonempty)
     mask = mask if zero_mass_targets else massive
-    vectors = _unit_vectors(x.to(dtype), mask, finite_padding)
+    if not unit_vectors:
+        vectors = _unit_vectors(x.to(dtype), mask, finite_padding)
+    elif weights is None or zero_mass_targets:  # the mask is the one x is zero off
+        vectors = x.to(dtype) if nonempty else x.to(dtype, copy=True)
+    else:
+        vectors = torch.where(mask.unsqueeze(-1), x.to(dtype), 0.0)
     if nonempty:
         return TokenCloud(vectors, mask, mass, None)
     empty = ~massive.any(-1)

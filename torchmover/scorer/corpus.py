@@ -6,12 +6,15 @@ As the peers do it: the pairs are taken in chunks of ``SCORE_CHUNK`` hypotheses 
 ``SCORE_CHUNK_REFERENCES`` references (:func:`score_chunks`, in input order); every distinct
 text of a chunk is tokenized and encoded once, in batches of at most ``batch_size`` texts of similar
 token count, longest first,
-each batch packed into a :class:`~torchmover._internal.arena.TokenArena` (only the rows of its texts'
-units are kept; :meth:`~torchmover._internal.arena.TokenArena.pack`). Then the chunk's pairs are
-scored in batches of at most ``batch_size`` hypotheses of similar length, by the length of their
-longest text in units (:func:`~torchmover.scorer.plan.length_batches`), each gathered from the arena
-by a :class:`~torchmover.scorer.plan.BatchPlan` built on the host; the plans of a chunk are sent in
-one transfer. The scores stay on the device until the end: nothing in the loop waits for it.
+each batch's units copied into the one block of a :class:`~torchmover._internal.arena.TokenArena`
+(only the rows of its texts' units: :meth:`~torchmover._internal.arena.TokenArena.append`). Where each
+unit's centered unit vector depends on nothing but itself (no centering, a fitted mean, or the
+call's ``batch`` mean), every unit is then centered and normalised there once
+(:func:`unit_vectors_once`). Then the chunk's pairs are scored in batches of at most ``batch_size``
+hypotheses of similar length, by the length of their longest text in units
+(:func:`~torchmover.scorer.plan.length_batches`), each gathered from the arena (one ``index_select``
+per field) by a :class:`~torchmover.scorer.plan.BatchPlan` built on the host; the plans of a chunk are
+sent in one transfer. The scores stay on the device until the end: nothing in the loop waits for it.
 
 Memory is bounded by the chunk: its arena (the units of its distinct texts, no padding) and one
 encoder batch's working memory. Texts are encoded longest first so that each batch's working memory
@@ -20,8 +23,8 @@ before it, and the allocator would keep growing the heap).
 
 Under ``batch`` centering a first pass computes the mean of every real token of the call's distinct
 texts (:func:`call_means`), the set that ``Scorer.forward`` on the whole list centers on, so both give
-the same scores whatever the batch size. It sums the units block by block, never padding the call's
-texts to one width. (A call of more than ``SCORE_CHUNK`` hypotheses encodes all but its last chunk
+the same scores whatever the batch size. It sums the units of each chunk's arena, never padding the
+call's texts to one width. (A call of more than ``SCORE_CHUNK`` hypotheses encodes all but its last chunk
 twice, once for the mean, to bound memory.)
 
 **Sharded** (``distributed=True`` under ``torch.distributed``): every rank passes the same list; each
@@ -46,6 +49,7 @@ from torch import Tensor, nn
 from .._internal.arena import TokenArena
 from .._internal.transfer import send_plans
 from ..functional.centering import token_sum
+from ..functional.family import unit_vectors_
 from ..functional.members import get_member
 from ..runtime.distributed import all_gather_shares, all_reduce_sum, check_same_on_every_rank, is_distributed
 from ..runtime.progress import PairProgress
@@ -176,12 +180,37 @@ def score_chunk(scorer: nn.Module, hyps: list[str], groups: list[list[str]], bat
     if arena is None:
         arena = embed_distinct(scorer, distinct_texts(mine_h, mine_g), batch_size, credit(bar, len(hyps)))
     device = scorer.encoder.device
+    unit = unit_vectors_once(scorer, arena, means)
     out = torch.zeros(3 if return_all else 1, len(mine_h), device=device)
     for plan in send_plans(batch_plans(arena, mine_h, mine_g, batch_size), device):
         scores = scorer.score_call(plan.call, arena.gather(plan.rows, plan.where), return_all=return_all,
-                                   means=means, nonempty=plan.nonempty)
+                                   means=None if unit else means, nonempty=plan.nonempty, unit_vectors=unit)
         out.index_copy_(1, plan.positions, torch.stack(list(scores) if return_all else [scores]).float())
     return out if group is None else all_gather_shares(out, share.sizes, group)
+
+
+def unit_vectors_once(scorer: nn.Module, arena: TokenArena, means: tuple[Tensor, ...] | None) -> bool:
+    """Center and normalise every unit of ``arena`` in place, once, where each unit's centered unit
+    vector depends on nothing but itself — ``(x − c) / ‖x − c‖`` with one vector ``c`` for every text
+    (:meth:`Centering.shift <torchmover.Centering.shift>`: no centering, a fitted mean, or the call's
+    ``batch`` mean ``means``, shared by both sides) — and the family reads the units as they are (no
+    n-grams, no sentence movers). Then every pair batch gathers unit vectors, and nothing is centered
+    or normalised per batch: the same values to the bit, computed once per text instead of once per
+    batch it is read in. Returns whether it did (else the arena is left as it is)."""
+    c, centering = scorer.config, scorer.centering
+    if get_member(c.method).documents or c.ngram > 1 or c.center_scope != "joint" or centering.training:
+        return False
+    if centering.mode in ("sentence", "dimension") or (centering.mode == "batch" and means is None):
+        return False
+    shift = centering.shift(None if means is None else means[0])
+
+    def center_and_normalize(x: Tensor, mask: Tensor) -> None:
+        if shift is not None:
+            x.sub_(shift.to(x))
+        unit_vectors_(x, mask)
+
+    arena.transform_(center_and_normalize)
+    return True
 
 
 def credit(bar: PairProgress | None, pairs: int):
@@ -191,17 +220,16 @@ def credit(bar: PairProgress | None, pairs: int):
 
 
 def batch_plans(arena: TokenArena, hyps: list[str], groups: list[list[str]], batch_size: int) -> list[BatchPlan]:
-    """The host plans of the pair batches of ``(hyps, groups)``, whose texts are in ``arena``: batches of
-    similar length (each pair's longest text in units, known on the host), the texts of each side in
-    storage order (few runs to gather)."""
+    """The host plans of the pair batches of ``(hyps, groups)``, whose texts are in ``arena`` (one block,
+    :func:`embed_distinct`): batches of similar length (each pair's longest text in units, known on the
+    host), the distinct texts in order of appearance, hypotheses first, so that where every pair has
+    texts of its own the pairs are the gathered rows as they lie (nothing to select after the gather)."""
     n_units = arena.widths()
     longest = [max(n_units[h], *map(n_units.__getitem__, g)) for h, g in zip(hyps, groups)]
     plans = []
     for positions in length_batches(longest, batch_size):
         batch_hyps, batch_groups = [hyps[i] for i in positions], [groups[i] for i in positions]
         texts = distinct_texts(batch_hyps, batch_groups)
-        n_hyp_texts = len(dict.fromkeys(batch_hyps))  # first; each side in storage order
-        texts = [*arena.in_storage_order(texts[:n_hyp_texts]), *arena.in_storage_order(texts[n_hyp_texts:])]
         where = arena.index(texts)
         plans.append(BatchPlan(positions, where.rows, where, call_plan(batch_hyps, batch_groups, texts),
                                arena.all_have_units(texts)))
@@ -248,8 +276,8 @@ def token_sums(scorer: nn.Module, chunks: Iterable[tuple[list[str], list[list[st
                sides: Sequence[str | None], *, group=None, sum_group=None, bar: PairProgress | None = None,
                weight: float = 1.0) -> tuple[Tensor, TokenArena | None, Share | None]:
     """``[len(sides), D + 1]`` float64: per side (:func:`side_texts`), the sum of the unit vectors of the
-    distinct texts of every chunk and their number (each distinct text counted once), summed block by
-    block from the arena of each chunk's texts of those sides (never padded to one width).
+    distinct texts of every chunk and their number (each distinct text counted once), summed from the
+    arena of each chunk's texts of those sides (never padded to one width).
 
     ``group``: the chunks are shared out among its ranks (:func:`chunk_share`); each text is counted
     by its owner (:func:`owned_texts`), and the sums are all-reduced over ``group``. ``sum_group``:
@@ -271,7 +299,8 @@ def token_sums(scorer: nn.Module, chunks: Iterable[tuple[list[str], list[list[st
             else:
                 texts = side_texts(hyps, groups, side)
                 counted = owned_texts(seen[side].new(texts), texts, side, groups, share) if group else seen[side].new(texts)
-            for units in arena.flat(arena.in_storage_order(counted)):
+            units = arena.flat(arena.in_storage_order(counted))
+            if units is not None:
                 stats[k, :-1] += token_sum(units.vectors[None], units.mask[None], torch.float64)
                 stats[k, -1] += units.mask.sum()
     if group is not None or sum_group is not None:
@@ -291,35 +320,30 @@ def owned_texts(new: list[str], texts: list[str], side: str | None, groups: list
     return [t for t in new if share.start <= first[t] < share.stop]
 
 
-KEEP_FILL = 0.75
-"""An encoded batch at least this full of its texts' units is kept as it came (no copy); a sparser
-one is packed to its units (:func:`embed_distinct`). Batches of similar lengths are mostly full, so
-most are kept: copying a full batch frees little padding for a pass over all its vectors, and what a
-kept batch holds is at most a third more than its units."""
-
-
 def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_batch=None) -> TokenArena:
     """Units of every distinct text of ``texts`` (keyed by text), encoded in :func:`encoder_batches`,
-    the longest batch first, each batch stored in the arena as soon as it is encoded: kept as it
-    came, or packed to its units if it is mostly padding (:data:`KEEP_FILL`).
+    the longest batch first, each batch's units copied into the arena's one block as soon as it is
+    encoded, without its padding (:meth:`TokenArena.append <torchmover._internal.arena.TokenArena.append>`),
+    so that any pair batch is one gather from it and an encoder batch's working memory is freed before
+    the next runs. The vectors are kept in float32 or wider (what the transport runs in), whatever the
+    encoder's precision.
 
     The texts are tokenized once, here (:meth:`Scorer.tokenize <torchmover.Scorer.tokenize>`), and
     batched by their token counts, so that a batch pads little; each batch's tokens go to the encoder
-    as they are. (The sentence movers, which encode each sentence of a document, are batched by
-    characters.) ``on_batch(fraction)``: called after each batch with the fraction of the texts'
-    length it encoded (a progress bar's credit)."""
+    as they are, and the block is made as large as their token count (no block grows). (The sentence
+    movers, which encode each sentence of a document, are batched by characters.) ``on_batch(fraction)``:
+    called after each batch with the fraction of the texts' length it encoded (a progress bar's credit)."""
     texts = list(dict.fromkeys(texts))
     tokenized = None if get_member(scorer.config.method).documents or not texts else scorer.tokenize(texts)
     lengths = list(map(len, texts if tokenized is None else tokenized["input_ids"]))
-    arena = TokenArena(Units)
+    arena = TokenArena(Units, zero_padding=True, capacity=0 if tokenized is None else 1 + sum(lengths))
     total = sum(lengths) or 1
     for batch in encoder_batches(lengths, batch_size):
         batch_texts = [texts[i] for i in batch]
         units, spans = scorer.embed_with_spans(batch_texts, None if tokenized is None else take_tokens(tokenized, batch))
-        real = sum(stop - first for first, stop in spans)
-        store = arena.keep if real >= KEEP_FILL * units.mask.numel() else arena.pack
-        store(batch_texts, units, spans)
-        del units  # a packed batch's padding is freed before the next batch runs
+        arena.append(batch_texts, units._replace(vectors=units.vectors.to(torch.promote_types(units.vectors.dtype,
+                                                                                               torch.float32))), spans)
+        del units  # the batch's encoder output is freed before the next batch runs
         if on_batch is not None:
             on_batch(sum(lengths[i] for i in batch) / total)
     return arena

@@ -375,20 +375,22 @@ class Scorer(nn.Module):
         return units.centered(self.centering, mean)
 
     def score_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int,
-                    ref_self: Tensor | None = None, *, nonempty: bool = False) -> Tensor:
+                    ref_self: Tensor | None = None, *, nonempty: bool = False, unit_vectors: bool = False) -> Tensor:
         """Scores ``[n_hyps]`` of centered units: rows ``index.hyp`` of ``hyp`` against rows
         ``index.ref`` of ``ref`` (n-grams, then the family member), several references combined by
         ``multi_ref``, rescaled if ``rescale``. Each text's self-term ``C(X, X)`` is computed once,
         however many pairs it is in; ``ref_self`` may supply the references' (:meth:`self_similarities`,
         e.g. cached). ``ref`` may also be the references' :class:`~torchmover.functional.family.TokenCloud`
         (:meth:`token_clouds`, e.g. cached; not for the sentence movers). ``nonempty``: every text of
-        both has a unit, as known on the host (see :meth:`token_clouds`)."""
+        both has a unit, as known on the host; ``unit_vectors``: their vectors are unit vectors already
+        (see :meth:`token_clouds`)."""
         direction = self.config.direction
-        scores = self._pair_scores(hyp, ref, index, (direction,), ref_self, nonempty=nonempty)[direction]
+        scores = self._pair_scores(hyp, ref, index, (direction,), ref_self, nonempty=nonempty,
+                                   unit_vectors=unit_vectors)[direction]
         return self._rescale(self._combine_references(scores, index.owner, n_hyps), direction)
 
     def score_all_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int, *,
-                        nonempty: bool = False) -> PRF:
+                        nonempty: bool = False, unit_vectors: bool = False) -> PRF:
         """:meth:`score_pairs` in the three directions at once (one encoding, three transports):
         ``PRF`` of ``[n_hyps]`` tensors. Members without directions (wmd, moverscore, sbert, cka, the
         sentence movers) give their one score thrice. With several references and ``multi_ref="max"``
@@ -396,7 +398,7 @@ class Scorer(nn.Module):
         averaged."""
         c = self.config
         directions = PRF._fields if get_member(c.method).directed else (c.direction,)
-        scores = self._pair_scores(hyp, ref, index, directions, nonempty=nonempty)
+        scores = self._pair_scores(hyp, ref, index, directions, nonempty=nonempty, unit_vectors=unit_vectors)
         pairs = PRF(*(scores.get(d, scores[c.direction]) for d in PRF._fields))
         if index.owner is None:  # one reference per hypothesis
             combined = pairs
@@ -412,7 +414,8 @@ class Scorer(nn.Module):
         return PRF(*(self._rescale(s, d) for s, d in zip(combined, PRF._fields)))
 
     def _pair_scores(self, hyp: Units, ref: Units | TokenCloud, index: PairIndex, directions: tuple[str, ...],
-                     ref_self: Tensor | None = None, *, nonempty: bool = False) -> dict[str, Tensor]:
+                     ref_self: Tensor | None = None, *, nonempty: bool = False,
+                     unit_vectors: bool = False) -> dict[str, Tensor]:
         """``[P]`` scores of the pairs of ``index`` in each of ``directions`` (before combining
         references), from one token cloud of each side (:func:`~torchmover.functional.family.pair_similarities`)."""
         c, member = self.config, get_member(self.config.method)
@@ -422,8 +425,9 @@ class Scorer(nn.Module):
             scores = F.sentence_movers(h.vectors, r.vectors, h.mask, r.mask, h.sentence_ids, r.sentence_ids,
                                        variant=c.method, temperature=c.temperature, n_iter=c.n_iter or 1)
             return dict.fromkeys(directions, scores)
-        return pair_similarities(self._member_term(), self.token_clouds(hyp, "hyp", nonempty),
-                                 ref if isinstance(ref, TokenCloud) else self.token_clouds(ref, "ref", nonempty),
+        return pair_similarities(self._member_term(), self.token_clouds(hyp, "hyp", nonempty, unit_vectors),
+                                 ref if isinstance(ref, TokenCloud) else self.token_clouds(ref, "ref", nonempty,
+                                                                                           unit_vectors),
                                  index.hyp, index.ref, normalize=member.normalized,
                                  directions=directions, ref_self=ref_self)
 
@@ -436,21 +440,23 @@ class Scorer(nn.Module):
         b = getattr(self.baseline, direction)
         return (scores - b) / (1 - b)
 
-    def token_clouds(self, units: Units, side: str, nonempty: bool = False) -> TokenCloud:
+    def token_clouds(self, units: Units, side: str, nonempty: bool = False, unit_vectors: bool = False) -> TokenCloud:
         """Centered units of one ``side`` (``"hyp"`` / ``"ref"``: whose IDF weights) as the family's
         :class:`~torchmover.functional.family.TokenCloud` (n-grams formed first). ``nonempty``: every text's span
         is non-empty (:meth:`embed_with_spans`, known on the host). With uniform weights (no IDF, no
         n-grams, no zero-mass targets) and unpooled tokens, each text then has a token of positive
         mass, and its cloud is built without the empty-text placeholder; otherwise the flag is
         ignored. The units' padding must be finite, as the encoder's, the centering's and a
-        :class:`~torchmover._internal.arena.TokenArena`'s are (``token_cloud(finite_padding=True)``)."""
+        :class:`~torchmover._internal.arena.TokenArena`'s are (``token_cloud(finite_padding=True)``).
+        ``unit_vectors``: the vectors are centered unit vectors already, 0 off the mask (no n-grams;
+        ``token_cloud(unit_vectors=True)``)."""
         x, mask, weights = units.vectors, units.mask, units.hyp_weights if side == "hyp" else units.ref_weights
         if self.config.ngram > 1:
             x, mask, weights = ngrams(x, mask, mask.to(x.dtype) if weights is None else weights, self.config.ngram)
         return token_cloud(x, mask, weights, name=f"{side}_weights", validate=False,  # IDF: never negative
                            zero_mass_targets=self.config.special_tokens == "target",
                            nonempty=nonempty and weights is None and self.config.subwords != "mean",
-                           finite_padding=True)
+                           finite_padding=True, unit_vectors=unit_vectors)
 
     def self_similarities(self, units: Units | TokenCloud, side: str = "ref") -> Tensor | None:
         """``C(X, X)`` ``[N]`` of each text of centered ``units`` (or of their :meth:`token_clouds`), the
@@ -534,24 +540,27 @@ class Scorer(nn.Module):
                                                                                   return_all, means))
 
     def score_call(self, plan: CallPlan, units: Units, *, return_all: bool = False,
-                   means: tuple[Tensor, ...] | None = None, nonempty: bool = False) -> Tensor | PRF:
+                   means: tuple[Tensor, ...] | None = None, nonempty: bool = False,
+                   unit_vectors: bool = False) -> Tensor | PRF:
         """Center ``units`` (one row per distinct text of the call, hypotheses first) and score every
         pair of ``plan`` (``[B]``, or ``PRF``). ``means``: explicit batch-centering means (one, joint;
         or the hypotheses' and the references', separate / pairs) instead of those of ``units`` (see
-        :meth:`score`). ``nonempty``: every text has a unit (:meth:`token_clouds`)."""
+        :meth:`score`). ``nonempty``: every text has a unit (:meth:`token_clouds`). ``unit_vectors``:
+        the units are centered and normalised already (:func:`~torchmover.scorer.corpus.unit_vectors_once`)."""
         hyp_rows = slice(0, plan.n_hyp_texts)
         if means is None and self.config.center_scope == "pairs":
             means = self.pair_means(units, plan)
         hyp_mean, ref_mean = (None, None) if means is None else (means[0], means[-1])
-        if self.config.center_scope == "joint":
+        if unit_vectors:
+            hyp_units, ref_units = units.select(hyp_rows), units.select(plan.ref_rows)
+        elif self.config.center_scope == "joint":
             centered = self.center(units, hyp_mean)
             hyp_units, ref_units = centered.select(hyp_rows), centered.select(plan.ref_rows)
         else:
             hyp_units = self.center(units.select(hyp_rows), hyp_mean)
             ref_units = self.center(units.select(plan.ref_rows), ref_mean)
-        if return_all:
-            return self.score_all_pairs(hyp_units, ref_units, plan.index, plan.n_hyps, nonempty=nonempty)
-        return self.score_pairs(hyp_units, ref_units, plan.index, plan.n_hyps, nonempty=nonempty)
+        score = self.score_all_pairs if return_all else self.score_pairs
+        return score(hyp_units, ref_units, plan.index, plan.n_hyps, nonempty=nonempty, unit_vectors=unit_vectors)
 
     def pair_means(self, units: Units, plan: CallPlan) -> tuple[Tensor, Tensor]:
         """``center_scope="pairs"``: the hypotheses' and the references' batch means over the texts of
@@ -561,7 +570,10 @@ class Scorer(nn.Module):
         n_pairs = plan.n_hyps if index.owner is None else len(index.owner)
         every_pair = torch.arange(n_pairs, device=units.mask.device)
         hyp_rows = every_pair if index.hyp is None else index.hyp
-        ref_rows = plan.ref_rows.index_select(0, every_pair if index.ref is None else index.ref)
+        ref_rows = plan.ref_rows
+        if isinstance(ref_rows, slice):
+            ref_rows = torch.arange(ref_rows.start, ref_rows.stop, device=units.mask.device)
+        ref_rows = ref_rows.index_select(0, every_pair if index.ref is None else index.ref)
         return tuple(self.centering.batch_mean(*units.select(rows)[:2]) for rows in (hyp_rows, ref_rows))
 
     @torch.no_grad()

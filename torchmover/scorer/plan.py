@@ -33,11 +33,12 @@ class PairIndex(NamedTuple):
 
 class CallPlan(NamedTuple):
     """Where the texts of a call's pairs are, in the units of its distinct texts (hypotheses first):
-    the first ``n_hyp_texts`` rows are the distinct hypotheses, ``ref_rows`` the distinct references,
+    the first ``n_hyp_texts`` rows are the distinct hypotheses, ``ref_rows`` the distinct references
+    (a ``slice`` where they are the rows after the hypotheses, in order: read without a copy),
     ``index`` the pairs (into those two), ``n_hyps`` the hypotheses."""
 
     n_hyp_texts: int
-    ref_rows: list[int] | Tensor
+    ref_rows: list[int] | Tensor | slice
     index: PairIndex
     n_hyps: int
 
@@ -85,7 +86,10 @@ def call_plan(hyps: list[str], groups: list[list[str]], texts: list[str]) -> Cal
     ref_texts = list(dict.fromkeys(itertools.chain.from_iterable(groups)))
     hyp_rows = {t: row[t] for t in dict.fromkeys(hyps)}
     index = pair_index(hyps, groups, hyp_rows, {t: i for i, t in enumerate(ref_texts)})
-    return CallPlan(len(hyp_rows), [row[t] for t in ref_texts], index, len(hyps))
+    ref_rows = [row[t] for t in ref_texts]
+    if ref_rows == list(range(len(hyp_rows), len(hyp_rows) + len(ref_rows))):
+        ref_rows = slice(len(hyp_rows), len(hyp_rows) + len(ref_rows))
+    return CallPlan(len(hyp_rows), ref_rows, index, len(hyps))
 
 
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
