@@ -118,18 +118,23 @@ def test_a_selecting_gather_reads_the_selected_texts(zero_padding):
     assert got.mask.shape == (6, 3)
 
 
+@pytest.mark.parametrize("step", [1, 3, 4, 100])
 @pytest.mark.parametrize("build", ["append", "add"])
-def test_flat_reads_the_units_of_the_texts_without_padding(build):
+def test_flat_reads_the_units_of_the_texts_without_padding_in_bounded_pieces(build, step):
     first, first_spans = _batch([2, 4, 0], length=6)
     second, second_spans = _batch([1, 3], length=5, offset=1000)
     batches = [(["a", "b", "e"], first, first_spans), (["c", "d"], second, second_spans)]
     arena = _store(build, batches)
     keys = ["d", "a", "e", "b"]
-    got = arena.flat(keys)
+    pieces = list(arena.flat(keys, step=step))
     vectors, mask = _naive_gather(batches, keys)
-    assert got.mask.shape[0] == 3 + 2 + 0 + 4 and got.mask.all()  # every unit of the texts, none of their padding
-    torch.testing.assert_close(got.vectors, vectors[mask])
-    assert arena.flat([]) is None
+    got = torch.cat([p.vectors for p in pieces])
+    assert got.shape[0] == 3 + 2 + 0 + 4 and all(p.mask.all() for p in pieces)  # every unit, none of the padding
+    torch.testing.assert_close(got, vectors[mask])
+    assert all(p.mask.shape[0] <= max(step, 4) for p in pieces)  # at most step rows, or one longer text
+    rows = [p.mask.shape[0] for p in pieces]
+    assert all(a + b > step for a, b in zip(rows, rows[1:]))  # greedy: no two neighbours would fit in one
+    assert list(arena.flat([])) == []
 
 
 def test_transform_rewrites_every_written_row_once_and_leaves_the_zero_row_zero():

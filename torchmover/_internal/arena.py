@@ -34,7 +34,7 @@ zero, its mask False: there the padding read is already masked, and a gather is 
 from __future__ import annotations
 
 import math
-from typing import Hashable, NamedTuple, Sequence
+from typing import Hashable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -171,15 +171,22 @@ class TokenArena:
         for start in range(0, self.written, step):
             fn(vectors[start:start + step], mask[start:start + step])
 
-    def flat(self, keys: Sequence[Hashable]):
-        """The units of ``keys`` without padding: their rows as flat fields ``[rows, ...]`` (one
-        ``index_select`` per field, the indices sent from the host), e.g. to sum over many texts without
-        padding them to one width; ``None`` without keys."""
+    def flat(self, keys: Sequence[Hashable], step: int = 1 << 12) -> Iterator:
+        """The units of ``keys`` without padding, as flat fields ``[rows, ...]`` of at most ``step`` rows
+        each (one ``index_select`` per field and piece, the indices sent from the host in one transfer;
+        a text longer than ``step`` rows is a piece of its own), e.g. to sum over many texts without
+        padding them to one width or copying them all at once."""
         if not keys:
-            return None
+            return
         spans = np.array([self.spans[key] for key in keys], dtype=np.int64).reshape(-1, 2)
-        (index,) = to_device([span_rows(spans[:, 0], spans[:, 1])], self.fields[0].device)
-        return self.units_type(*(None if f is None else f.index_select(0, index) for f in self.fields))
+        ends = np.cumsum(spans[:, 1])
+        cuts = [0]
+        while cuts[-1] < len(spans):  # the texts of each piece: as many as fit in step rows, at least one
+            first_row = ends[cuts[-1]] - spans[cuts[-1], 1]
+            cuts.append(max(int(np.searchsorted(ends, first_row + step, side="right")), cuts[-1] + 1))
+        pieces = [span_rows(spans[a:b, 0], spans[a:b, 1]) for a, b in zip(cuts[:-1], cuts[1:])]
+        for index in to_device(pieces, self.fields[0].device):
+            yield self.units_type(*(None if f is None else f.index_select(0, index) for f in self.fields))
 
     def widths(self) -> dict[Hashable, int]:
         """Each text's number of units: the rows of its span."""

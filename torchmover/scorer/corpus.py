@@ -299,8 +299,7 @@ def token_sums(scorer: nn.Module, chunks: Iterable[tuple[list[str], list[list[st
             else:
                 texts = side_texts(hyps, groups, side)
                 counted = owned_texts(seen[side].new(texts), texts, side, groups, share) if group else seen[side].new(texts)
-            units = arena.flat(arena.in_storage_order(counted))
-            if units is not None:
+            for units in arena.flat(arena.in_storage_order(counted)):  # in pieces: never a copy of them all
                 stats[k, :-1] += token_sum(units.vectors[None], units.mask[None], torch.float64)
                 stats[k, -1] += units.mask.sum()
     if group is not None or sum_group is not None:
