@@ -132,8 +132,8 @@ class TokenArena:
     def append(self, keys: Sequence[Hashable], units, spans: Sequence[tuple[int, int]]) -> None:
         """Copy the rows within the ``spans`` of the texts ``keys`` of padded ``units`` ``[N, L, ...]`` (as
         :meth:`add`) into the block, text after text, without their padding: one ``index_select`` per
-        field, straight into the block, with a row index built on the host. A key already present is
-        replaced (its old rows become a hole)."""
+        field, straight into the block, with a row index built on the host (no graph: the units must not
+        require grad). A key already present is replaced (its old rows become a hole)."""
         n, width = _shape(keys, units)
         _check_spans(keys, spans, width)
         flat = [None if t is None else flat_rows(t) for t in units]

@@ -319,8 +319,9 @@ def owned_texts(new: list[str], texts: list[str], side: str | None, groups: list
     return [t for t in new if share.start <= first[t] < share.stop]
 
 
+@torch.no_grad()
 def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_batch=None) -> TokenArena:
-    """Units of every distinct text of ``texts`` (keyed by text), encoded in :func:`encoder_batches`,
+    """Units of every distinct text of ``texts`` (keyed by text), without a graph, encoded in :func:`encoder_batches`,
     the longest batch first, each batch's units copied into the arena's one block as soon as it is
     encoded, without its padding (:meth:`TokenArena.append <torchmover._internal.arena.TokenArena.append>`),
     so that any pair batch is one gather from it and an encoder batch's working memory is freed before
