@@ -74,17 +74,32 @@ class Timed:
 
 
 class Recorded:
-    """Wraps ``fn``; records its outputs keyed by ``key(*args, **kwargs)`` (``replay`` returns them)."""
+    """Wraps ``fn``; records its outputs keyed by ``key(*args, **kwargs)`` (``replay`` returns them).
+    ``fresh``: a replay returns a copy of the recorded tensors, new memory as the function's own output
+    is (a tensor, or the tensors of a tuple), so that what a caller keeps or frees of it costs what it
+    costs after the real function."""
 
-    def __init__(self, fn, key):
-        self.fn, self.key, self.outputs, self.replaying = fn, key, {}, False
+    def __init__(self, fn, key, fresh: bool = False):
+        self.fn, self.key, self.outputs, self.replaying, self.fresh = fn, key, {}, False, fresh
 
     def __call__(self, *args, **kwargs):
         k = self.key(*args, **kwargs)
         if self.replaying:
-            return self.outputs[k]
+            return fresh_copy(self.outputs[k]) if self.fresh else self.outputs[k]
         out = self.outputs[k] = self.fn(*args, **kwargs)
         return out
+
+
+def fresh_copy(value):
+    """``value`` with every tensor, also within a tuple (named or not), cloned."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, tuple):
+        copied = [fresh_copy(v) for v in value]
+        return type(value)(*copied) if hasattr(value, "_fields") else type(value)(copied)
+    return value
 
 
 def measure(run, install, replay: bool = True, sync: Callable[[], None] = lambda: None) -> dict:

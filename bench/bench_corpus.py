@@ -18,6 +18,12 @@ Three parts (``--part``), each writing ``bench_corpus_<part>.md`` and ``.json`` 
   million pairs take minutes on a CPU: memory is the pipeline's (chunks, arena, bookkeeping), whatever
   the encoder's size adds once. Sentences of 5-50 words drawn (seeded) from the words of the WMT
   references.
+- ``metric``: the metric part of a ``Scorer.score`` call on the same ``--pairs`` pairs (default scorer,
+  ``--centering`` if given), this tree against the tree at ``--before`` (required): the encoder's
+  outputs (and the tokenizer's) recorded in a first call, then replayed, each replay a fresh copy of
+  the recorded tensors (new memory, as a real encoder's output is), so that everything but the encoder
+  is timed; the calling thread's CPU time, one torch thread, the median of ``--calls`` calls per
+  process; the two trees in turn, a process each, for ``--rounds`` rounds; each round's ratio.
 - ``sharding``: the 5,344 WMT15-16 pairs scored by ``score_files`` with the default scorer, in one
   process and in two (``torchrun --nproc-per-node 2``, gloo), one thread each; the time of the scoring
   alone (after the model is loaded and the process group joined), the speed-up against the ideal 2x,
@@ -28,6 +34,7 @@ Commands (from the repository root; ``--before``: ``git archive <commit> | tar -
     python bench/bench_corpus.py --part memory --before /tmp/before --rounds 3
     python bench/bench_corpus.py --part flat --sizes 10000,100000,1000000
     python bench/bench_corpus.py --part sharding --rounds 2
+    python bench/bench_corpus.py --part metric --before /tmp/before --rounds 10
 """
 from __future__ import annotations
 
@@ -179,6 +186,64 @@ def docs_memory_table(runs: dict[str, list[dict]], pairs: int) -> dict:
                           "growth of each round MiB"], rows, "-rrrr")
 
 
+# --- metric ---------------------------------------------------------------------------------------
+
+def metric_worker(job: dict) -> dict:
+    """The metric part of one call (module docs): the median of the job's calls, and each call's time."""
+    import torch
+    from bench_common import Recorded, by_texts, install_encoder
+    from torchmover import Scorer
+
+    torch.set_num_threads(1)
+    hyps, refs = [p["hyp"] for p in job["pairs"]], [p["ref"] for p in job["pairs"]]
+    scorer = Scorer(device="cpu", **({"centering": job["centering"]} if job["centering"] else {}))
+    recorders = []
+
+    def recording(fn):
+        recorders.append(Recorded(fn, key=by_texts, fresh=True))
+        return recorders[-1]
+    install_encoder(scorer.encoder, recording)
+    scores = scorer.score(hyps, refs, batch_size=64, progress=False)  # the recording call
+    for recorder in recorders:
+        recorder.replaying = True
+    calls = []
+    for _ in range(job["calls"] + 1):  # a warm-up call first
+        started = time.thread_time()
+        scorer.score(hyps, refs, batch_size=64, progress=False)
+        calls.append(time.thread_time() - started)
+    return {"median_s": statistics.median(calls[1:]), "calls_s": calls[1:], "scores": scores.tolist()}
+
+
+def run_metric(args) -> tuple[list[str], dict, dict]:
+    if not args.before:
+        raise SystemExit("--part metric compares two trees: give --before")
+    pairs = harness.wmt_sample(args.data, args.pairs, args.seed)
+    runs: dict[str, list[dict]] = {"this tree": [], "before": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "job.json"
+        path.write_text(json.dumps({"pairs": pairs, "centering": args.centering, "calls": args.calls}))
+        for _ in range(args.rounds):
+            for name, tree in (("this tree", REPO), ("before", args.before)):
+                runs[name].append(spawn("metric", path, [str(tree), str(BENCH)]))
+            print(f"metric part: {runs['this tree'][-1]['median_s'] * 1e3:.1f} ms, before "
+                  f"{runs['before'][-1]['median_s'] * 1e3:.1f} ms", flush=True)
+    ratios = [now["median_s"] / then["median_s"] for now, then in zip(runs["this tree"], runs["before"])]
+    rows = [[k + 1, f"{now['median_s'] * 1e3:.1f}", f"{then['median_s'] * 1e3:.1f}", f"{ratio:.2f}"]
+            for k, (now, then, ratio) in enumerate(zip(runs["this tree"], runs["before"], ratios))]
+    difference = max(abs(a - b) for a, b in zip(runs["this tree"][0]["scores"], runs["before"][0]["scores"]))
+    notes = [f"{args.pairs} WMT15-16 pairs, the default scorer"
+             + (f" with `{args.centering}` centering" if args.centering else "") + "; metric part of "
+             "`Scorer.score` on replayed encoder outputs, each replay a fresh copy; the calling thread's CPU time, "
+             f"one torch thread, median of {args.calls} calls per process (after a warm-up call); the two trees in "
+             f"turn, a process each, {args.rounds} round(s).",
+             f"`before`: the torchmover of `--before` ({args.before_label or args.before}). This tree / before: median "
+             f"ratio {statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f}), lower in "
+             f"{sum(r < 1 for r in ratios)} of {len(ratios)} rounds; the largest difference of a score between the "
+             f"two trees: {difference:.1e}."]
+    table = harness.table(["round", "this tree: ms", "before: ms", "this tree / before"], rows, "rrrr")
+    return notes, table, {"runs": runs, "ratios": ratios, "max_difference": difference}
+
+
 # --- flat -----------------------------------------------------------------------------------------
 
 def small_model(directory: Path) -> None:
@@ -327,19 +392,21 @@ def spawn(part: str, job: Path, pythonpath: list[str], launcher: list[str] | Non
 
 def worker(args) -> None:
     job = json.loads(Path(args.job).read_text())
-    out = {"memory": memory_worker, "sharding": sharding_worker}[args.worker](job)
+    out = {"memory": memory_worker, "metric": metric_worker, "sharding": sharding_worker}[args.worker](job)
     if out is not None:
         Path(args.result).write_text(json.dumps(out))
 
 
 def main(argv=None) -> None:
     parser = wmt_parser(__doc__)
-    parser.add_argument("--part", choices=("memory", "flat", "sharding"))
-    parser.add_argument("--pairs", type=int, default=1000, help="memory: pairs (default: %(default)s)")
+    parser.add_argument("--part", choices=("memory", "metric", "flat", "sharding"))
+    parser.add_argument("--pairs", type=int, default=1000, help="memory, metric: pairs (default: %(default)s)")
+    parser.add_argument("--calls", type=int, default=9, help="metric: timed calls per process (default: %(default)s)")
+    parser.add_argument("--centering", help="metric: the scorer's centering (default: the model's)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="memory, flat: torch threads (default: %(default)s)")
-    parser.add_argument("--before", type=Path, help="memory: a tree of torchmover to compare against")
-    parser.add_argument("--before-label", help="memory: what --before is (e.g. a commit)")
+    parser.add_argument("--before", type=Path, help="memory, metric: a tree of torchmover to compare against")
+    parser.add_argument("--before-label", help="memory, metric: what --before is (e.g. a commit)")
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[10000, 100000],
                         help="flat: corpus sizes in pairs, comma-separated")
     parser.add_argument("--chunk-size", type=int, default=8192, help="flat: --chunk-size of torchmover score")
@@ -351,14 +418,17 @@ def main(argv=None) -> None:
         return worker(args)
     if not args.part:
         parser.error("--part is required")
-    notes, table, data = {"memory": run_memory, "flat": run_flat, "sharding": run_sharding}[args.part](args)
+    notes, table, data = {"memory": run_memory, "metric": run_metric, "flat": run_flat,
+                          "sharding": run_sharding}[args.part](args)
     titles = {"memory": "Peak memory of a scoring call against bert_score (CPU)",
+              "metric": "The metric part of a scoring call against an earlier tree (CPU)",
               "flat": "Memory of the streaming job against the corpus size (CPU)",
               "sharding": "One process against two (CPU, gloo)"}
     tables = {"main": table, **({"docs_memory": docs_memory_table(data, args.pairs)} if args.part == "memory" else {})}
     harness.publish(args.out, f"bench_corpus_{args.part}", titles[args.part], data, tables,
                     ["\n".join(f"- {n}" for n in notes), {"table": "main"}],
-                    data=harness.data_provenance(args.data, args.pairs if args.part == "memory" else None, args.seed))
+                    data=harness.data_provenance(args.data, args.pairs if args.part in ("memory", "metric") else None,
+                                                 args.seed))
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def published(out: Path, name: str, argv: list[str]) -> dict:
 
 
 TINY = object()  # stands for the tiny model's directory
-PARTS = ("bench_corpus_memory", "bench_corpus_flat", "bench_corpus_sharding")
+PARTS = ("bench_corpus_memory", "bench_corpus_metric", "bench_corpus_flat", "bench_corpus_sharding")
 
 
 @pytest.mark.parametrize("script, name, args", [
@@ -82,6 +82,8 @@ PARTS = ("bench_corpus_memory", "bench_corpus_flat", "bench_corpus_sharding")
     ("studies/compare_bertscore.py", "compare_bertscore", ["--pairs", "8", "--batch-size", "4"]),
     ("bench_serve.py", "bench_serve", ["--requests", "8", "--clients", "2", "--threads", "1", "--device", "cpu"]),
     ("bench_corpus.py", "bench_corpus_memory", ["--part", "memory", "--pairs", "16", "--rounds", "1", "--threads", "1"]),
+    ("bench_corpus.py", "bench_corpus_metric", ["--part", "metric", "--pairs", "16", "--rounds", "1", "--calls", "1",
+                                                "--before", str(ROOT)]),
     ("bench_corpus.py", "bench_corpus_flat", ["--part", "flat", "--sizes", "20", "--chunk-size", "16",
                                               "--threads", "1"]),
     ("bench_corpus.py", "bench_corpus_sharding", ["--part", "sharding", "--rounds", "1"]),
