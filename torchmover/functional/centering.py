@@ -174,12 +174,17 @@ class Centering(nn.Module):
         without ``mean``, training mode), and as :meth:`forward` does without a fitted mean."""
         if mean is not None and self.mode != "batch":
             raise ValueError(f"an explicit mean is only defined for mode='batch', this module uses {self.mode!r}")
-        if self.training or self.mode in ("sentence", "dimension") or (self.mode == "batch" and mean is None):
+        if not self.subtracts_one_vector(given_mean=mean is not None):
             raise ValueError(f"Centering(mode={self.mode!r}{', training' if self.training else ''}) does not "
                              "subtract one vector from every token")
         if self.mode in ("fixed", "running"):
             self._check_fitted()
         return None if self.mode == "none" else mean if mean is not None else self.mean
+
+    def subtracts_one_vector(self, given_mean: bool = False) -> bool:
+        """Whether :meth:`shift` is defined: in eval mode, ``none``, ``fixed``, ``running``, and ``batch``
+        given its mean (``given_mean``); not ``sentence`` nor ``dimension`` (a vector per text or token)."""
+        return not self.training and (self.mode in ("none", "fixed", "running") or (self.mode == "batch" and given_mean))
 
     def batch_mean(self, x: Tensor, mask: Tensor) -> Tensor:
         """``[D]`` the mean that ``batch`` mode subtracts from ``x`` (``[B, L, D]``, ``mask``: ``[B, L]``):

@@ -184,7 +184,7 @@ def score_chunk(scorer: nn.Module, hyps: list[str], groups: list[list[str]], bat
     out = torch.zeros(3 if return_all else 1, len(mine_h), device=device)
     for plan in send_plans(batch_plans(arena, mine_h, mine_g, batch_size), device):
         scores = scorer.score_call(plan.call, arena.gather(plan.rows, plan.where), return_all=return_all,
-                                   means=None if unit else means, nonempty=plan.nonempty, unit_vectors=unit)
+                                   means=means, nonempty=plan.nonempty, unit_vectors=unit)
         out.index_copy_(1, plan.positions, torch.stack(list(scores) if return_all else [scores]).float())
     return out if group is None else all_gather_shares(out, share.sizes, group)
 
@@ -198,9 +198,8 @@ def unit_vectors_once(scorer: nn.Module, arena: TokenArena, means: tuple[Tensor,
     or normalised per batch: the same values to the bit, computed once per text instead of once per
     batch it is read in. Returns whether it did (else the arena is left as it is)."""
     c, centering = scorer.config, scorer.centering
-    if get_member(c.method).documents or c.ngram > 1 or c.center_scope != "joint" or centering.training:
-        return False
-    if centering.mode in ("sentence", "dimension") or (centering.mode == "batch" and means is None):
+    if (get_member(c.method).documents or c.ngram > 1 or c.center_scope != "joint"
+            or not centering.subtracts_one_vector(given_mean=means is not None)):
         return False
     shift = centering.shift(None if means is None else means[0])
 

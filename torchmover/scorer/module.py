@@ -546,7 +546,8 @@ class Scorer(nn.Module):
         pair of ``plan`` (``[B]``, or ``PRF``). ``means``: explicit batch-centering means (one, joint;
         or the hypotheses' and the references', separate / pairs) instead of those of ``units`` (see
         :meth:`score`). ``nonempty``: every text has a unit (:meth:`token_clouds`). ``unit_vectors``:
-        the units are centered and normalised already (:func:`~torchmover.scorer.corpus.unit_vectors_once`)."""
+        the units are centered and normalised already (:func:`~torchmover.scorer.corpus.unit_vectors_once`;
+        ``means`` is then not used)."""
         hyp_rows = slice(0, plan.n_hyp_texts)
         if means is None and self.config.center_scope == "pairs":
             means = self.pair_means(units, plan)
