@@ -90,6 +90,24 @@ class Recorded:
         return out
 
 
+class Recordings:
+    """The :class:`Recorded` wrappers of a system's encoding functions, keyed :func:`by_texts`: ``wrap``
+    is what an ``install`` function takes (:func:`install_encoder`, :func:`install_function`), and
+    ``replay()`` turns them all from recording to replaying."""
+
+    def __init__(self, fresh: bool = False):
+        self.recorded: list[Recorded] = []
+        self.fresh = fresh
+
+    def wrap(self, fn) -> Recorded:
+        self.recorded.append(Recorded(fn, key=by_texts, fresh=self.fresh))
+        return self.recorded[-1]
+
+    def replay(self) -> None:
+        for recorded in self.recorded:
+            recorded.replaying = True
+
+
 def fresh_copy(value):
     """``value`` with every tensor, also within a tuple (named or not), cloned."""
     import torch
@@ -130,15 +148,10 @@ def measure(run, install, replay: bool = True, sync: Callable[[], None] = lambda
            "scores": [float(s) for s in scores]}
     if not replay:  # too slow to run three times: the metric part is the split estimate
         return out
-    recorders = []
-
-    def recorded(fn):
-        recorders.append(Recorded(fn, key=by_texts))
-        return recorders[-1]
-    restore = install(recorded)
+    recordings = Recordings()
+    restore = install(recordings.wrap)
     run()  # records the encoder outputs (untimed)
-    for r in recorders:
-        r.replaying = True
+    recordings.replay()
     t = time.perf_counter()
     cached_scores = run()
     out["metric_cached_s"] = time.perf_counter() - t

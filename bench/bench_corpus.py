@@ -1,7 +1,7 @@
-"""Scoring corpora at scale: peak memory against bert_score, memory flat in the corpus size, and the
-speed of one process against two.
+"""Scoring corpora at scale: peak memory against bert_score, the metric part against an earlier tree,
+memory flat in the corpus size, and the speed of one process against two.
 
-Three parts (``--part``), each writing ``bench_corpus_<part>.md`` and ``.json`` into ``--out``:
+Four parts (``--part``), each writing ``bench_corpus_<part>.md`` and ``.json`` into ``--out``:
 
 - ``memory``: the growth of the resident set during one ``Scorer.score`` call on the same ``--pairs``
   WMT15-16 pairs (seeded sample, as ``bench_peers.py``) with the same encoder (the default model, layer
@@ -191,21 +191,16 @@ def docs_memory_table(runs: dict[str, list[dict]], pairs: int) -> dict:
 def metric_worker(job: dict) -> dict:
     """The metric part of one call (module docs): the median of the job's calls, and each call's time."""
     import torch
-    from bench_common import Recorded, by_texts, install_encoder
+    from bench_common import Recordings, install_encoder
     from torchmover import Scorer
 
     torch.set_num_threads(1)
     hyps, refs = [p["hyp"] for p in job["pairs"]], [p["ref"] for p in job["pairs"]]
     scorer = Scorer(device="cpu", **({"centering": job["centering"]} if job["centering"] else {}))
-    recorders = []
-
-    def recording(fn):
-        recorders.append(Recorded(fn, key=by_texts, fresh=True))
-        return recorders[-1]
-    install_encoder(scorer.encoder, recording)
+    recordings = Recordings(fresh=True)
+    install_encoder(scorer.encoder, recordings.wrap)
     scores = scorer.score(hyps, refs, batch_size=64, progress=False)  # the recording call
-    for recorder in recorders:
-        recorder.replaying = True
+    recordings.replay()
     calls = []
     for _ in range(job["calls"] + 1):  # a warm-up call first
         started = time.thread_time()

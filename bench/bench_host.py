@@ -45,7 +45,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer's work
 import torch  # noqa: E402
 
 import harness  # noqa: E402
-from bench_common import (Recorded, Timed, by_texts, default_layer, install_encoder, install_function,  # noqa: E402
+from bench_common import (Recorded, Recordings, Timed, default_layer, install_encoder, install_function,  # noqa: E402
                           model_dir)
 
 
@@ -65,19 +65,15 @@ def metric_part(pairs: list[dict], repeats: int) -> dict:
     from torchmover import Scorer
 
     hyps, refs = [p["hyp"] for p in pairs], [p["ref"] for p in pairs]
-    recorders = []
-
-    def recording(fn):
-        recorders.append(Recorded(fn, key=by_texts))
-        return recorders[-1]
+    recordings = Recordings()
     runs = {}
     for name, scorer in (("twmd", Scorer(layer=default_layer())),
                          ("bertscore", Scorer.from_preset("bertscore", model=model_dir(), layer=default_layer()))):
-        install_encoder(scorer.encoder, recording)
+        install_encoder(scorer.encoder, recordings.wrap)
         runs[name] = functools.partial(scorer.score, hyps, refs, batch_size=64, progress=False)
     bert = bert_score.BERTScorer(model_type=model_dir(), num_layers=default_layer(), batch_size=64, device="cpu",
                                  idf=False, use_fast_tokenizer=True)
-    restore_bert_score = install_function(bert_score.utils, "get_bert_embedding", recording)
+    restore_bert_score = install_function(bert_score.utils, "get_bert_embedding", recordings.wrap)
     runs["bert_score"] = functools.partial(bert.score, hyps, refs, batch_size=64)
     cross = family._cross = Timed(family._cross, CLOCK)
     times = {name: [] for name in runs}
@@ -85,8 +81,7 @@ def metric_part(pairs: list[dict], repeats: int) -> dict:
     try:
         for run in runs.values():  # recording runs
             run()
-        for replay in recorders:
-            replay.replaying = True
+        recordings.replay()
         for round_ in range(repeats + 1):  # a warm-up round, then the timed ones (the systems in turn)
             for name, run in runs.items():
                 cross.seconds = 0.0
