@@ -46,6 +46,12 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def minor_faults() -> int:
+    """This process's minor page faults so far: each the first touch of a page of memory the allocator
+    newly mapped, which the kernel zeroes and maps."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def synchronizer(device) -> Callable[[], None]:
     """A function that waits for ``device``'s queued work (CUDA), or does nothing (CPU)."""
     import torch
@@ -118,6 +124,36 @@ def fresh_copy(value):
         copied = [fresh_copy(v) for v in value]
         return type(value)(*copied) if hasattr(value, "_fields") else type(value)(copied)
     return value
+
+
+def tokenizer_parallelism(encoder, batches: dict[str, list[str]], repeats: int) -> list[dict]:
+    """Wall time (ms, median of ``repeats``) of a reward call's tokenization, ``encoder.tokenize(texts,
+    word_ids=False)``, of each of ``batches`` (``{label: texts}``) with the Rust tokenizer's own
+    parallelism off and on: ``TOKENIZERS_PARALLELISM``, which it reads at each call, set to
+    ``false`` and ``true`` in turn, call by call (so that a drift of the machine's speed hits both
+    alike), then restored. One row per batch: ``label``, ``texts``, ``serial_ms``, ``parallel_ms``,
+    ``speedup`` and ``cpus`` (the processors this process may run on)."""
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    rows = []
+    try:
+        for label, texts in batches.items():
+            times = {"false": [], "true": []}
+            for k in range(repeats + 1):  # the first round warms up (the tokenizer's thread pool)
+                for setting, runs in times.items():
+                    os.environ["TOKENIZERS_PARALLELISM"] = setting
+                    start = time.perf_counter()
+                    encoder.tokenize(texts, word_ids=False)
+                    if k:
+                        runs.append(time.perf_counter() - start)
+            serial, parallel = (1e3 * float(np.median(times[s])) for s in ("false", "true"))
+            rows.append({"label": label, "texts": len(texts), "serial_ms": serial, "parallel_ms": parallel,
+                         "speedup": serial / parallel, "cpus": len(os.sched_getaffinity(0))})
+    finally:
+        if before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+    return rows
 
 
 def measure(run, install, replay: bool = True, sync: Callable[[], None] = lambda: None) -> dict:

@@ -1,7 +1,8 @@
 """Scoring corpora at scale: peak memory against bert_score, the metric part against an earlier tree,
-memory flat in the corpus size, and the speed of one process against two.
+memory flat in the corpus size, the speed of one process against two, and repeated calls under two
+settings of the C library's allocator.
 
-Four parts (``--part``), each writing ``bench_corpus_<part>.md`` and ``.json`` into ``--out``:
+Five parts (``--part``), each writing ``bench_corpus_<part>.md`` and ``.json`` into ``--out``:
 
 - ``memory``: the growth of the resident set during one ``Scorer.score`` call on the same ``--pairs``
   WMT15-16 pairs (seeded sample, as ``bench_peers.py``) with the same encoder (the default model, layer
@@ -28,6 +29,14 @@ Four parts (``--part``), each writing ``bench_corpus_<part>.md`` and ``.json`` i
   process and in two (``torchrun --nproc-per-node 2``, gloo), one thread each; the time of the scoring
   alone (after the model is loaded and the process group joined), the speed-up against the ideal 2x,
   and the largest difference between the two outputs.
+- ``allocator``: ``--calls`` ``Scorer.score`` calls in a row on the same ``--pairs`` pairs (default scorer,
+  ``--threads`` torch threads, after the model is loaded and a warm-up call), as a training loop or a
+  service makes them, in a process with glibc's default allocator settings and in one with
+  ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` raised to 4 GiB (freed memory is kept for
+  the next allocation instead of being given back to the kernel at once), in turn, for ``--rounds``
+  rounds: each call's wall and process CPU time, its minor page faults (first touches of memory newly
+  mapped, which the kernel zeroes), and the process's peak resident set; each round's ratio of the
+  median call times.
 
 Commands (from the repository root; ``--before``: ``git archive <commit> | tar -x -C /tmp/before``)::
 
@@ -35,6 +44,7 @@ Commands (from the repository root; ``--before``: ``git archive <commit> | tar -
     python bench/bench_corpus.py --part flat --sizes 10000,100000,1000000
     python bench/bench_corpus.py --part sharding --rounds 2
     python bench/bench_corpus.py --part metric --before /tmp/before --rounds 10
+    python bench/bench_corpus.py --part allocator --rounds 5
 """
 from __future__ import annotations
 
@@ -239,6 +249,75 @@ def run_metric(args) -> tuple[list[str], dict, dict]:
     return notes, table, {"runs": runs, "ratios": ratios, "max_difference": difference}
 
 
+# --- allocator ------------------------------------------------------------------------------------
+
+KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(4 << 30), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
+
+
+def allocator_worker(job: dict) -> dict:
+    """The job's calls in a row (module docs): each call's wall and CPU time and minor page faults."""
+    import torch
+    from bench_common import minor_faults, peak_rss_mb
+    from torchmover import Scorer
+
+    torch.set_num_threads(job["threads"])
+    hyps, refs = [p["hyp"] for p in job["pairs"]], [p["ref"] for p in job["pairs"]]
+    scorer = Scorer(device="cpu")
+    calls = []
+    for _ in range(job["calls"] + 1):  # a warm-up call first
+        faults, wall, cpu = minor_faults(), time.perf_counter(), time.process_time()
+        scores = scorer.score(hyps, refs, batch_size=64, progress=False)
+        calls.append({"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
+                      "minor_faults": minor_faults() - faults})
+    return {"calls": calls[1:], "peak_rss_mb": peak_rss_mb(), "scores": scores.tolist(),
+            "environment": {k: os.environ[k] for k in KEEP_FREED_MEMORY if k in os.environ}}
+
+
+def run_allocator(args) -> tuple[list[str], dict, dict]:
+    pairs = harness.wmt_sample(args.data, args.pairs, args.seed)
+    settings = {"glibc defaults": {}, "freed memory kept": KEEP_FREED_MEMORY}
+    runs: dict[str, list[dict]] = {name: [] for name in settings}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "job.json"
+        path.write_text(json.dumps({"pairs": pairs, "calls": args.calls, "threads": args.threads}))
+        for _ in range(args.rounds):
+            for name, env in settings.items():
+                runs[name].append(spawn("allocator", path, [str(REPO), str(BENCH)], env=env))
+                if runs[name][-1]["environment"] != env:
+                    raise RuntimeError(f"the {name!r} process ran with {runs[name][-1]['environment']}, not {env}")
+            print("allocator: " + ", ".join(
+                f"{name} {statistics.median(c['wall_s'] for c in r[-1]['calls']):.2f} s a call"
+                for name, r in runs.items()), flush=True)
+
+    def median(name: str, key: str) -> list[float]:  # per round: the median over its calls
+        return [statistics.median(c[key] for c in run["calls"]) for run in runs[name]]
+    page = os.sysconf("SC_PAGE_SIZE")
+    rows, ratios = [], {}
+    for key in ("wall_s", "cpu_s"):
+        ratios[key] = [a / b for a, b in zip(median("glibc defaults", key), median("freed memory kept", key))]
+    for name, env in settings.items():
+        rows.append([name, " ".join(f"{k}={v}" for k, v in env.items()) or "–",
+                     f"{statistics.median(median(name, 'wall_s')):.2f}", f"{statistics.median(median(name, 'cpu_s')):.2f}",
+                     f"{statistics.median(median(name, 'minor_faults')) * page / 2**20:.0f}",
+                     f"{statistics.median(r['peak_rss_mb'] for r in runs[name]):.0f}"])
+    same = max(abs(a - b) for a, b in zip(runs["glibc defaults"][0]["scores"], runs["freed memory kept"][0]["scores"]))
+    for name in settings:
+        for r in runs[name]:
+            r.pop("scores")
+    notes = [f"{args.pairs} WMT15-16 pairs (seeded sample, seed {args.seed}), the default scorer, batch size 64, "
+             f"{args.threads} torch thread(s); {args.calls} calls in a row per process after a warm-up call; the two "
+             f"settings in turn, a process each, {args.rounds} round(s). Times: the median call of a process, then "
+             "the median over the rounds.",
+             "glibc defaults / freed memory kept, per round: wall "
+             + ", ".join(f"{r:.2f}" for r in ratios["wall_s"]) + f" (median {statistics.median(ratios['wall_s']):.2f}); "
+             "CPU " + ", ".join(f"{r:.2f}" for r in ratios["cpu_s"])
+             + f" (median {statistics.median(ratios['cpu_s']):.2f}); the largest difference of a score: {same:.1e}."]
+    table = harness.table(["allocator", "environment", "call: wall s", "call: CPU s",
+                           "new memory touched a call: MiB (minor page faults)", "peak resident set: MiB"],
+                          rows, "--rrrr")
+    return notes, table, {"runs": runs, "ratios": ratios, "max_difference": same}
+
+
 # --- flat -----------------------------------------------------------------------------------------
 
 def small_model(directory: Path) -> None:
@@ -373,12 +452,14 @@ def run_sharding(args) -> tuple[list[str], dict, dict]:
 
 # --- plumbing -------------------------------------------------------------------------------------
 
-def spawn(part: str, job: Path, pythonpath: list[str], launcher: list[str] | None = None) -> dict:
-    """Run ``--worker part`` on ``job`` in a fresh process (or under a launcher), return its result."""
+def spawn(part: str, job: Path, pythonpath: list[str], launcher: list[str] | None = None,
+          env: dict[str, str] | None = None) -> dict:
+    """Run ``--worker part`` on ``job`` in a fresh process (or under a launcher), with ``env`` added to
+    its environment; return its result."""
     result = job.with_name("result.json")
     result.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(pythonpath), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+               TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **(env or {}))
     command = [sys.executable, *(launcher or []), str(Path(__file__).resolve()), "--worker", part, "--job", str(job),
                "--result", str(result)]
     subprocess.run(command, check=True, env=env)
@@ -387,19 +468,22 @@ def spawn(part: str, job: Path, pythonpath: list[str], launcher: list[str] | Non
 
 def worker(args) -> None:
     job = json.loads(Path(args.job).read_text())
-    out = {"memory": memory_worker, "metric": metric_worker, "sharding": sharding_worker}[args.worker](job)
+    out = {"memory": memory_worker, "metric": metric_worker, "sharding": sharding_worker,
+           "allocator": allocator_worker}[args.worker](job)
     if out is not None:
         Path(args.result).write_text(json.dumps(out))
 
 
 def main(argv=None) -> None:
     parser = wmt_parser(__doc__)
-    parser.add_argument("--part", choices=("memory", "metric", "flat", "sharding"))
-    parser.add_argument("--pairs", type=int, default=1000, help="memory, metric: pairs (default: %(default)s)")
-    parser.add_argument("--calls", type=int, default=9, help="metric: timed calls per process (default: %(default)s)")
+    parser.add_argument("--part", choices=("memory", "metric", "flat", "sharding", "allocator"))
+    parser.add_argument("--pairs", type=int, default=1000, help="memory, metric, allocator: pairs (default: %(default)s)")
+    parser.add_argument("--calls", type=int, default=9,
+                        help="metric, allocator: timed calls per process (default: %(default)s)")
     parser.add_argument("--centering", help="metric: the scorer's centering (default: the model's)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2, help="memory, flat: torch threads (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="memory, flat, allocator: torch threads (default: %(default)s)")
     parser.add_argument("--before", type=Path, help="memory, metric: a tree of torchmover to compare against")
     parser.add_argument("--before-label", help="memory, metric: what --before is (e.g. a commit)")
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[10000, 100000],
@@ -414,15 +498,17 @@ def main(argv=None) -> None:
     if not args.part:
         parser.error("--part is required")
     notes, table, data = {"memory": run_memory, "metric": run_metric, "flat": run_flat,
-                          "sharding": run_sharding}[args.part](args)
+                          "sharding": run_sharding, "allocator": run_allocator}[args.part](args)
     titles = {"memory": "Peak memory of a scoring call against bert_score (CPU)",
               "metric": "The metric part of a scoring call against an earlier tree (CPU)",
               "flat": "Memory of the streaming job against the corpus size (CPU)",
-              "sharding": "One process against two (CPU, gloo)"}
+              "sharding": "One process against two (CPU, gloo)",
+              "allocator": "Repeated scoring calls under two settings of glibc's allocator (CPU)"}
     tables = {"main": table, **({"docs_memory": docs_memory_table(data, args.pairs)} if args.part == "memory" else {})}
     harness.publish(args.out, f"bench_corpus_{args.part}", titles[args.part], data, tables,
                     ["\n".join(f"- {n}" for n in notes), {"table": "main"}],
-                    data=harness.data_provenance(args.data, args.pairs if args.part in ("memory", "metric") else None,
+                    data=harness.data_provenance(args.data, args.pairs if args.part in ("memory", "metric", "allocator")
+                                                 else None,
                                                  args.seed))
 
 

@@ -16,6 +16,10 @@ weights cost what trained ones cost) — on ``--pairs`` WMT15-16 pairs of ``--da
    reported too). Peak GPU memory of the call.
 3. **precision and compilation**: the 64-completion reward call with a bf16 and an fp16 encoder and
    with ``compile=True``: time per phase and the largest score difference from float32.
+4. **the tokenizer's parallelism**: the reward calls' tokenization alone, wall time, with the Rust
+   tokenizer's own parallelism off and on (``bench_common.tokenizer_parallelism``), on the processors
+   the process may use; the report names the ``TOKENIZERS_PARALLELISM`` the run started with (the
+   reward calls above ran under it).
 
 Without CUDA it prints why and exits with status 0 (nothing is measured). ``--device cpu`` runs the
 same measurements on the CPU (the CPU-safe part: how the call splits when the encoder is not 30-100×
@@ -32,13 +36,15 @@ Needs ``bert-score`` (``pip install "torchmover[bench]"``); ``--skip-bert-score`
 """
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import harness
-from bench_common import Timed, default_layer, model_dir, run_bert_score, run_torchmover, synchronizer
+from bench_common import (Timed, default_layer, model_dir, run_bert_score, run_torchmover, synchronizer,
+                          tokenizer_parallelism)
 
 COMPLETIONS_PER_PROMPT = 8
 PROMPTS = (8, 64)  # 64 and 512 completions
@@ -211,6 +217,14 @@ def report(args, device, results, started) -> tuple[str, dict, list]:
               mib(row["peak_gpu_mib"])] for row in r["reward"]])
         body += ["Reward call (`MoverReward`, references cached), ms per call; phases with the device "
                  "synchronised at their boundaries:", {"table": f"{model}_reward"}]
+        if r.get("tokenizer"):  # results stored before this measurement have none
+            tables[f"{model}_tokenizer"] = harness.table(
+                ["texts", "parallelism off, ms", "parallelism on, ms", "speed-up", "processors"],
+                [[row["label"], f"{row['serial_ms']:.2f}", f"{row['parallel_ms']:.2f}", f"{row['speedup']:.2f}x",
+                  row["cpus"]] for row in r["tokenizer"]], align="-rrrr")
+            body += [f"The reward calls' tokenization alone (`Encoder.tokenize(word_ids=False)`), wall time, the Rust "
+                     f"tokenizer's parallelism off and on in turn (the calls above ran with TOKENIZERS_PARALLELISM "
+                     f"{os.environ.get('TOKENIZERS_PARALLELISM', 'unset')}):", {"table": f"{model}_tokenizer"}]
     tables.update(docs_tables(results, args.pairs))
     body += ["## Tables of the documentation", {"table": "docs_scoring"}, {"table": "docs_reward"}]
     return f"bench_gpu on {name}", tables, body
@@ -267,7 +281,12 @@ def main(argv=None) -> int:
                         row.update(variant=variant, max_diff=max(abs(a - b) for a, b in zip(row.pop("scores"), baseline)))
                         rows.append(row)
                         bar.update()
-                results[model] = {"layer": layer, "systems": systems, "reward": rows}
+                from torchmover import Encoder
+
+                batches = {f"{len(hyps)} completions": hyps for hyps in
+                           (reward_inputs(pairs, n)[0] for n in PROMPTS)}
+                tokenizer = tokenizer_parallelism(Encoder.from_pretrained(path, layer=layer), batches, args.repeats)
+                results[model] = {"layer": layer, "systems": systems, "reward": rows, "tokenizer": tokenizer}
     title, tables, body = report(args, device, results, started)
     harness.publish(args.out, f"bench_gpu_{device.type}_{'_'.join(results)}", title, results, tables, body,
                     data=harness.data_provenance(args.data, len(pairs), args.seed))

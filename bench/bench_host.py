@@ -1,7 +1,7 @@
 """Host overhead: the time of a call that is neither the encoder forward nor the transport kernels.
 
 On a GPU the encoder and the transport get 30-100x faster; what the host does around them (texts
-de-duplicated, indices built, cache lookups, tokenization, Python) does not. Two measurements, each
+de-duplicated, indices built, cache lookups, tokenization, Python) does not. Three measurements, each
 over ``--repeats`` runs, medians quoted (the machine may be shared):
 
 Times are the process's CPU time (``harness.time_call``'s ``cpu``) with one torch thread and the
@@ -16,7 +16,10 @@ CPU, its CPU time does not.
     for torchmover's TWMD (one iteration) and its ``bertscore`` preset (greedy matching, F1: the
     arithmetic bert_score does), the time in their transport terms ``_cross`` shown apart, and for
     bert_score (F1, no idf). torchmover tokenizes a chunk's texts once before encoding them
-    (``Encoder.tokenize``, to batch them by token count), so its replay covers both.
+    (``Encoder.tokenize``, to batch them by token count), so its replay covers both. Also counted:
+    the call's minor page faults, each the first touch of a 4 KiB page the allocator newly mapped
+    (zeroed by the kernel): a replay hands back outputs already touched, so what the call writes into
+    new memory (a chunk's block of token vectors, its pair batches) is what they count.
 (b) ``MoverReward`` calls of 64 completions (8 prompts x 8) and 512 completions (64 prompts x 8),
     references cached, with a tiny randomly initialised BERT (1 layer, hidden size 32, built from a
     config) behind the default model's tokenizer, so that the forward costs almost nothing. The call
@@ -27,6 +30,10 @@ CPU, its CPU time does not.
     the model's outputs and the transport terms' results replayed from a recorded call, which leaves
     torchmover's own host work alone (without the freeing of the tokenizer's Python lists, and with
     the caches as torchmover's own work leaves them).
+(c) The tokenization of (b)'s calls (``Encoder.tokenize(word_ids=False)``, what a reward call runs),
+    wall time, with the Rust tokenizer's own parallelism off and on (``TOKENIZERS_PARALLELISM=false``
+    and ``true``, in turn; ``bench_common.tokenizer_parallelism``), on the processors this process
+    may use. (a) and (b) run with it off, so that its work is in the timed thread.
 
 Command (from the repository root)::
 
@@ -37,6 +44,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import resource
 import statistics
 import time
 
@@ -46,7 +54,7 @@ import torch  # noqa: E402
 
 import harness  # noqa: E402
 from bench_common import (Recorded, Recordings, Timed, default_layer, install_encoder, install_function,  # noqa: E402
-                          model_dir)
+                          minor_faults, model_dir, tokenizer_parallelism)
 
 
 CLOCK = time.thread_time
@@ -78,6 +86,7 @@ def metric_part(pairs: list[dict], repeats: int) -> dict:
     cross = family._cross = Timed(family._cross, CLOCK)
     times = {name: [] for name in runs}
     transport = {name: [] for name in runs}
+    faults = {name: [] for name in runs}
     try:
         for run in runs.values():  # recording runs
             run()
@@ -85,14 +94,17 @@ def metric_part(pairs: list[dict], repeats: int) -> dict:
         for round_ in range(repeats + 1):  # a warm-up round, then the timed ones (the systems in turn)
             for name, run in runs.items():
                 cross.seconds = 0.0
+                first_touches = minor_faults()
                 cpu = harness.time_call(run, repeats=1, warmup=0).cpu[0]
                 if round_:
                     times[name].append(cpu)
                     transport[name].append(cross.seconds)
+                    faults[name].append(minor_faults() - first_touches)
     finally:
         family._cross = cross.fn
         restore_bert_score()
-    return {"times": times, "transport": transport}
+    return {"times": times, "transport": transport, "minor_faults": faults}
+
 
 
 def tiny_default_tokenizer_scorer():
@@ -108,15 +120,21 @@ def tiny_default_tokenizer_scorer():
     return Scorer(Encoder(BertModel(config).eval(), tokenizer, layer=1, name="tiny-random-bert"), centering="none")
 
 
+def reward_texts(pairs: list[dict], n_prompts: int, group: int) -> tuple[list[str], list[str]]:
+    """The completions of a reward call (WMT hypotheses, ``group`` per prompt; around the sample again
+    where it is small) and each one's reference (a prompt's: the references of the sample in turn)."""
+    refs = list(itertools.islice(itertools.cycle(dict.fromkeys(p["ref"] for p in pairs)), n_prompts))
+    hyps = list(itertools.islice(itertools.cycle(p["hyp"] for p in pairs), n_prompts * group))
+    return hyps, [refs[i // group] for i in range(n_prompts * group)]
+
+
 def reward_call(pairs: list[dict], n_prompts: int, group: int, repeats: int) -> dict:
     """Medians over ``repeats`` calls: the whole call, and inside it the forward, tokenizer and transport."""
     import torchmover.functional.family as family
     from torchmover.reward.rewards import MoverReward
 
     scorer = tiny_default_tokenizer_scorer()
-    refs = list(itertools.islice(itertools.cycle(dict.fromkeys(p["ref"] for p in pairs)), n_prompts))
-    hyps = list(itertools.islice(itertools.cycle(p["hyp"] for p in pairs), n_prompts * group))  # around again on a small sample
-    targets = [refs[i // group] for i in range(n_prompts * group)]
+    hyps, targets = reward_texts(pairs, n_prompts, group)
     reward = MoverReward(scorer)
     reward(hyps, targets)  # fills the reference cache
     encoder = scorer.encoder
@@ -184,23 +202,35 @@ def main(argv=None) -> None:
         [[f"{r['completions']} ({r['prompts']} prompts x 8)", *(f"{r[k]:.2f}" for k in (
             "call_ms", "forward_ms", "transport_ms", "host_ms", "tokenizer_ms", "host_without_tokenizer_ms",
             "replayed_ms"))] for r in calls], align="rrrrrrrr")}
+    batches = {f"{8 * n} completions ({n} prompts x 8)": reward_texts(pairs, n, 8)[0] for n in (8, 64)}
+    tokenizer = tokenizer_parallelism(tiny_default_tokenizer_scorer().encoder, batches, 10 * args.repeats)
+    tables["tokenizer"] = harness.table(
+        ["texts", "parallelism off, ms", "parallelism on, ms", "speed-up", "processors"],
+        [[r["label"], f"{r['serial_ms']:.2f}", f"{r['parallel_ms']:.2f}", f"{r['speedup']:.2f}x", r["cpus"]]
+         for r in tokenizer], align="-rrrr")
     body = ["- 1 torch thread, the process's CPU time (harness.time_call); sections inside a call: the calling thread's CPU time\n"
-            "- tokenizer: TOKENIZERS_PARALLELISM=false, so its Rust work is in the calling thread",
+            "- tokenizer: TOKENIZERS_PARALLELISM=false in (a) and (b), so its Rust work is in the calling thread",
             f"(b) reward call, references cached, tiny random encoder, medians over {10 * args.repeats} calls, ms",
-            {"table": "reward"}]
-    figures = {"reward_calls": calls}
+            {"table": "reward"},
+            f"(c) the tokenization of (b)'s completions (`Encoder.tokenize(word_ids=False)`), wall time, medians over "
+            f"{10 * args.repeats} calls, the Rust tokenizer's parallelism off and on in turn",
+            {"table": "tokenizer"}]
+    figures = {"reward_calls": calls, "tokenizer_parallelism": tokenizer}
     if not args.skip_metric:
         m = figures["metric_part"] = metric_part(pairs, args.repeats)
         times, transport, bert = m["times"], m["transport"], m["times"]["bert_score"]
+        touched = {name: f"{statistics.median(f) * resource.getpagesize() / 2**20:.0f}"
+                   for name, f in m["minor_faults"].items()}
         rows = []
         for name, label in (("twmd", "torchmover TWMD (default)"), ("bertscore", "torchmover `bertscore` preset (F1)")):
             ratio = statistics.median(t / b for t, b in zip(times[name], bert))
             rest = statistics.median(t - c for t, c in zip(times[name], transport[name]))
             rows.append([label, f"{statistics.median(times[name]):.3f}", f"{statistics.median(transport[name]):.3f}",
-                         f"{rest:.3f}", f"{ratio:.2f}x"])
-        rows.append(["bert_score F1", f"{statistics.median(bert):.3f}", "", "", "1.00x"])
+                         f"{rest:.3f}", touched[name], f"{ratio:.2f}x"])
+        rows.append(["bert_score F1", f"{statistics.median(bert):.3f}", "", "", touched["bert_score"], "1.00x"])
         tables["metric"] = harness.table(["system", "metric part", "of which transport terms", "the rest (host work)",
-                                          "metric part / bert_score's (median of the rounds' ratios)"], rows, "-rrrr")
+                                          "new memory touched, MiB (minor page faults)",
+                                          "metric part / bert_score's (median of the rounds' ratios)"], rows, "-rrrrr")
         body += [f"(a) metric part on cached embeddings, {args.pairs} WMT pairs, medians over {args.repeats} "
                  "rounds (the three systems in turn in each round), s", {"table": "metric"}]
     harness.publish(args.out, "bench_host", "Host overhead: what a call does besides the encoder and the transport",

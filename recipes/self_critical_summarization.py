@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import time
@@ -597,7 +596,6 @@ def main(argv: list[str] | None = None, scorer=None) -> dict:
         raise SystemExit(f"--gamma must be in [0, 1], got {args.gamma}")
     if args.source_prefix is None:
         args.source_prefix = "summarize: " if "t5" in args.model.lower() else ""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)

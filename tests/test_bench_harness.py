@@ -222,3 +222,30 @@ def test_a_changed_result_leaves_the_tree_clean_and_a_changed_script_does_not(tm
     assert harness.tree_state()[1] is False
     (tmp_path / "bench/b.py").write_text("1\n")
     assert harness.tree_state()[1] is True
+
+
+@pytest.mark.parametrize("before", [None, "false"])
+def test_tokenizer_parallelism_times_each_setting_in_turn_and_restores_the_environment(before, monkeypatch):
+    """Each batch is tokenized with TOKENIZERS_PARALLELISM false and true in turn (after a warm-up
+    round), as a reward call tokenizes (``word_ids=False``); the variable is as it was afterwards."""
+    import os
+
+    import bench_common
+
+    if before is None:
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", before)
+    seen = []
+
+    class Encoder:
+        def tokenize(self, texts, *, word_ids=True):
+            seen.append((tuple(texts), word_ids, os.environ["TOKENIZERS_PARALLELISM"]))
+
+    rows = bench_common.tokenizer_parallelism(Encoder(), {"two": ["a", "b"], "one": ["c"]}, repeats=3)
+    assert seen == [(("a", "b"), False, s) for _ in range(4) for s in ("false", "true")] + \
+        [(("c",), False, s) for _ in range(4) for s in ("false", "true")]
+    assert [(r["label"], r["texts"]) for r in rows] == [("two", 2), ("one", 1)]
+    assert all(r["serial_ms"] > 0 and r["parallel_ms"] > 0 and r["cpus"] >= 1 for r in rows)
+    assert all(math.isclose(r["speedup"], r["serial_ms"] / r["parallel_ms"]) for r in rows)
+    assert os.environ.get("TOKENIZERS_PARALLELISM") == before

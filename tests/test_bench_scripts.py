@@ -71,7 +71,8 @@ def published(out: Path, name: str, argv: list[str]) -> dict:
 
 
 TINY = object()  # stands for the tiny model's directory
-PARTS = ("bench_corpus_memory", "bench_corpus_metric", "bench_corpus_flat", "bench_corpus_sharding")
+PARTS = ("bench_corpus_memory", "bench_corpus_metric", "bench_corpus_flat", "bench_corpus_sharding",
+         "bench_corpus_allocator")
 
 
 @pytest.mark.parametrize("script, name, args", [
@@ -87,6 +88,8 @@ PARTS = ("bench_corpus_memory", "bench_corpus_metric", "bench_corpus_flat", "ben
     ("bench_corpus.py", "bench_corpus_flat", ["--part", "flat", "--sizes", "20", "--chunk-size", "16",
                                               "--threads", "1"]),
     ("bench_corpus.py", "bench_corpus_sharding", ["--part", "sharding", "--rounds", "1"]),
+    ("bench_corpus.py", "bench_corpus_allocator", ["--part", "allocator", "--pairs", "16", "--rounds", "1",
+                                                   "--calls", "1", "--threads", "1"]),
     ("bench_speed.py", "bench_speed", ["--model", TINY, "--layer", "2", "--pairs", "4", "--repeats", "1",
                                        "--warmup", "0", "--threads", "1"]),
     ("bench_reward_worker.py", "bench_reward_worker", ["--references", "8", "--calls", "8", "--repeats", "1",
