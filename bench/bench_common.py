@@ -156,6 +156,15 @@ def tokenizer_parallelism(encoder, batches: dict[str, list[str]], repeats: int) 
     return rows
 
 
+def tokenizer_table(rows: list[dict]) -> dict:
+    """The table of :func:`tokenizer_parallelism`'s rows."""
+    import harness
+
+    return harness.table(["texts", "parallelism off, ms", "parallelism on, ms", "speed-up", "processors"],
+                         [[r["label"], f"{r['serial_ms']:.2f}", f"{r['parallel_ms']:.2f}", f"{r['speedup']:.2f}x",
+                           r["cpus"]] for r in rows], align="-rrrr")
+
+
 def measure(run, install, replay: bool = True, sync: Callable[[], None] = lambda: None) -> dict:
     """End-to-end call (encoder share timed), then the metric part on recorded encoder outputs.
 

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import harness
 from bench_common import (Timed, default_layer, model_dir, run_bert_score, run_torchmover, synchronizer,
-                          tokenizer_parallelism)
+                          tokenizer_parallelism, tokenizer_table)
 
 COMPLETIONS_PER_PROMPT = 8
 PROMPTS = (8, 64)  # 64 and 512 completions
@@ -218,10 +218,7 @@ def report(args, device, results, started) -> tuple[str, dict, list]:
         body += ["Reward call (`MoverReward`, references cached), ms per call; phases with the device "
                  "synchronised at their boundaries:", {"table": f"{model}_reward"}]
         if r.get("tokenizer"):  # results stored before this measurement have none
-            tables[f"{model}_tokenizer"] = harness.table(
-                ["texts", "parallelism off, ms", "parallelism on, ms", "speed-up", "processors"],
-                [[row["label"], f"{row['serial_ms']:.2f}", f"{row['parallel_ms']:.2f}", f"{row['speedup']:.2f}x",
-                  row["cpus"]] for row in r["tokenizer"]], align="-rrrr")
+            tables[f"{model}_tokenizer"] = tokenizer_table(r["tokenizer"])
             body += [f"The reward calls' tokenization alone (`Encoder.tokenize(word_ids=False)`), wall time, the Rust "
                      f"tokenizer's parallelism off and on in turn (the calls above ran with TOKENIZERS_PARALLELISM "
                      f"{os.environ.get('TOKENIZERS_PARALLELISM', 'unset')}):", {"table": f"{model}_tokenizer"}]

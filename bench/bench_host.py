@@ -54,7 +54,8 @@ import torch  # noqa: E402
 
 import harness  # noqa: E402
 from bench_common import (Recorded, Recordings, Timed, default_layer, install_encoder, install_function,  # noqa: E402
-                          minor_faults, model_dir, tokenizer_parallelism)
+                          minor_faults, model_dir, tokenizer_parallelism,
+                          tokenizer_table)
 
 
 CLOCK = time.thread_time
@@ -204,10 +205,7 @@ def main(argv=None) -> None:
             "replayed_ms"))] for r in calls], align="rrrrrrrr")}
     batches = {f"{8 * n} completions ({n} prompts x 8)": reward_texts(pairs, n, 8)[0] for n in (8, 64)}
     tokenizer = tokenizer_parallelism(tiny_default_tokenizer_scorer().encoder, batches, 10 * args.repeats)
-    tables["tokenizer"] = harness.table(
-        ["texts", "parallelism off, ms", "parallelism on, ms", "speed-up", "processors"],
-        [[r["label"], f"{r['serial_ms']:.2f}", f"{r['parallel_ms']:.2f}", f"{r['speedup']:.2f}x", r["cpus"]]
-         for r in tokenizer], align="-rrrr")
+    tables["tokenizer"] = tokenizer_table(tokenizer)
     body = ["- 1 torch thread, the process's CPU time (harness.time_call); sections inside a call: the calling thread's CPU time\n"
             "- tokenizer: TOKENIZERS_PARALLELISM=false in (a) and (b), so its Rust work is in the calling thread",
             f"(b) reward call, references cached, tiny random encoder, medians over {10 * args.repeats} calls, ms",
