@@ -52,6 +52,11 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+def faults_mib(faults: float) -> float:
+    """The MiB of memory that ``faults`` minor page faults touched first (a page each)."""
+    return faults * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def synchronizer(device) -> Callable[[], None]:
     """A function that waits for ``device``'s queued work (CUDA), or does nothing (CPU)."""
     import torch

@@ -61,6 +61,7 @@ import time
 from pathlib import Path
 
 import harness
+from bench_common import faults_mib
 from harness import REPO, wmt_parser
 
 BENCH = Path(__file__).resolve().parent
@@ -289,17 +290,14 @@ def run_allocator(args) -> tuple[list[str], dict, dict]:
                 f"{name} {statistics.median(c['wall_s'] for c in r[-1]['calls']):.2f} s a call"
                 for name, r in runs.items()), flush=True)
 
-    def median(name: str, key: str) -> list[float]:  # per round: the median over its calls
+    def per_round(name: str, key: str) -> list[float]:  # each round's median call
         return [statistics.median(c[key] for c in run["calls"]) for run in runs[name]]
-    page = os.sysconf("SC_PAGE_SIZE")
-    rows, ratios = [], {}
-    for key in ("wall_s", "cpu_s"):
-        ratios[key] = [a / b for a, b in zip(median("glibc defaults", key), median("freed memory kept", key))]
-    for name, env in settings.items():
-        rows.append([name, " ".join(f"{k}={v}" for k, v in env.items()) or "–",
-                     f"{statistics.median(median(name, 'wall_s')):.2f}", f"{statistics.median(median(name, 'cpu_s')):.2f}",
-                     f"{statistics.median(median(name, 'minor_faults')) * page / 2**20:.0f}",
-                     f"{statistics.median(r['peak_rss_mb'] for r in runs[name]):.0f}"])
+    ratios = {key: [a / b for a, b in zip(per_round("glibc defaults", key), per_round("freed memory kept", key))]
+              for key in ("wall_s", "cpu_s")}
+    rows = [[name, " ".join(f"{k}={v}" for k, v in env.items()) or "–",
+             f"{statistics.median(per_round(name, 'wall_s')):.2f}", f"{statistics.median(per_round(name, 'cpu_s')):.2f}",
+             f"{faults_mib(statistics.median(per_round(name, 'minor_faults'))):.0f}",
+             f"{statistics.median(r['peak_rss_mb'] for r in runs[name]):.0f}"] for name, env in settings.items()]
     same = max(abs(a - b) for a, b in zip(runs["glibc defaults"][0]["scores"], runs["freed memory kept"][0]["scores"]))
     for name in settings:
         for r in runs[name]:

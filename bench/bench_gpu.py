@@ -256,6 +256,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     from tqdm.auto import tqdm
 
+    from torchmover import Encoder
+
     started = time.perf_counter()
     pairs = harness.wmt_sample(args.data, max(args.pairs, max(PROMPTS) * COMPLETIONS_PER_PROMPT), args.seed)
     variants = [("fp32", None, False), ("bf16", "bf16", False), ("fp16", "fp16", False), ("compile", None, True)]
@@ -278,8 +280,6 @@ def main(argv=None) -> int:
                         row.update(variant=variant, max_diff=max(abs(a - b) for a, b in zip(row.pop("scores"), baseline)))
                         rows.append(row)
                         bar.update()
-                from torchmover import Encoder
-
                 batches = {f"{len(hyps)} completions": hyps for hyps in
                            (reward_inputs(pairs, n)[0] for n in PROMPTS)}
                 tokenizer = tokenizer_parallelism(Encoder.from_pretrained(path, layer=layer), batches, args.repeats)

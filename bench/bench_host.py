@@ -44,7 +44,6 @@ from __future__ import annotations
 import functools
 import itertools
 import os
-import resource
 import statistics
 import time
 
@@ -53,9 +52,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer's work
 import torch  # noqa: E402
 
 import harness  # noqa: E402
-from bench_common import (Recorded, Recordings, Timed, default_layer, install_encoder, install_function,  # noqa: E402
-                          minor_faults, model_dir, tokenizer_parallelism,
-                          tokenizer_table)
+from bench_common import (Recorded, Recordings, Timed, default_layer, faults_mib, install_encoder,  # noqa: E402
+                          install_function, minor_faults, model_dir, tokenizer_parallelism, tokenizer_table)
 
 
 CLOCK = time.thread_time
@@ -105,7 +103,6 @@ def metric_part(pairs: list[dict], repeats: int) -> dict:
         family._cross = cross.fn
         restore_bert_score()
     return {"times": times, "transport": transport, "minor_faults": faults}
-
 
 
 def tiny_default_tokenizer_scorer():
@@ -217,7 +214,7 @@ def main(argv=None) -> None:
     if not args.skip_metric:
         m = figures["metric_part"] = metric_part(pairs, args.repeats)
         times, transport, bert = m["times"], m["transport"], m["times"]["bert_score"]
-        touched = {name: f"{statistics.median(f) * resource.getpagesize() / 2**20:.0f}"
+        touched = {name: f"{faults_mib(statistics.median(f)):.0f}"
                    for name, f in m["minor_faults"].items()}
         rows = []
         for name, label in (("twmd", "torchmover TWMD (default)"), ("bertscore", "torchmover `bertscore` preset (F1)")):
