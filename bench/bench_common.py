@@ -65,6 +65,66 @@ def synchronizer(device) -> Callable[[], None]:
     return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
 
+def busy_time(intervals) -> float:
+    """The length of the union of the ``(start, end)`` intervals: the time during which at least one of
+    them ran (kernels of several streams may overlap; a time is counted once)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def profile_calls(call: Callable[[], object], repeats: int, device, top: int = 10) -> dict:
+    """Where the time of ``call()`` goes, by ``torch.profiler`` over ``repeats`` calls (after the caller's
+    warm-up), per call: its wall time under the profiler (which adds some microseconds to every op),
+    the aten ops the host issued (each at least one kernel launch on a GPU; ``aten_ops``: those not
+    called by another aten op), and on a CUDA ``device`` the kernels and memory copies the device ran
+    and the time it was busy with any of them (``device_busy_s``: the union of their intervals), so
+    that ``1 - device_busy_s / wall_s`` is the share of the call in which the device waited for the
+    host. ``top``: the ops with the most self time on the device (CUDA) or on the host (CPU), each with
+    its calls and self host and device time per call."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    sync = synchronizer(device)
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    sync()
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(repeats):
+            call()
+        sync()
+        wall = time.perf_counter() - start
+    events = prof.events()
+    on_device = [e for e in events if e.device_type == DeviceType.CUDA]
+    copies = [e for e in on_device if e.name.startswith(("Memcpy", "Memset"))]
+    aten = [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::")]
+    outermost = [e for e in aten if not _has_aten_parent(e)]
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    ranked = sorted(prof.key_averages(), key=lambda a: getattr(a, key), reverse=True)[:top]
+    return {"repeats": repeats, "wall_s": wall / repeats, "aten_ops": len(outermost) / repeats,
+            "kernels": (len(on_device) - len(copies)) / repeats if cuda else None,
+            "copies": len(copies) / repeats if cuda else None,
+            "device_busy_s": busy_time((e.time_range.start, e.time_range.end) for e in on_device) / 1e6 / repeats
+            if cuda else None,
+            "top": [{"op": a.key, "calls": a.count / repeats, "self_host_s": a.self_cpu_time_total / 1e6 / repeats,
+                     "self_device_s": a.self_device_time_total / 1e6 / repeats if cuda else None}
+                    for a in ranked]}
+
+
+def _has_aten_parent(event) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
 class Timed:
     """Wraps ``fn`` and accumulates the time spent inside it (``seconds``), by ``clock`` (default: wall
     time). ``sync`` (e.g. :func:`synchronizer`) runs before the clock starts and before it stops, so

@@ -20,6 +20,10 @@ weights cost what trained ones cost) — on ``--pairs`` WMT15-16 pairs of ``--da
    tokenizer's own parallelism off and on (``bench_common.tokenizer_parallelism``), on the processors
    the process may use; the report names the ``TOKENIZERS_PARALLELISM`` the run started with (the
    reward calls above ran under it).
+5. **a profile of the reward call**: the float32 calls of 2. under ``torch.profiler``
+   (``bench_common.profile_calls``): the aten ops the host issued per call, the kernels and memory
+   copies the device ran and the time it was busy with them (the rest of the call, the device waited
+   for the host: what CUDA graphs or fewer launches could win), and the ops with the most self time.
 
 Without CUDA it prints why and exits with status 0 (nothing is measured). ``--device cpu`` runs the
 same measurements on the CPU (the CPU-safe part: how the call splits when the encoder is not 30-100×
@@ -43,8 +47,8 @@ import time
 from pathlib import Path
 
 import harness
-from bench_common import (Timed, default_layer, model_dir, run_bert_score, run_torchmover, synchronizer,
-                          tokenizer_parallelism, tokenizer_table)
+from bench_common import (Timed, default_layer, model_dir, profile_calls, run_bert_score, run_torchmover,
+                          synchronizer, tokenizer_parallelism, tokenizer_table)
 
 COMPLETIONS_PER_PROMPT = 8
 PROMPTS = (8, 64)  # 64 and 512 completions
@@ -118,15 +122,23 @@ def reward_inputs(pairs, n_prompts: int):
     return hyps, refs, [p["ref"] for p in prompts]
 
 
-def reward_breakdown(path, layer, pairs, device, n_prompts, repeats, dtype=None, compile=False) -> dict:
-    """Median wall time of a reward call and the mean time of each phase in it (module docs)."""
-    import torch
+def reward_call(path, layer, pairs, device, n_prompts, dtype=None, compile=False):
+    """``(reward, hyps, refs)``: a ``MoverReward`` of ``n_prompts`` cached references (centering fitted
+    on them) and the completions of :func:`reward_inputs` to score."""
     from torchmover import Scorer
     from torchmover.reward.rewards import MoverReward
 
     hyps, refs, references = reward_inputs(pairs, n_prompts)
-    scorer = Scorer(path, layer=layer, device=device, dtype=dtype, compile=compile)
-    reward = MoverReward(scorer).fit(references)
+    reward = MoverReward(Scorer(path, layer=layer, device=device, dtype=dtype, compile=compile)).fit(references)
+    return reward, hyps, refs
+
+
+def reward_breakdown(path, layer, pairs, device, n_prompts, repeats, dtype=None, compile=False) -> dict:
+    """Median wall time of a reward call and the mean time of each phase in it (module docs)."""
+    import torch
+
+    reward, hyps, refs = reward_call(path, layer, pairs, device, n_prompts, dtype, compile)
+    scorer = reward.scorer
     sync = synchronizer(device)
     encoder, centering = scorer.encoder, reward.centering
 
@@ -152,6 +164,17 @@ def reward_breakdown(path, layer, pairs, device, n_prompts, repeats, dtype=None,
     out.update(call=statistics.mean(total), call_without_syncs=plain, peak_gpu_mib=read(),
                completions=len(hyps), scores=scores.float().cpu().tolist(), signature=scorer.signature)
     return out
+
+
+def reward_profile(path, layer, pairs, device, n_prompts, repeats) -> dict:
+    """The float32 reward call of :func:`reward_breakdown` under ``torch.profiler``
+    (``bench_common.profile_calls``): ops, kernels, the device's busy time, the top ops."""
+    import torch
+
+    reward, hyps, refs = reward_call(path, layer, pairs, device, n_prompts)
+    with torch.no_grad():
+        reward(hyps, refs)  # warm-up
+        return dict(profile_calls(lambda: reward(hyps, refs), repeats, device), completions=len(hyps))
 
 
 def ms(seconds: float) -> str:
@@ -193,6 +216,26 @@ def docs_tables(results: dict, pairs: int) -> dict:
                                           "peak GPU MiB"], reward, "-r-rrrrrrrr")}
 
 
+def profile_tables(profiles: list[dict]) -> tuple[dict, dict]:
+    """The table of :func:`reward_profile`'s figures (a row per call size), and per call size the table
+    of its top ops."""
+    def idle(p):
+        return "—" if p["device_busy_s"] is None else f"{1 - p['device_busy_s'] / p['wall_s']:.0%}"
+
+    summary = harness.table(
+        ["completions", "call ms (profiled)", "aten ops", "kernels", "memory copies", "device busy ms",
+         "device idle"],
+        [[p["completions"], ms(p["wall_s"]), f"{p['aten_ops']:.0f}",
+          *("—" if p[k] is None else f"{p[k]:.0f}" for k in ("kernels", "copies")),
+          "—" if p["device_busy_s"] is None else ms(p["device_busy_s"]), idle(p)] for p in profiles], "rrrrrrr")
+    top = {p["completions"]: harness.table(
+        ["op", "calls", "self host ms", "self device ms"],
+        [[f"`{t['op']}`", f"{t['calls']:g}", f"{1000 * t['self_host_s']:.2f}",
+          "—" if t["self_device_s"] is None else f"{1000 * t['self_device_s']:.2f}"] for t in p["top"]], "-rrr")
+        for p in profiles}
+    return summary, top
+
+
 def report(args, device, results, started) -> tuple[str, dict, list]:
     """The title, the named tables and the body of the report."""
     name = torch_device_name(device)
@@ -222,6 +265,17 @@ def report(args, device, results, started) -> tuple[str, dict, list]:
             body += [f"The reward calls' tokenization alone (`Encoder.tokenize(word_ids=False)`), wall time, the Rust "
                      f"tokenizer's parallelism off and on in turn (the calls above ran with TOKENIZERS_PARALLELISM "
                      f"{os.environ.get('TOKENIZERS_PARALLELISM', 'unset')}):", {"table": f"{model}_tokenizer"}]
+        if r.get("profile"):  # results stored before this measurement have none
+            tables[f"{model}_profile"], top = profile_tables(r["profile"])
+            body += ["The float32 reward calls under `torch.profiler` (`bench_common.profile_calls`), per call: the "
+                     "aten ops the host issued (those not called by another), the kernels and memory copies the "
+                     "device ran, and the time it was busy with any of them; the rest of the call the device "
+                     "waited for the host. The profiler adds some microseconds to every op.",
+                     {"table": f"{model}_profile"}]
+            for completions, table in top.items():
+                tables[f"{model}_top_{completions}"] = table
+                body += [f"The ops with the most self time ({'device' if device.type == 'cuda' else 'host'}), "
+                         f"{completions} completions, per call:", {"table": f"{model}_top_{completions}"}]
     tables.update(docs_tables(results, args.pairs))
     body += ["## Tables of the documentation", {"table": "docs_scoring"}, {"table": "docs_reward"}]
     return f"bench_gpu on {name}", tables, body
@@ -264,7 +318,7 @@ def main(argv=None) -> int:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         models = encoders(Path(tmp), args.models.split(","))
-        steps = len(models) * (1 + len(PROMPTS) + len(variants) - 1)
+        steps = len(models) * (1 + 2 * len(PROMPTS) + len(variants) - 1)
         with tqdm(total=steps, desc="bench_gpu", unit="step") as bar:
             for model, (path, layer) in models.items():
                 bar.set_postfix_str(f"{model}: torchmover vs bert_score")
@@ -280,10 +334,16 @@ def main(argv=None) -> int:
                         row.update(variant=variant, max_diff=max(abs(a - b) for a, b in zip(row.pop("scores"), baseline)))
                         rows.append(row)
                         bar.update()
+                profiles = []
+                for n_prompts in PROMPTS:
+                    bar.set_postfix_str(f"{model}: reward {n_prompts * COMPLETIONS_PER_PROMPT} under the profiler")
+                    profiles.append(reward_profile(path, layer, pairs, args.device, n_prompts, args.repeats))
+                    bar.update()
                 batches = {f"{len(hyps)} completions": hyps for hyps in
                            (reward_inputs(pairs, n)[0] for n in PROMPTS)}
                 tokenizer = tokenizer_parallelism(Encoder.from_pretrained(path, layer=layer), batches, args.repeats)
-                results[model] = {"layer": layer, "systems": systems, "reward": rows, "tokenizer": tokenizer}
+                results[model] = {"layer": layer, "systems": systems, "reward": rows, "tokenizer": tokenizer,
+                                  "profile": profiles}
     title, tables, body = report(args, device, results, started)
     harness.publish(args.out, f"bench_gpu_{device.type}_{'_'.join(results)}", title, results, tables, body,
                     data=harness.data_provenance(args.data, len(pairs), args.seed))

@@ -249,3 +249,55 @@ def test_tokenizer_parallelism_times_each_setting_in_turn_and_restores_the_envir
     assert all(r["serial_ms"] > 0 and r["parallel_ms"] > 0 and r["cpus"] >= 1 for r in rows)
     assert all(math.isclose(r["speedup"], r["serial_ms"] / r["parallel_ms"]) for r in rows)
     assert os.environ.get("TOKENIZERS_PARALLELISM") == before
+
+
+@pytest.mark.parametrize("intervals, busy", [
+    ([], 0.0),
+    ([(0, 2), (5, 6)], 3.0),                 # apart
+    ([(5, 6), (0, 2)], 3.0),                 # in any order
+    ([(0, 4), (1, 2), (3, 6)], 6.0),         # nested and overlapping: counted once
+    ([(0, 1), (1, 2)], 2.0),                 # touching
+])
+def test_busy_time_is_the_length_of_the_union_of_the_intervals(intervals, busy):
+    import bench_common
+
+    assert bench_common.busy_time(intervals) == busy
+
+
+def test_profile_calls_counts_the_outermost_ops_of_each_call_and_ranks_them():
+    """Two calls, each one matmul (its inner ops not counted again) and three adds: 4 ops a call, the
+    matmul first by self time; on the CPU there are no device figures."""
+    import bench_common
+
+    a = torch.randn(256, 256)
+
+    def call():
+        b = a @ a
+        for _ in range(3):
+            b = b + 1
+        return b
+
+    call()
+    p = bench_common.profile_calls(call, repeats=2, device="cpu", top=3)
+    assert p["repeats"] == 2 and p["aten_ops"] == 4 and p["wall_s"] > 0
+    assert p["kernels"] is None and p["copies"] is None and p["device_busy_s"] is None
+    assert p["top"][0]["op"] == "aten::mm" and p["top"][0]["calls"] == 1
+    assert {"op": "aten::add", "calls": 3} == {k: v for k, v in next(t for t in p["top"] if t["op"] == "aten::add").items()
+                                               if k in ("op", "calls")}
+    assert all(t["self_device_s"] is None for t in p["top"])
+
+
+def test_the_gpu_report_shows_the_profile_of_the_reward_calls(monkeypatch):
+    bench_gpu = load_script(ROOT / "bench" / "bench_gpu.py")
+    monkeypatch.setattr(bench_gpu, "torch_device_name", lambda device: "a GPU")
+    res = harness.load(ROOT / "bench" / "results" / "bench_gpu_cuda_default.json")
+    figures = res["figures"]
+    top = [{"op": "aten::addmm", "calls": 25.0, "self_host_s": 1e-4, "self_device_s": 2e-4}]
+    figures["default"]["profile"] = [
+        {"completions": n, "repeats": 10, "wall_s": 0.010, "aten_ops": 281.0, "kernels": 300.0, "copies": 2.0,
+         "device_busy_s": 0.004, "top": top} for n in (64, 512)]
+    args = types.SimpleNamespace(pairs=1000, batch_size=64, repeats=10)
+    title, tables, body = bench_gpu.report(args, torch.device("cuda"), figures, time.perf_counter())
+    assert tables["default_profile"]["rows"][0] == ["64", "10.0", "281", "300", "2", "4.0", "60%"]
+    assert tables["default_top_512"]["rows"] == [["`aten::addmm`", "25", "0.10", "0.20"]]
+    assert {"table": "default_top_64"} in body
