@@ -199,9 +199,10 @@ def command_line(argv: list[str] | None = None) -> str:
 def tree_state() -> tuple[str, bool | None]:
     """The checked-out commit and whether tracked files differ from it (None outside git), the
     results under ``bench/results/`` apart: a benchmark run after another has written its result
-    measures the same code."""
+    measures the same code. Outside git (a copy of the tree, e.g. on a machine the repository was
+    sent to), the commit the environment variable ``BENCH_COMMIT`` names, else ``"unknown"``."""
     status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results")
-    return _git("rev-parse", "HEAD") or "unknown", None if status is None else bool(status)
+    return _git("rev-parse", "HEAD") or os.environ.get("BENCH_COMMIT", "unknown"), None if status is None else bool(status)
 
 
 STARTED_ON = tree_state()  # when the script imported the harness: the code that runs

@@ -224,6 +224,17 @@ def test_a_changed_result_leaves_the_tree_clean_and_a_changed_script_does_not(tm
     assert harness.tree_state()[1] is True
 
 
+def test_outside_git_the_commit_is_the_one_bench_commit_names(tmp_path, monkeypatch):
+    """A copy of the tree without its .git (sent to another machine) records the commit it was copied
+    from, where the caller names it."""
+    monkeypatch.setattr(harness, "REPO", tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no repository above tmp_path
+    monkeypatch.delenv("BENCH_COMMIT", raising=False)
+    assert harness.tree_state() == ("unknown", None)
+    monkeypatch.setenv("BENCH_COMMIT", "0123abcd" * 5)
+    assert harness.tree_state() == ("0123abcd" * 5, None)
+
+
 @pytest.mark.parametrize("before", [None, "false"])
 def test_tokenizer_parallelism_times_each_setting_in_turn_and_restores_the_environment(before, monkeypatch):
     """Each batch is tokenized with TOKENIZERS_PARALLELISM false and true in turn (after a warm-up

@@ -99,6 +99,22 @@ def test_score_inner_loop_is_sync_free(tiny_encoder, options):
                                atol=1e-5, rtol=0)
 
 
+def test_grouped_passes_are_sync_free(tiny_encoder):
+    """The encoder's passes by length group (``pass_cost=0``: a pass per distinct length): the order of
+    the groups goes with the model inputs in one transfer, each pass reads its rows as a slice."""
+    tiny_encoder.pass_cost = 0
+    scorer = make_scorer(tiny_encoder, centering="batch")
+    passes = []
+    handle = tiny_encoder.model.register_forward_pre_hook(lambda *_: passes.append(1))
+    trace = traced(lambda: scorer(HYPS, REFS).sum().backward(), scorer)
+    handle.remove()
+    assert len(passes) >= 3
+    assert_sync_free(trace)
+    reward = MoverReward(make_scorer(tiny_encoder, centering="fixed").fit_centering(REFS, progress=False))
+    reward(HYPS, REFS)
+    assert_sync_free(traced(lambda: reward(HYPS[::-1], REFS), reward.scorer))
+
+
 @pytest.fixture
 def fitted_scorer(tiny_encoder):
     return make_scorer(tiny_encoder, centering="fixed").fit_centering(REFS, progress=False)
@@ -191,10 +207,13 @@ def on_meta(scorer: Scorer) -> Scorer:
 
 
 @pytest.mark.parametrize("options", [{}, {"idf": True, "stopwords": "english"}, {"subwords": "mean"},
-                                     {"method": "bertscore", "direction": "f1"}], ids=str)
+                                     {"method": "bertscore", "direction": "f1"}, {"pass_cost": 0}], ids=str)
 def test_rewards_run_on_the_meta_device(fitted_scorer, tiny_encoder, options):
     """A second proof, independent of the trace: no data can be read from a meta tensor (a scalar
-    read, ``nonzero``, ``unique`` raise), so a whole call that runs there reads none."""
+    read, ``nonzero``, ``unique`` raise), so a whole call that runs there reads none (also with the
+    encoder's passes by length group: ``pass_cost=0``)."""
+    options = dict(options)
+    tiny_encoder.pass_cost = options.pop("pass_cost", "auto")
     scorer = fitted_scorer if not options else make_scorer(tiny_encoder, **options)
     reward, self_critical = MoverReward(scorer), SelfCriticalReward(scorer)
     if options:  # fitted on the CPU

@@ -458,6 +458,7 @@ class _MemoEncoder(Encoder):
         self.max_length, self.special_tokens = inner.max_length, inner.special_tokens
         self.power_mean_layers, self.reads_type_ids = inner.power_mean_layers, inner.reads_type_ids
         self.special_ends, self.last_state_is_layer = inner.special_ends, inner.last_state_is_layer
+        self.pass_cost = inner.pass_cost
         self._memo: dict[tuple[str, ...], TokenEmbeddings] = {}
         self._tokens: dict[tuple[str, ...], object] = {}
 

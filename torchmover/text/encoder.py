@@ -27,8 +27,9 @@ import torch
 from torch import Tensor, nn
 
 from .._internal.moduletree import first_parameter
-from .._internal.transfer import send
+from .._internal.transfer import send, to_device
 from ..runtime.progress import quiet_loading
+from .length_groups import check_pass_cost, length_groups, resolve_pass_cost
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 SPECIAL_TOKEN_POLICIES = ("drop", "cls", "keep", "target")
@@ -349,12 +350,21 @@ class Encoder(nn.Module):
         power_mean_layers: ``k > 1`` replaces the layer's vectors by the concatenated power means
             ``[mean, max, min]`` over layers ``layer − k + 1 … layer`` (MoverScore's Eq. 3–5,
             ``p ∈ {1, +∞, −∞}``), so the vectors have ``3·hidden_size`` dimensions.
+        pass_cost: how a call's texts are cut into forward passes of similar length
+            (:mod:`torchmover.text.length_groups`): one pass's overhead counted in padded tokens, so
+            that a call splits where that saves more padded tokens than the passes cost; ``"auto"``
+            (the default) by the device the model is on, ``None`` one pass per call, ``0`` as few
+            padded tokens as there are distinct lengths allow. Scores do not depend on it beyond float
+            rounding (a text's vectors do not depend on its batch-mates), and it is not in the
+            signature. An attribute, which may be set at any time.
     """
 
     def __init__(self, model: nn.Module, tokenizer, layer: int, name: str, revision: str | None = None,
                  max_length: int | None = None, special_tokens: str = "drop", power_mean_layers: int = 1,
-                 source: str | None = None):
+                 source: str | None = None, pass_cost: int | str | None = "auto"):
         super().__init__()
+        check_pass_cost(pass_cost)
+        self.pass_cost = pass_cost
         n_layers = model.config.num_hidden_layers
         if not isinstance(layer, int) or not 0 <= layer <= n_layers:
             raise ValueError(f"layer must be an int in [0, {n_layers}] for {name!r}, got {layer!r}")
@@ -588,9 +598,17 @@ class Encoder(nn.Module):
         if "token_type_ids" in tokenizer.model_input_names:
             model_inputs["token_type_ids"] = host.get("token_type_ids", np.zeros_like(host["input_ids"]))
         rows = [*model_inputs.values(), mask, special] + ([host["word_ids"]] if with_word_ids else [])
-        sent = send(torch.from_numpy(np.stack(rows).astype(np.int64, copy=False)), self.device).unbind(0)
+        block = np.stack(rows).astype(np.int64, copy=False)
+        groups = length_groups(lengths, resolve_pass_cost(self.pass_cost, self.device.type))
+        if groups is None:
+            sent = send(torch.from_numpy(block), self.device).unbind(0)
+            vectors = self._vectors(dict(zip(model_inputs, sent)))
+        else:  # the order of the groups' texts sent with the block, in one transfer
+            sent, order = to_device([block, np.concatenate(groups)], self.device)
+            sent = sent.view(block.shape).unbind(0)
+            vectors = self._grouped_vectors(dict(zip(model_inputs, sent)), order,
+                                            [(len(g), int(lengths[g[-1]])) for g in groups])
         inputs = dict(zip(model_inputs, sent))
-        vectors = self._vectors(inputs)
         num_words = int(host["word_ids"].max(initial=-1)) + 1 if with_word_ids else None
         mask_sent, special_sent = sent[len(inputs)], sent[len(inputs) + 1]
         return TokenEmbeddings(vectors, mask_sent != 0, inputs["input_ids"],
@@ -622,6 +640,22 @@ class Encoder(nn.Module):
         special = np.arange(valid.shape[1]) >= (lengths - after)[:, None]  # the last ``after``, and padding
         special[:, :before] = True
         return special & valid
+
+    def _grouped_vectors(self, inputs: dict[str, Tensor], order: Tensor, groups: list[tuple[int, int]]) -> Tensor:
+        """:meth:`_vectors` of ``inputs`` ``[N, L]``, one forward pass per group of texts: ``order`` holds
+        the rows of the groups one after the other, ``groups`` each group's ``(texts, width)`` (its
+        longest text). Each pass runs on its rows cut to its width; its vectors are written into
+        their rows of one ``[N, L, D]`` tensor, zero at the padding (differentiable)."""
+        n, width = inputs["input_ids"].shape
+        grouped = {name: t.index_select(0, order) for name, t in inputs.items()}
+        out, start = None, 0
+        for size, group_width in groups:
+            vectors = self._vectors({name: t[start:start + size, :group_width] for name, t in grouped.items()})
+            if out is None:
+                out = vectors.new_zeros((n, width, vectors.shape[-1]))
+            out[:, :group_width].index_copy_(0, order[start:start + size], vectors)
+            start += size
+        return out
 
     def _vectors(self, inputs: dict[str, Tensor]) -> Tensor:
         """The model's token vectors of :attr:`layer` (:meth:`_layer_vectors`) for ``inputs``.
