@@ -11,8 +11,8 @@ On the default model, on ``--device``:
     value ``pass_cost="auto"`` should have on this device, :data:`torchmover.text.length_groups.AUTO_PASS_COST`).
 (b) **reward calls** (``MoverReward``, references cached, centering fitted on them, as
     ``bench/bench_gpu.py``: 8 completions per prompt, WMT15-16 hypotheses of its seeded sample of
-    ``--pairs``) of ``--completions`` (64 and 512), with ``pass_cost`` ``None`` (one pass), ``"auto"`` and ``0``, in turn, round
-    after round: median wall time per call (the device synchronised), the passes and the padded
+    ``--pairs``) of ``--completions`` (64 and 512), with ``pass_cost`` ``None`` (one pass), ``"auto"``,
+    0, 32, 512 and 8192, in turn, round after round: median wall time per call (the device synchronised), the passes and the padded
     tokens the encoder ran, and the largest score difference from one pass.
 
 Command (from the repository root)::
@@ -31,7 +31,7 @@ import numpy as np
 import harness
 from bench_common import default_layer, model_dir, synchronizer
 
-PASS_COSTS = (None, "auto", 0)
+PASS_COSTS = (None, "auto", 0, 32, 512, 8192)
 BATCHES = [(n, length) for n in (1, 4, 16, 64) for length in (8, 32, 64)]
 
 

@@ -560,6 +560,12 @@ class Encoder(nn.Module):
         ``tokenized``: ``texts`` already tokenized (:meth:`tokenize`, or a :func:`take_tokens` of it,
         with word ids where they are needed), e.g. by a caller that tokenized many texts at once to
         batch them by token count: they are not tokenized again.
+
+        The model runs once per group of similar length that :attr:`pass_cost` chooses
+        (:mod:`~torchmover.text.length_groups`, from the lengths known on the host): the order of the
+        groups' texts goes with the inputs in the one transfer, each pass reads its rows cut to its
+        longest text, and its vectors are written into their rows of the ``[N, L, D]`` result, zero
+        at the padding.
         """
         if not texts:  # the tokenizer's own call fails on an empty batch, and a model on an empty input
             raise ValueError("texts is empty: the encoder needs at least one text")
