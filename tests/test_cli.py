@@ -143,3 +143,28 @@ def test_literal_pair_writes_its_score_to_output(tmp_path, tiny_model_dir, capsy
     assert main(["score", "--hyp", "the cat sat", "--ref", "a cat sat", "--model", str(tiny_model_dir), "--layer", "2",
                  "--no-progress", "--output", str(output)]) == 0
     assert 0 < float(output.read_text()) <= 1 and capsys.readouterr().out == ""
+
+
+def test_an_option_read_as_none_is_given_not_dropped(tmp_path, tiny_model_dir, capsys):
+    """``--n-iter converged`` reads as None (the converged solver): it is an option given, not the
+    default of one iteration."""
+    assert run(tmp_path, tiny_model_dir, "--n-iter", "converged") == 0
+    assert "|iter:converged|" in capsys.readouterr().err
+    assert run(tmp_path, tiny_model_dir) == 0
+    assert "|iter:1|" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, expected", [(None, "auto"), ("auto", "auto"), ("none", None), ("0", 0), ("300", 300)])
+def test_pass_cost_is_read_into_the_encoder(flag, expected, tiny_model_dir):
+    from torchmover.cli import build_parser, build_scorer
+
+    argv = ["score", "--hyp", "a", "--ref", "b", "--model", str(tiny_model_dir), "--layer", "2", "--device", "cpu"]
+    scorer = build_scorer(build_parser().parse_args(argv + ([] if flag is None else ["--pass-cost", flag])))
+    assert scorer.encoder.pass_cost == expected
+
+
+@pytest.mark.parametrize("value", ["-1", "many", "1.5"])
+def test_a_bad_pass_cost_is_refused_naming_the_option(value, tmp_path, tiny_model_dir, capsys):
+    with pytest.raises(SystemExit):
+        run(tmp_path, tiny_model_dir, "--pass-cost", value)
+    assert "--pass-cost: must be 'auto', 'none' or an integer >= 0" in capsys.readouterr().err

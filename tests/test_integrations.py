@@ -326,6 +326,16 @@ def test_device_auto_is_resolved_as_the_scorer_resolves_it(tiny_model_dir):
     assert next(reward.scorer.parameters()).device.type == resolve_device("auto").type
 
 
+def test_pass_cost_among_the_scorer_options_reaches_the_encoder(tiny_model_dir):
+    """From a config's options, and from the JSON of TORCHMOVER_OPTIONS (null: one pass a call)."""
+    reward = build_reward(RewardConfig(model=str(tiny_model_dir),
+                                       options={"layer": 2, "centering": "none", "pass_cost": 0}))
+    assert reward.scorer.encoder.pass_cost == 0
+    config = RewardConfig.from_env({"TORCHMOVER_MODEL": str(tiny_model_dir),
+                                    "TORCHMOVER_OPTIONS": '{"layer": 2, "centering": "none", "pass_cost": null}'})
+    assert build_reward(config).scorer.encoder.pass_cost is None
+
+
 def test_fit_references_fit_the_scorers_statistics_as_serve_does(tiny_model_dir, tmp_path):
     """One rule for every transport: IDF and a fixed centering mean fitted on the references (the
     command line's fit_to_call), a batch-centered reward centered on their mean, nothing else touched."""

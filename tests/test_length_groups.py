@@ -154,3 +154,14 @@ def test_the_passes_run_on_the_texts_of_their_groups_cut_to_their_width(pass_cos
     groups = length_groups(lengths, pass_cost)
     assert shapes == [(len(g), lengths[g[-1]]) for g in groups]
     assert list(itertools.accumulate(n for n, _ in shapes))[-1] == len(TEXTS)
+
+
+def test_a_scorer_sets_its_pass_cost_on_its_encoder(tiny_encoder):
+    """``Scorer(pass_cost=...)``: set on the encoder it loads; a given encoder keeps its own under
+    ``"auto"`` (the default) and takes any other value."""
+    tiny_encoder.pass_cost = 0
+    assert Scorer(tiny_encoder).encoder.pass_cost == 0
+    assert Scorer(tiny_encoder, pass_cost=None).encoder.pass_cost is None
+    assert Scorer(tiny_encoder, pass_cost=64).encoder.pass_cost == 64
+    with pytest.raises(ValueError, match="pass_cost must be"):
+        Scorer(tiny_encoder, pass_cost="fast")

@@ -117,6 +117,11 @@ def port_number(value: str) -> int:
     return n
 
 
+def _pass_cost(value: str) -> int | str | None:
+    return {"auto": "auto", "none": None}.get(value) if value in ("auto", "none") else \
+        _int_at_least(value, 0, "'auto', 'none' or an integer >= 0")
+
+
 def _n_iter(value: str) -> int | None:
     return None if value == "converged" else _int_at_least(value, 1, "a positive integer or 'converged'")
 
@@ -125,7 +130,8 @@ def add_scorer_arguments(parser: argparse.ArgumentParser) -> None:
     """Options that configure a :class:`~torchmover.Scorer`: ``--preset`` / ``--signature``, then one
     option per field of :class:`~torchmover.ScorerConfig` and :class:`~torchmover.scorer.config.RunOptions`,
     with the field's help text, in its group. Options left out take the preset's value (``--preset``),
-    the signature's (``--signature``) or the Scorer's default."""
+    the signature's (``--signature``) or the Scorer's default: they are absent from the parsed
+    arguments (a value read as None, ``--n-iter converged`` say, is given)."""
     groups = {"metric": parser.add_argument_group("metric")}
     groups["metric"].add_argument("--preset", choices=sorted(PRESETS), help="start from a named preset")
     groups["metric"].add_argument("--signature", help="start from the options a printed signature pins")
@@ -134,12 +140,13 @@ def add_scorer_arguments(parser: argparse.ArgumentParser) -> None:
         group = groups.get(meta["group"]) or groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         flag, kind = "--" + field.name.replace("_", "-"), str(field.type)
         if kind == "bool":
-            group.add_argument(flag, action="store_const", const=True, help=meta["help"])
+            group.add_argument(flag, action="store_const", const=True, default=argparse.SUPPRESS, help=meta["help"])
             continue
-        reader = {"iterations": _n_iter}.get(meta.get("cli_type")) or (
+        reader = {"iterations": _n_iter, "pass_cost": _pass_cost}.get(meta.get("cli_type")) or (
             int if kind.startswith("int") else float if kind.startswith("float") else str)
         choices = meta.get("choices")
-        group.add_argument(flag, type=reader, choices=choices() if choices else None, help=meta["help"])
+        group.add_argument(flag, type=reader, choices=choices() if choices else None, default=argparse.SUPPRESS,
+                           help=meta["help"])
     groups["metric"].add_argument("--baseline-corpus", metavar="FILE",
                                   help="file, one text per line, for --rescale's baseline (default: the references)")
     groups["running"].add_argument("--batch-size", type=positive_int, default=64, metavar="N",
@@ -152,7 +159,7 @@ def given_scorer_options(args: argparse.Namespace) -> dict:
     """The Scorer options given as flags (a ``--stopwords`` file read into its words)."""
     if args.preset and args.signature:
         raise CLIError("give --preset or --signature, not both")
-    given = {k: getattr(args, k) for k in SCORER_OPTIONS if getattr(args, k, None) is not None}
+    given = {k: getattr(args, k) for k in SCORER_OPTIONS if hasattr(args, k)}
     if isinstance(given.get("stopwords"), str) and given["stopwords"] != "english":
         given["stopwords"] = [w.strip() for w in read_lines(given["stopwords"]) if w.strip()]
     return given

@@ -194,6 +194,10 @@ class RunOptions:
     dtype: str | None = _option(None, "running", "encoder precision: float32, bf16, fp16, ... (default: the "
                                                  "weights'; scores stay float32)")
     compile: bool = _option(False, "running", "run the transport terms through torch.compile (default: off)")
+    pass_cost: int | str | None = _option(
+        "auto", "running", "what one more encoder pass costs, in padded tokens: a call's texts run in passes of "
+                           "similar length where that saves more (auto: 128 on the CPU, 4096 on a GPU; none: one "
+                           "pass a call)", cli_type="pass_cost")
 
 
 def encoder_fields() -> tuple[str, ...]:

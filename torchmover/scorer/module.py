@@ -28,6 +28,7 @@ from ..runtime.distributed import shard
 from ..runtime.progress import show_progress
 from ..text.documents import encode_documents
 from ..text.encoder import DEFAULT_MODEL, Encoder, weights_digest
+from ..text.length_groups import check_pass_cost
 from ..text.weights import IDF, fit_idf_over_ranks, keep_mask, ngrams, pool_subwords
 from . import corpus, serialization
 from .config import ScorerConfig
@@ -109,6 +110,10 @@ class Scorer(nn.Module):
         compile: run the transport terms through ``torch.compile`` (twmd with a fixed ``n_iter``,
             trwmd, bertscore, sbert, cka; :mod:`torchmover.functional.compiled`). Off by default: a
             compile costs seconds for little gain where the encoder dominates the call.
+        pass_cost: the encoder's :attr:`Encoder.pass_cost <torchmover.Encoder>`: what one more forward
+            pass costs in padded tokens, so that a call's texts run in passes of similar length where
+            that saves more (``"auto"``, the default: by device; ``None``: one pass a call). With an
+            :class:`Encoder` given, ``"auto"`` leaves its own as it is, another value is set on it.
 
     Every option is a field of :class:`~torchmover.ScorerConfig` (or of
     :class:`~torchmover.scorer.config.RunOptions`); :meth:`from_config` builds a scorer from a config.
@@ -128,8 +133,9 @@ class Scorer(nn.Module):
                  stopwords: Sequence[str] | str = (), punctuation: str = "keep", idf: bool = False,
                  ngram: int = 1, rescale: bool = False, name: str | None = None,
                  device: str | torch.device | None = "auto", dtype: str | torch.dtype | None = None,
-                 compile: bool = False):
+                 compile: bool = False, pass_cost: int | str | None = "auto"):
         super().__init__()
+        check_pass_cost(pass_cost)
         device, dtype = resolve_device(device), resolve_dtype(dtype)  # fail before loading the model
         if not isinstance(model, (str, Encoder)):
             raise TypeError(f"model must be a model name, a path or an Encoder, got {type(model).__name__}")
@@ -149,6 +155,8 @@ class Scorer(nn.Module):
             encoder = Encoder.from_pretrained(model, layer=layer, revision=revision, max_length=max_length,
                                               special_tokens=special_tokens or "drop",
                                               power_mean_layers=power_mean_layers or 1, model_name=name)
+        if pass_cost != "auto" or not isinstance(model, Encoder):
+            encoder.pass_cost = pass_cost
         self.config = config.resolve(encoder)
         self.encoder = encoder
         self.centering = Centering(self.config.centering, dim=encoder.hidden_size)
@@ -162,15 +170,15 @@ class Scorer(nn.Module):
     @classmethod
     def from_config(cls, config: ScorerConfig, encoder: Encoder | None = None, *, name: str | None = None,
                     device: str | torch.device | None = "auto", dtype: str | torch.dtype | None = None,
-                    compile: bool = False) -> "Scorer":
+                    compile: bool = False, pass_cost: int | str | None = "auto") -> "Scorer":
         """The scorer of ``config`` (:class:`~torchmover.ScorerConfig`), on ``encoder`` if given (it
         must agree with the config's encoder fields that are set), else on ``config.model`` loaded
-        from the hub or a local path. ``name``, ``device``, ``dtype``, ``compile``: as in
-        :class:`Scorer`."""
+        from the hub or a local path. ``name``, ``device``, ``dtype``, ``compile``, ``pass_cost``: as
+        in :class:`Scorer`."""
         if not isinstance(config, ScorerConfig):
             raise TypeError(f"config must be a ScorerConfig, got {type(config).__name__}")
         return cls(config.model if encoder is None else encoder, **config.options(), name=name, device=device,
-                   dtype=dtype, compile=compile)
+                   dtype=dtype, compile=compile, pass_cost=pass_cost)
 
     def extra_repr(self) -> str:
         return self.signature
@@ -632,7 +640,8 @@ class Scorer(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, device: str | torch.device | None = "auto",
-                        dtype: str | torch.dtype | None = None, verify: bool = True) -> "Scorer":
+                        dtype: str | torch.dtype | None = None, verify: bool = True,
+                        pass_cost: int | str | None = "auto") -> "Scorer":
         """Load a scorer written by :meth:`save_pretrained` (JSON and safetensors only, no network).
 
         It scores exactly as the saved one and has the same :attr:`signature`: the config keeps the
@@ -642,9 +651,10 @@ class Scorer(nn.Module):
         checks ``torchmover.json`` against the digest of its own content and every other file against
         the SHA-256 recorded at save time, and names the file that differs; ``verify=False`` skips
         both (for a huge model on trusted storage, or a ``torchmover.json`` edited by hand).
+        ``pass_cost`` as in :class:`Scorer` (not saved: it changes how the scorer runs, not its scores).
         """
         saved = serialization.load_saved(path, dtype=dtype, verify=verify)
-        scorer = cls.from_config(saved.config, saved.encoder, device=device)
+        scorer = cls.from_config(saved.config, saved.encoder, device=device, pass_cost=pass_cost)
         if scorer.config != saved.config:
             raise ValueError(f"the scorer rebuilt from {str(path)!r} has config {scorer.config}, saved {saved.config}")
         saved.restore(scorer)
