@@ -14,10 +14,13 @@ On the default model, on ``--device``:
     ``--pairs``) of ``--completions`` (64 and 512), with ``pass_cost`` ``None`` (one pass), ``"auto"``,
     0, 32, 512 and 8192, in turn, round after round: median wall time per call (the device synchronised), the passes and the padded
     tokens the encoder ran, and the largest score difference from one pass.
+(c) **fine-tuning steps**: ``Scorer.forward`` and the backward pass of a squared loss on micro-batches
+    of 16 pairs (``recipes/finetune_wmt.py``'s default; batch centering, train mode), ``--steps`` of
+    them, with ``pass_cost`` ``None`` and ``"auto"`` in turn: median wall time per step, passes per step.
 
 Command (from the repository root)::
 
-    python bench/bench_passes.py [--device cpu|cuda] [--rounds 5] [--threads N] [--completions 64,512]
+    python bench/bench_passes.py [--device cpu|cuda] [--rounds 5] [--threads N] [--completions 64,512] [--steps 10]
 
 Publishes ``bench_passes_<device type>``.
 """
@@ -32,6 +35,7 @@ import harness
 from bench_common import default_layer, model_dir, synchronizer
 
 PASS_COSTS = (None, "auto", 0, 32, 512, 8192)
+STEP_PAIRS = 16  # recipes/finetune_wmt.py's default micro-batch
 BATCHES = [(n, length) for n in (1, 4, 16, 64) for length in (8, 32, 64)]
 
 
@@ -106,10 +110,47 @@ def reward_calls(pairs, device, rounds: int, completions_list: list[int]) -> lis
     return rows
 
 
+def training_steps(pairs, device, rounds: int, steps: int) -> list[dict]:
+    """(c): a row per pass_cost."""
+    from torchmover import Scorer
+
+    scorer = Scorer(model_dir(), layer=default_layer(), centering="batch", device=device).train()
+    batches = [pairs[i:i + STEP_PAIRS] for i in range(0, steps * STEP_PAIRS, STEP_PAIRS)]
+    passes = []
+    handle = scorer.encoder.model.register_forward_pre_hook(lambda *_: passes.append(1))
+
+    def run():
+        for batch in batches:
+            scorer.zero_grad()
+            scorer([p["hyp"] for p in batch], [p["ref"] for p in batch]).pow(2).mean().backward()
+
+    costs = (None, "auto")
+    times, per_step = {c: [] for c in costs}, {}
+    try:
+        for round_ in range(rounds + 1):  # a warm-up round, then the timed ones
+            for cost in costs:
+                scorer.encoder.pass_cost = cost
+                passes.clear()
+                seconds = harness.time_call(run, 1, 0, synchronizer(device)).runs[0]
+                per_step[cost] = len(passes) / len(batches)
+                if round_:
+                    times[cost].append(seconds / len(batches))
+    finally:
+        handle.remove()
+    return [{"pass_cost": c, "step_s": statistics.median(times[c]), "rounds_s": times[c], "passes": per_step[c]}
+            for c in costs]
+
+
 def tables(figures: dict) -> dict:
     cost = figures["pass_cost"]
     one_pass = {r["completions"]: r["call_s"] for r in figures["reward"] if r["pass_cost"] is None}
+    step = {r["pass_cost"]: r["step_s"] for r in figures["training"]}
     return {
+        "training": harness.table(
+            ["pass_cost", "passes a step", "step ms", "speed-up"],
+            [[{None: "None (one pass)", "auto": f"auto ({figures['auto_pass_cost']})"}[r["pass_cost"]],
+              f"{r['passes']:.1f}", f"{1000 * r['step_s']:.0f}", f"{step[None] / r['step_s']:.2f}x"]
+             for r in figures["training"]], "-rrr"),
         "pass_cost": harness.table(
             ["one pass's overhead, ms", "per token, µs", "pass cost, tokens"],
             [[f"{1000 * cost['overhead_s']:.2f}", f"{1e6 * cost['per_token_s']:.2f}",
@@ -134,6 +175,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, help="torch CPU threads")
     parser.add_argument("--pairs", type=int, default=1000, help="the WMT sample (as bench_gpu.py's; default: %(default)s)")
     parser.add_argument("--completions", default="64,512", help="completions per reward call, multiples of 8")
+    parser.add_argument("--steps", type=int, default=10, help="fine-tuning steps per round (default: %(default)s)")
     args = parser.parse_args(argv)
 
     import torch
@@ -149,6 +191,7 @@ def main(argv=None) -> int:
     pairs = harness.wmt_sample(args.data, args.pairs, args.seed)
     encoder = Encoder.from_pretrained(model_dir(), layer=default_layer()).to(device)
     figures = {"pass_cost": pass_cost(encoder, device, args.rounds), "reward": reward_calls(pairs, device, args.rounds, completions),
+               "training": training_steps(pairs, device, args.rounds, args.steps),
                "auto_pass_cost": resolve_pass_cost("auto", device.type), "rounds": args.rounds}
     body = [f"Default model, layer {default_layer()}, on {harness.device_info().get('gpu', {}).get('name', 'the CPU')}"
             f" ({device.type}); {args.rounds} rounds; wall {time.perf_counter() - started:.0f} s.",
@@ -156,7 +199,9 @@ def main(argv=None) -> int:
             "the rounds; a least-squares line `time = overhead + per_token · n · L` through them, and its "
             "overhead in tokens (`pass_cost`'s unit):", {"table": "pass_cost"}, {"table": "batches"},
             "(b) Reward calls (`MoverReward`, references cached; 8 completions per prompt), median wall time "
-            "per call, the device synchronised; `pass_cost` in turn, round after round:", {"table": "reward"}]
+            "per call, the device synchronised; `pass_cost` in turn, round after round:", {"table": "reward"},
+            f"(c) Fine-tuning steps: `Scorer.forward` and backward of a squared loss on {STEP_PAIRS} pairs a step "
+            f"(batch centering, train mode), {args.steps} steps a round, median per step:", {"table": "training"}]
     harness.publish(args.out, f"bench_passes_{device.type}", f"Forward passes by length group ({device.type})",
                     figures, tables(figures), body, data=harness.data_provenance(args.data, len(pairs), args.seed))
     return 0

@@ -97,7 +97,8 @@ PARTS = ("bench_corpus_memory", "bench_corpus_metric", "bench_corpus_flat", "ben
     ("studies/family_contracts.py", "family_contracts", ["--refs", "4", "--batch", "4", "--alone", "2",
                                                          "--threads", "1"]),
     ("bench_host.py", "bench_host", ["--pairs", "12", "--repeats", "1"]),
-    ("bench_passes.py", "bench_passes_cpu", ["--pairs", "24", "--rounds", "1", "--completions", "16", "--threads", "1"]),
+    ("bench_passes.py", "bench_passes_cpu", ["--pairs", "24", "--rounds", "1", "--completions", "16", "--steps", "1",
+                                                 "--threads", "1"]),
 ], ids=lambda v: v if isinstance(v, str) and v.endswith(".py") else v if v in PARTS else "")
 def test_a_script_runs_on_tiny_data_and_publishes(script, name, args, wmt, tiny_model_dir, tmp_path, capsys):
     """(All but bench_evaluation, bench_ops, reward_scale and bench_speed read the default offline model;
