@@ -608,13 +608,12 @@ class Encoder(nn.Module):
         groups = length_groups(lengths, resolve_pass_cost(self.pass_cost, self.device.type))
         if groups is None:
             sent = send(torch.from_numpy(block), self.device).unbind(0)
-            vectors = self._vectors(dict(zip(model_inputs, sent)))
         else:  # the order of the groups' texts sent with the block, in one transfer
             sent, order = to_device([block, np.concatenate(groups)], self.device)
             sent = sent.view(block.shape).unbind(0)
-            vectors = self._grouped_vectors(dict(zip(model_inputs, sent)), order,
-                                            [(len(g), int(lengths[g[-1]])) for g in groups])
         inputs = dict(zip(model_inputs, sent))
+        vectors = self._vectors(inputs) if groups is None else \
+            self._grouped_vectors(inputs, order, [(len(g), int(lengths[g[-1]])) for g in groups])
         num_words = int(host["word_ids"].max(initial=-1)) + 1 if with_word_ids else None
         mask_sent, special_sent = sent[len(inputs)], sent[len(inputs) + 1]
         return TokenEmbeddings(vectors, mask_sent != 0, inputs["input_ids"],
