@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 
 #: ``pass_cost`` of ``"auto"``, by device type. On a 2-core CPU ``bench/bench_passes.py`` fits one pass
-#: of the default model at a few dozen tokens' time (31 and 58 in two runs), and reward calls of 64
-#: and 512 completions were about as fast with ``pass_cost`` 32, 128 or 512: 128 sits in that plateau. On a GPU a pass of a
+#: of the default model at a few dozen tokens' time (29 to 58 over three runs), and reward calls of 64
+#: and 512 completions were fastest with ``pass_cost`` between 32 and 128 (0 and 512 were slower). On a GPU a pass of a
 #: small model is mostly kernel launches: the H200's reward-call phases put one pass of the default
 #: model at about 2 ms and a token at about 0.4 µs, some 5,000 tokens (an estimate from one-pass calls
 #: of two sizes, not a measurement of grouped passes: ``bench_passes.py --device cuda`` makes that);
