@@ -118,8 +118,9 @@ def port_number(value: str) -> int:
 
 
 def _pass_cost(value: str) -> int | str | None:
-    return {"auto": "auto", "none": None}.get(value) if value in ("auto", "none") else \
-        _int_at_least(value, 0, "'auto', 'none' or an integer >= 0")
+    if value in ("auto", "none"):
+        return None if value == "none" else value
+    return _int_at_least(value, 0, "'auto', 'none' or an integer >= 0")
 
 
 def _n_iter(value: str) -> int | None:

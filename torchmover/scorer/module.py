@@ -155,7 +155,7 @@ class Scorer(nn.Module):
             encoder = Encoder.from_pretrained(model, layer=layer, revision=revision, max_length=max_length,
                                               special_tokens=special_tokens or "drop",
                                               power_mean_layers=power_mean_layers or 1, model_name=name)
-        if pass_cost != "auto" or not isinstance(model, Encoder):
+        if pass_cost != "auto":  # an encoder is made with "auto"; a given one keeps its own
             encoder.pass_cost = pass_cost
         self.config = config.resolve(encoder)
         self.encoder = encoder
