@@ -82,6 +82,9 @@ def test_auto_depends_on_the_device_and_bad_values_are_refused(tiny_encoder):
     for bad in (-1, 1.5, "fast", True):
         with pytest.raises(ValueError, match="pass_cost must be"):
             Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny", pass_cost=bad)
+        with pytest.raises(ValueError, match="pass_cost must be"):
+            tiny_encoder.pass_cost = bad  # the attribute, set later
+    assert tiny_encoder.pass_cost == "auto"
 
 
 def encoders(dtype=torch.float32):

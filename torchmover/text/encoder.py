@@ -363,8 +363,7 @@ class Encoder(nn.Module):
                  max_length: int | None = None, special_tokens: str = "drop", power_mean_layers: int = 1,
                  source: str | None = None, pass_cost: int | str | None = "auto"):
         super().__init__()
-        check_pass_cost(pass_cost)
-        self.pass_cost = pass_cost
+        self.pass_cost = pass_cost  # checked by its setter
         n_layers = model.config.num_hidden_layers
         if not isinstance(layer, int) or not 0 <= layer <= n_layers:
             raise ValueError(f"layer must be an int in [0, {n_layers}] for {name!r}, got {layer!r}")
@@ -457,6 +456,16 @@ class Encoder(nn.Module):
     def device(self) -> torch.device:
         """The device of the model's (first) parameter."""
         return first_parameter(self.model).device
+
+    @property
+    def pass_cost(self) -> int | str | None:
+        """How a call's texts are cut into forward passes (the class docs); a value set is checked."""
+        return self._pass_cost
+
+    @pass_cost.setter
+    def pass_cost(self, value: int | str | None) -> None:
+        check_pass_cost(value)
+        self._pass_cost = value
 
     @property
     def dtype(self) -> torch.dtype:

@@ -12,7 +12,7 @@ of every kernel of every layer, on a GPU; the framework's calls on a CPU).
     padded tokens + pass_cost · passes,
 
 ``pass_cost`` being one pass's overhead counted in the tokens the model could run in that time. The
-texts are sorted by length, and every optimal grouping cuts that order into runs (a group's cost is its
+texts are sorted by length, and some optimal grouping cuts that order into runs (a group's cost is its
 size times its longest text: a longer text moved into a group of shorter ones lengthens it), so dynamic
 programming over the distinct lengths finds the best: for the ``j`` shortest distinct lengths
 ``v_1 < … < v_j`` (with ``C_j`` texts of length at most ``v_j``),
@@ -28,11 +28,11 @@ import numpy as np
 
 #: ``pass_cost`` of ``"auto"``, by device type. On a 2-core CPU ``bench/bench_passes.py`` fits one pass
 #: of the default model at a few dozen tokens' time (29 to 58 over three runs), and reward calls of 64
-#: and 512 completions were fastest with ``pass_cost`` between 32 and 128 (0 and 512 were slower). On a GPU a pass of a
-#: small model is mostly kernel launches: the H200's reward-call phases put one pass of the default
-#: model at about 2 ms and a token at about 0.4 µs, some 5,000 tokens (an estimate from one-pass calls
-#: of two sizes, not a measurement of grouped passes: ``bench_passes.py --device cuda`` makes that);
-#: 4096 keeps a call of 64 completions in one pass and cuts one of 512 into three.
+#: and 512 completions were fastest with ``pass_cost`` between 32 and 128 (0 and 512 were slower). On
+#: a GPU a pass of a small model is mostly kernel launches: the H200's reward-call phases put one pass
+#: of the default model at about 2 ms and a token at about 0.4 µs, some 5,000 tokens (an estimate from
+#: one-pass calls of two sizes, not a measurement of grouped passes: ``bench_passes.py --device cuda``
+#: makes that); 4096 keeps a call of 64 completions in one pass and cuts one of 512 into three.
 AUTO_PASS_COST = {"cpu": 128}
 AUTO_PASS_COST_ACCELERATOR = 4096
 
