@@ -69,15 +69,25 @@ def pass_cost(encoder, device, rounds: int) -> dict:
             "pass_cost_tokens": float(overhead / per_token)}
 
 
-def padded_tokens(encoder, texts) -> tuple[int, int, int]:
-    """``(passes, padded tokens, real tokens)`` of the encoder's forward on ``texts`` under its
-    ``pass_cost``, from their lengths (as ``Encoder.forward`` groups them)."""
-    from torchmover.text.length_groups import length_groups, resolve_pass_cost
+class PassLog:
+    """The forward passes of ``model`` while the ``with`` block runs (a forward pre-hook): each pass's
+    attention mask ``[texts, width]``, kept as it is (read afterwards: nothing is read from the device
+    during a call)."""
 
-    lengths = np.array([len(ids) for ids in encoder.tokenize(texts, word_ids=False)["input_ids"]])
-    groups = length_groups(lengths, resolve_pass_cost(encoder.pass_cost, encoder.device.type))
-    groups = [np.arange(len(lengths))] if groups is None else groups
-    return len(groups), int(sum(len(g) * lengths[g].max() for g in groups)), int(lengths.sum())
+    def __init__(self, model):
+        self.model, self.masks = model, []
+
+    def __enter__(self) -> "PassLog":
+        self.handle = self.model.register_forward_pre_hook(
+            lambda module, args, kwargs: self.masks.append(kwargs["attention_mask"]), with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.remove()
+
+    def tokens(self) -> tuple[int, int, int]:
+        """``(passes, padded tokens, real tokens)`` of the passes logged."""
+        return len(self.masks), sum(m.numel() for m in self.masks), sum(int(m.sum()) for m in self.masks)
 
 
 def reward_calls(pairs, device, rounds: int, completions_list: list[int]) -> list[dict]:
@@ -101,7 +111,9 @@ def reward_calls(pairs, device, rounds: int, completions_list: list[int]) -> lis
                     if round_:
                         times[cost].append(run)
                     else:
-                        scores[cost], shapes[cost] = reward(hyps, refs).float().cpu(), padded_tokens(encoder, hyps)
+                        with PassLog(encoder.model) as log:
+                            scores[cost] = reward(hyps, refs).float().cpu()
+                        shapes[cost] = log.tokens()
         for cost in PASS_COSTS:
             passes, padded, real = shapes[cost]
             rows.append({"completions": completions, "pass_cost": cost, "call_s": statistics.median(times[cost]),
@@ -116,8 +128,6 @@ def training_steps(pairs, device, rounds: int, steps: int) -> list[dict]:
 
     scorer = Scorer(model_dir(), layer=default_layer(), centering="batch", device=device).train()
     batches = [pairs[i:i + STEP_PAIRS] for i in range(0, steps * STEP_PAIRS, STEP_PAIRS)]
-    passes = []
-    handle = scorer.encoder.model.register_forward_pre_hook(lambda *_: passes.append(1))
 
     def run():
         for batch in batches:
@@ -126,17 +136,14 @@ def training_steps(pairs, device, rounds: int, steps: int) -> list[dict]:
 
     costs = (None, "auto")
     times, per_step = {c: [] for c in costs}, {}
-    try:
-        for round_ in range(rounds + 1):  # a warm-up round, then the timed ones
-            for cost in costs:
-                scorer.encoder.pass_cost = cost
-                passes.clear()
+    for round_ in range(rounds + 1):  # a warm-up round, then the timed ones
+        for cost in costs:
+            scorer.encoder.pass_cost = cost
+            with PassLog(scorer.encoder.model) as log:
                 seconds = harness.time_call(run, 1, 0, synchronizer(device)).runs[0]
-                per_step[cost] = len(passes) / len(batches)
-                if round_:
-                    times[cost].append(seconds / len(batches))
-    finally:
-        handle.remove()
+            per_step[cost] = len(log.masks) / len(batches)
+            if round_:
+                times[cost].append(seconds / len(batches))
     return [{"pass_cost": c, "step_s": statistics.median(times[c]), "rounds_s": times[c], "passes": per_step[c]}
             for c in costs]
 
