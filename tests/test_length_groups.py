@@ -109,11 +109,14 @@ def test_grouped_passes_give_the_vectors_masks_and_spans_of_one_pass():
 
 def test_grouped_passes_give_the_gradients_of_one_pass():
     """float64: the loss of a Scorer's forward and its gradient for every weight of the encoder."""
-    grads = []
+    grads, passes = [], []
     for encoder in encoders(torch.float64):
         scorer = Scorer(encoder, centering="batch").double()
+        handle = encoder.model.register_forward_pre_hook(lambda *_: passes.append(encoder.pass_cost))
         scorer(TEXTS, TEXTS[::-1]).sum().backward()
+        handle.remove()
         grads.append({n: p.grad for n, p in encoder.model.named_parameters() if p.grad is not None})
+    assert passes.count(None) == 1 and passes.count(0) >= 4  # one pass against grouped ones
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-10, rtol=1e-8, msg=name)
@@ -130,6 +133,11 @@ def test_gradcheck_through_grouped_passes():
         weight = base.index_put((rows,), used)
         return torch.func.functional_call(encoder, {name: weight}, (TEXTS[:4],)).embeddings
 
+    passes = []
+    handle = encoder.model.register_forward_pre_hook(lambda *_: passes.append(1))
+    vectors(base[rows])
+    handle.remove()
+    assert len(passes) >= 2  # the call runs grouped passes
     assert length_groups(np.array([len(t) for t in encoder.tokenize(TEXTS[:4])["input_ids"]]), 0) is not None
     assert torch.autograd.gradcheck(vectors, (base[rows].clone().requires_grad_(True),), eps=1e-6, atol=1e-7)
 
