@@ -4,8 +4,8 @@ torchmover and bert_score with the encoder's share split off (``bench_peers.py``
 ``bench_gpu.py`` on a GPU)."""
 from __future__ import annotations
 
+import contextlib
 import functools
-
 import os
 import resource
 import time
@@ -230,14 +230,38 @@ def tokenizer_table(rows: list[dict]) -> dict:
                            r["cpus"]] for r in rows], align="-rrrr")
 
 
-def measure(run, install, replay: bool = True, sync: Callable[[], None] = lambda: None) -> dict:
+class PassLog:
+    """The forward passes of ``model`` while the ``with`` block runs (a forward pre-hook): each pass's
+    attention mask ``[texts, width]``, kept as it is (read afterwards: nothing is read from the device
+    during a call)."""
+
+    def __init__(self, model):
+        self.model, self.masks = model, []
+
+    def __enter__(self) -> "PassLog":
+        self.handle = self.model.register_forward_pre_hook(
+            lambda module, args, kwargs: self.masks.append(kwargs["attention_mask"]), with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.remove()
+
+    def tokens(self) -> tuple[int, int, int]:
+        """``(passes, padded tokens, real tokens)`` of the passes logged."""
+        return len(self.masks), sum(m.numel() for m in self.masks), sum(int(m.sum()) for m in self.masks)
+
+
+def measure(run, install, replay: bool = True, sync: Callable[[], None] = lambda: None, model=None) -> dict:
     """End-to-end call (encoder share timed), then the metric part on recorded encoder outputs.
 
     ``run()`` scores every pair and returns the scores as a list (which waits for the device);
     ``install(wrap)`` replaces each of the system's encoding functions ``f`` (its tokenizer's and its
     encoder's, where they are apart) by ``wrap(f)`` and returns a function that restores them;
     ``sync`` waits for the device around the encoder's share. The recorded outputs are keyed by the
-    texts (and a ``word_ids`` keyword, where given).
+    texts (and a ``word_ids`` keyword, where given). ``model``: the system's ``transformers`` model,
+    whose forward passes in the end-to-end call are counted (:class:`PassLog`): ``encoder_passes``,
+    and the tokens they ran over, padding included (``encoder_padded_tokens``) and not
+    (``encoder_tokens``).
     """
     timers = []
 
@@ -246,9 +270,10 @@ def measure(run, install, replay: bool = True, sync: Callable[[], None] = lambda
         return timers[-1]
     restore = install(timed)
     rss_before, peak_before = rss_mb(), peak_rss_mb()
-    t = time.perf_counter()
-    scores = run()
-    total = time.perf_counter() - t
+    with PassLog(model) if model is not None else contextlib.nullcontext() as passes:
+        t = time.perf_counter()
+        scores = run()
+        total = time.perf_counter() - t
     peak_after = peak_rss_mb()
     restore()
     encoder, calls = sum(t.seconds for t in timers), sum(t.calls for t in timers)
@@ -256,6 +281,8 @@ def measure(run, install, replay: bool = True, sync: Callable[[], None] = lambda
            "metric_cached_s": total - encoder, "rss_before_mb": rss_before, "peak_before_mb": peak_before,
            "peak_after_mb": peak_after, "peak_delta_mb": peak_after - rss_before,
            "scores": [float(s) for s in scores]}
+    if passes is not None:
+        out.update(zip(("encoder_passes", "encoder_padded_tokens", "encoder_tokens"), passes.tokens()))
     if not replay:  # too slow to run three times: the metric part is the split estimate
         return out
     recordings = Recordings()
@@ -332,7 +359,7 @@ def run_torchmover(hyps, refs, layer, method, batch_size, profile_path=None, mod
         return scorer.score(hyps, refs, batch_size=batch_size).tolist()
 
     out = measure(run, functools.partial(install_encoder, scorer.encoder), replay=method != "wmd",
-                  sync=synchronizer(device))
+                  sync=synchronizer(device), model=scorer.encoder.model)
     out.update(layer=scorer.config.layer, signature=scorer.signature, threads=torch.get_num_threads())
     if profile_path:
         from pyinstrument import Profiler
@@ -360,7 +387,7 @@ def run_bert_score(hyps, refs, layer, batch_size, model: str | None = None, devi
         return f.tolist()
 
     out = measure(run, functools.partial(install_function, bert_score.utils, "get_bert_embedding"),
-                  sync=synchronizer(device))
+                  sync=synchronizer(device), model=scorer._model)
     out.update(layer=layer, signature=scorer.hash, threads=torch.get_num_threads(),
                precision=run.prf[0], recall=run.prf[1])
     return out

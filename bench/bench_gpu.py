@@ -7,7 +7,10 @@ weights cost what trained ones cost) — on ``--pairs`` WMT15-16 pairs of ``--da
 
 1. **torchmover vs bert_score**, same encoder directory, same layer, same batch size: end to end and
    the metric part on recorded encoder outputs (``bench_common.measure``: the encoder's share is timed
-   inside the call, then the call is replayed without it), and peak GPU memory of each call.
+   inside the call, then the call is replayed without it), peak GPU memory of each call, and the
+   model's forward passes in the call and the tokens they ran over per real token (padding).
+   ``--batch-sizes``: torchmover again at each of those batch sizes (what larger batches buy on the
+   device, and cost in memory).
 2. **a reward call** (``MoverReward``, references cached, centering fitted on them) of 64 and of 512
    completions (8 completions × 8 and × 64 prompts), split into tokenization
    (``Encoder.tokenize``), encoder (the model's forward), transport (centering + ``Scorer.score_pairs``)
@@ -32,6 +35,7 @@ faster, as it is on a GPU).
 Commands (from the repository root)::
 
     python bench/bench_gpu.py                                      # on a CUDA machine
+    python bench/bench_gpu.py --models base --pairs 5344 --batch-sizes 64,256,1024
     python bench/bench_gpu.py --device cpu --pairs 200 --threads 2 --repeats 3
 
 Publishes ``bench_gpu_<device>_<models>`` (e.g. ``bench_gpu_cuda_default``) into ``--out`` (default
@@ -110,6 +114,21 @@ def compare_systems(pairs, path, layer, device, batch_size, with_bert_score: boo
         out.pop("scores", None), out.pop("precision", None), out.pop("recall", None)
         runs[name] = dict(out, peak_gpu_mib=read())
     return runs
+
+
+def batch_size_sweep(pairs, path, layer, device, batch_sizes: list[int]) -> list[dict]:
+    """torchmover (TWMD) end to end on the same pairs at each of ``batch_sizes`` (texts per encoder batch,
+    pairs per transport batch): its time, encoder share, forward passes and peak GPU memory."""
+    hyps, refs = [p["hyp"] for p in pairs], [p["ref"] for p in pairs]
+    reset, read = peak_memory(device)
+    rows = []
+    for batch_size in batch_sizes:
+        reset()
+        out = run_torchmover(hyps, refs, layer, "twmd", batch_size, model=path, device=device)
+        rows.append({key: out[key] for key in ("total_s", "encoder_s", "metric_cached_s", "encoder_passes",
+                                               "encoder_padded_tokens", "encoder_tokens")}
+                    | {"batch_size": batch_size, "peak_gpu_mib": read()})
+    return rows
 
 
 def reward_inputs(pairs, n_prompts: int):
@@ -248,10 +267,20 @@ def report(args, device, results, started) -> tuple[str, dict, list]:
         body.append(f"## {model} encoder (layer {r['layer']})")
         if r["systems"]:
             tables[f"{model}_systems"] = harness.table(
-                ["system", "pairs/s", "end to end s", "encoder s", "metric part s (cached embeddings)", "peak GPU MiB"],
+                ["system", "pairs/s", "end to end s", "encoder s", "metric part s (cached embeddings)", "peak GPU MiB",
+                 "encoder passes", "tokens run / real"],
                 [[system, f"{args.pairs / s['total_s']:.1f}", f"{s['total_s']:.2f}", f"{s['encoder_s']:.2f}",
-                  f"{s['metric_cached_s']:.3f}", mib(s['peak_gpu_mib'])] for system, s in r["systems"].items()])
+                  f"{s['metric_cached_s']:.3f}", mib(s['peak_gpu_mib']), *passes(s)] for system, s in r["systems"].items()])
             body.append({"table": f"{model}_systems"})
+        if r.get("batch_sizes"):  # results stored before this measurement have none
+            tables[f"{model}_batch_sizes"] = harness.table(
+                ["batch size", "pairs/s", "end to end s", "encoder s", "metric part s (cached embeddings)",
+                 "peak GPU MiB", "encoder passes", "tokens run / real"],
+                [[row["batch_size"], f"{args.pairs / row['total_s']:.1f}", f"{row['total_s']:.2f}",
+                  f"{row['encoder_s']:.2f}", f"{row['metric_cached_s']:.3f}", mib(row["peak_gpu_mib"]), *passes(row)]
+                 for row in r["batch_sizes"]], "rrrrrrrr")
+            body += ["torchmover (TWMD) by batch size (`--batch-sizes`: texts per encoder batch, pairs per "
+                     "transport batch), the same pairs:", {"table": f"{model}_batch_sizes"}]
         tables[f"{model}_reward"] = harness.table(
             ["completions", "variant", "tokenization", "encoder", "host", "transport", "call", "call without syncs",
              "max \\|Δ score\\| vs fp32", "peak GPU MiB"],
@@ -281,6 +310,13 @@ def report(args, device, results, started) -> tuple[str, dict, list]:
     return f"bench_gpu on {name}", tables, body
 
 
+def passes(run: dict) -> list[str]:
+    """The forward passes of a run and the tokens they ran over per real token (``—`` where not counted)."""
+    if "encoder_passes" not in run:
+        return ["—", "—"]
+    return [f"{run['encoder_passes']}", f"{run['encoder_padded_tokens'] / max(run['encoder_tokens'], 1):.3f}"]
+
+
 def torch_device_name(device) -> str:
     import torch
 
@@ -292,6 +328,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu")
     parser.add_argument("--pairs", type=int, default=1000, help="WMT pairs for torchmover vs bert_score")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-sizes", default="",
+                        help="comma-separated: torchmover end to end again at each of these batch sizes")
     parser.add_argument("--repeats", type=int, default=10, help="timed reward calls per variant")
     parser.add_argument("--models", default="default,base", help="comma-separated: default, base")
     parser.add_argument("--threads", type=int, help="torch CPU threads")
@@ -318,13 +356,19 @@ def main(argv=None) -> int:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         models = encoders(Path(tmp), args.models.split(","))
-        steps = len(models) * (1 + 2 * len(PROMPTS) + len(variants) - 1)
+        batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
+        steps = len(models) * (1 + bool(batch_sizes) + 2 * len(PROMPTS) + len(variants) - 1)
         with tqdm(total=steps, desc="bench_gpu", unit="step") as bar:
             for model, (path, layer) in models.items():
                 bar.set_postfix_str(f"{model}: torchmover vs bert_score")
                 systems = compare_systems(pairs[:args.pairs], path, layer, args.device, args.batch_size,
                                           not args.skip_bert_score)
                 bar.update()
+                sweep = []
+                if batch_sizes:
+                    bar.set_postfix_str(f"{model}: torchmover by batch size")
+                    sweep = batch_size_sweep(pairs[:args.pairs], path, layer, args.device, batch_sizes)
+                    bar.update()
                 rows, baseline = [], None
                 for n_prompts in PROMPTS:
                     for variant, dtype, compile in variants if n_prompts == PROMPTS[0] else variants[:1]:
@@ -342,8 +386,8 @@ def main(argv=None) -> int:
                 batches = {f"{len(hyps)} completions": hyps for hyps in
                            (reward_inputs(pairs, n)[0] for n in PROMPTS)}
                 tokenizer = tokenizer_parallelism(Encoder.from_pretrained(path, layer=layer), batches, args.repeats)
-                results[model] = {"layer": layer, "systems": systems, "reward": rows, "tokenizer": tokenizer,
-                                  "profile": profiles}
+                results[model] = {"layer": layer, "systems": systems, "batch_sizes": sweep, "reward": rows,
+                                  "tokenizer": tokenizer, "profile": profiles}
     title, tables, body = report(args, device, results, started)
     harness.publish(args.out, f"bench_gpu_{device.type}_{'_'.join(results)}", title, results, tables, body,
                     data=harness.data_provenance(args.data, len(pairs), args.seed))

@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 import harness
-from bench_common import default_layer, model_dir, synchronizer
+from bench_common import PassLog, default_layer, model_dir, synchronizer
 
 PASS_COSTS = (None, "auto", 0, 32, 512, 8192)
 STEP_PAIRS = 16  # recipes/finetune_wmt.py's default micro-batch
@@ -67,27 +67,6 @@ def pass_cost(encoder, device, rounds: int) -> dict:
     return {"batches": [{"texts": n, "tokens_each": length, "median_s": medians[n, length]} for n, length in BATCHES],
             "overhead_s": float(overhead), "per_token_s": float(per_token),
             "pass_cost_tokens": float(overhead / per_token)}
-
-
-class PassLog:
-    """The forward passes of ``model`` while the ``with`` block runs (a forward pre-hook): each pass's
-    attention mask ``[texts, width]``, kept as it is (read afterwards: nothing is read from the device
-    during a call)."""
-
-    def __init__(self, model):
-        self.model, self.masks = model, []
-
-    def __enter__(self) -> "PassLog":
-        self.handle = self.model.register_forward_pre_hook(
-            lambda module, args, kwargs: self.masks.append(kwargs["attention_mask"]), with_kwargs=True)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.handle.remove()
-
-    def tokens(self) -> tuple[int, int, int]:
-        """``(passes, padded tokens, real tokens)`` of the passes logged."""
-        return len(self.masks), sum(m.numel() for m in self.masks), sum(int(m.sum()) for m in self.masks)
 
 
 def reward_calls(pairs, device, rounds: int, completions_list: list[int]) -> list[dict]:
@@ -193,6 +172,9 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"bench_passes: --device {args.device}, but this machine has no CUDA device "
+                         f"(torch {torch.__version__}): nothing measured")
     started = time.perf_counter()
     completions = [int(c) for c in args.completions.split(",")]
     pairs = harness.wmt_sample(args.data, args.pairs, args.seed)

