@@ -9,11 +9,13 @@
 # from the environment: T_PASSES, T_DEFAULT, T_BASE, T_PRECISION), so that one step running long
 # leaves the others their turn:
 #
-#   1. bench_passes --device cuda       what one forward pass costs, reward calls by pass_cost
-#   2. bench_gpu --models default       1,000 pairs against bert_score, by batch size; reward calls
+#   1. bench_gpu --models default       1,000 pairs against bert_score, by batch size; reward calls
 #                                       (phases, bf16 / fp16 / compile, profile); the tokenizer
-#   3. bench_gpu --models base          the base-size encoder, 5,344 pairs, against bert_score
+#   2. bench_gpu --models base          the base-size encoder, 5,344 pairs, against bert_score
+#   3. bench_passes --device cuda       what one forward pass costs, reward calls by pass_cost
 #   4. studies/precision.py             bf16 / fp16 against float32: score drift, correlation
+#
+# (the goals' figures first: a run cut short keeps them).
 #
 # The device, driver and versions are printed first; everything is logged to OUT/gpu_suite.log. A
 # result records the commit of the tree (BENCH_COMMIT names it where the tree has no .git). Render
@@ -39,11 +41,11 @@ step() {  # step LIMIT NAME COMMAND...: run COMMAND under LIMIT seconds; say how
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     python -c "import torch, transformers, tokenizers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'tokenizers', tokenizers.__version__)"
-    step "${T_PASSES:-120}" bench_passes python bench/bench_passes.py --data "$DATA" --out "$OUT" --device cuda
     step "${T_DEFAULT:-150}" "bench_gpu default" python bench/bench_gpu.py --data "$DATA" --out "$OUT" \
         --models default --batch-sizes 64,256,1024
     step "${T_BASE:-240}" "bench_gpu base" python bench/bench_gpu.py --data "$DATA" --out "$OUT" \
         --models base --pairs 5344 --repeats 3 --batch-sizes 64,256
+    step "${T_PASSES:-120}" bench_passes python bench/bench_passes.py --data "$DATA" --out "$OUT" --device cuda
     step "${T_PRECISION:-150}" precision python bench/studies/precision.py --data "$DATA" --out "$OUT" \
         --device cuda --dtypes float32,bf16,fp16 --rounds 2
 } 2>&1 | grep --line-buffered -v 'it/s\]$' | tee "$OUT/gpu_suite.log"
