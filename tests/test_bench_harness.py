@@ -277,16 +277,18 @@ def test_busy_time_is_the_length_of_the_union_of_the_intervals(intervals, busy):
 
 def test_profile_calls_counts_the_outermost_ops_of_each_call_and_ranks_them():
     """Two calls, each one matmul (its inner ops not counted again) and three adds: 4 ops a call, the
-    matmul first by self time; on the CPU there are no device figures."""
+    matmul first by self time; on the CPU there are no device figures. The adds are on a few numbers:
+    an add over the matmul's 256 KiB result can cost as much as it, where the allocator maps fresh
+    pages for each (as it may, depending on what ran before in the process)."""
     import bench_common
 
-    a = torch.randn(256, 256)
+    a, few = torch.randn(256, 256), torch.randn(8)
 
     def call():
-        b = a @ a
+        b, c = a @ a, few
         for _ in range(3):
-            b = b + 1
-        return b
+            c = c + 1
+        return b, c
 
     call()
     p = bench_common.profile_calls(call, repeats=2, device="cpu", top=3)
