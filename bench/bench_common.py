@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import resource
 import time
@@ -228,6 +229,19 @@ def tokenizer_table(rows: list[dict]) -> dict:
     return harness.table(["texts", "parallelism off, ms", "parallelism on, ms", "speed-up", "processors"],
                          [[r["label"], f"{r['serial_ms']:.2f}", f"{r['parallel_ms']:.2f}", f"{r['speedup']:.2f}x",
                            r["cpus"]] for r in rows], align="-rrrr")
+
+
+COMPLETIONS_PER_PROMPT = 8
+
+
+def reward_inputs(pairs: list[dict], n_prompts: int, group: int = COMPLETIONS_PER_PROMPT):
+    """The texts of a reward call: ``(hyps, refs, references)``, ``n_prompts`` prompts, each a
+    reference of the sample (in order; around the sample again where it is small) with ``group``
+    completions (the sample's hypotheses in order, around again): ``hyps`` and each one's
+    reference ``refs``, and the ``references`` once each."""
+    references = list(itertools.islice(itertools.cycle(p["ref"] for p in pairs), n_prompts))
+    hyps = list(itertools.islice(itertools.cycle(p["hyp"] for p in pairs), n_prompts * group))
+    return hyps, [r for r in references for _ in range(group)], references
 
 
 class PassLog:

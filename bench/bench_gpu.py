@@ -51,10 +51,9 @@ import time
 from pathlib import Path
 
 import harness
-from bench_common import (Timed, default_layer, model_dir, profile_calls, run_bert_score, run_torchmover,
-                          synchronizer, tokenizer_parallelism, tokenizer_table)
+from bench_common import (COMPLETIONS_PER_PROMPT, Timed, default_layer, model_dir, profile_calls, reward_inputs,
+                          run_bert_score, run_torchmover, synchronizer, tokenizer_parallelism, tokenizer_table)
 
-COMPLETIONS_PER_PROMPT = 8
 PROMPTS = (8, 64)  # 64 and 512 completions
 BASE_SHAPE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
                   max_position_embeddings=514)
@@ -131,19 +130,9 @@ def batch_size_sweep(pairs, path, layer, device, batch_sizes: list[int]) -> list
     return rows
 
 
-def reward_inputs(pairs, n_prompts: int):
-    """``n_prompts`` references, each with ``COMPLETIONS_PER_PROMPT`` completions (WMT hypotheses)."""
-    prompts = pairs[:n_prompts]
-    pool = [p["hyp"] for p in pairs]
-    hyps = [pool[(i * COMPLETIONS_PER_PROMPT + k) % len(pool)] for i in range(n_prompts)
-            for k in range(COMPLETIONS_PER_PROMPT)]
-    refs = [p["ref"] for p in prompts for _ in range(COMPLETIONS_PER_PROMPT)]
-    return hyps, refs, [p["ref"] for p in prompts]
-
-
 def reward_call(path, layer, pairs, device, n_prompts, dtype=None, compile=False):
     """``(reward, hyps, refs)``: a ``MoverReward`` of ``n_prompts`` cached references (centering fitted
-    on them) and the completions of :func:`reward_inputs` to score."""
+    on them) and the completions of ``bench_common.reward_inputs`` to score."""
     from torchmover import Scorer
     from torchmover.reward.rewards import MoverReward
 

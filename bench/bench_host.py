@@ -53,7 +53,8 @@ import torch  # noqa: E402
 
 import harness  # noqa: E402
 from bench_common import (Recorded, Recordings, Timed, default_layer, faults_mib, install_encoder,  # noqa: E402
-                          install_function, minor_faults, model_dir, tokenizer_parallelism, tokenizer_table)
+                          install_function, minor_faults, model_dir, reward_inputs, tokenizer_parallelism,
+                          tokenizer_table)
 
 
 CLOCK = time.thread_time
@@ -118,21 +119,13 @@ def tiny_default_tokenizer_scorer():
     return Scorer(Encoder(BertModel(config).eval(), tokenizer, layer=1, name="tiny-random-bert"), centering="none")
 
 
-def reward_texts(pairs: list[dict], n_prompts: int, group: int) -> tuple[list[str], list[str]]:
-    """The completions of a reward call (WMT hypotheses, ``group`` per prompt; around the sample again
-    where it is small) and each one's reference (a prompt's: the references of the sample in turn)."""
-    refs = list(itertools.islice(itertools.cycle(dict.fromkeys(p["ref"] for p in pairs)), n_prompts))
-    hyps = list(itertools.islice(itertools.cycle(p["hyp"] for p in pairs), n_prompts * group))
-    return hyps, [refs[i // group] for i in range(n_prompts * group)]
-
-
 def reward_call(pairs: list[dict], n_prompts: int, group: int, repeats: int) -> dict:
     """Medians over ``repeats`` calls: the whole call, and inside it the forward, tokenizer and transport."""
     import torchmover.functional.family as family
     from torchmover.reward.rewards import MoverReward
 
     scorer = tiny_default_tokenizer_scorer()
-    hyps, targets = reward_texts(pairs, n_prompts, group)
+    hyps, targets, _ = reward_inputs(pairs, n_prompts, group)
     reward = MoverReward(scorer)
     reward(hyps, targets)  # fills the reference cache
     encoder = scorer.encoder
@@ -200,7 +193,7 @@ def main(argv=None) -> None:
         [[f"{r['completions']} ({r['prompts']} prompts x 8)", *(f"{r[k]:.2f}" for k in (
             "call_ms", "forward_ms", "transport_ms", "host_ms", "tokenizer_ms", "host_without_tokenizer_ms",
             "replayed_ms"))] for r in calls], align="rrrrrrrr")}
-    batches = {f"{8 * n} completions ({n} prompts x 8)": reward_texts(pairs, n, 8)[0] for n in (8, 64)}
+    batches = {f"{8 * n} completions ({n} prompts x 8)": reward_inputs(pairs, n, 8)[0] for n in (8, 64)}
     tokenizer = tokenizer_parallelism(tiny_default_tokenizer_scorer().encoder, batches, 10 * args.repeats)
     tables["tokenizer"] = tokenizer_table(tokenizer)
     body = ["- 1 torch thread, the process's CPU time (harness.time_call); sections inside a call: the calling thread's CPU time\n"

@@ -275,6 +275,16 @@ def test_busy_time_is_the_length_of_the_union_of_the_intervals(intervals, busy):
     assert bench_common.busy_time(intervals) == busy
 
 
+def test_reward_inputs_give_each_prompt_its_completions_around_a_small_sample():
+    import bench_common
+
+    pairs = [{"hyp": f"h{i}", "ref": f"r{i}"} for i in range(3)]
+    hyps, refs, references = bench_common.reward_inputs(pairs, 4, group=2)
+    assert references == ["r0", "r1", "r2", "r0"]
+    assert hyps == ["h0", "h1", "h2", "h0", "h1", "h2", "h0", "h1"]
+    assert refs == ["r0", "r0", "r1", "r1", "r2", "r2", "r0", "r0"]
+
+
 def test_profile_calls_counts_the_outermost_ops_of_each_call_and_ranks_them():
     """Two calls, each one matmul (its inner ops not counted again) and three adds: 4 ops a call, the
     matmul first by self time; on the CPU there are no device figures. The adds are on a few numbers:
