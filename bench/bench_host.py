@@ -159,13 +159,13 @@ def replayed_call(reward, hyps: list[str], targets: list[str], repeats: int) -> 
     import torchmover.functional.family as family
 
     encoder = reward.scorer.encoder
-    order = [itertools.count()]  # the transport terms of a call, by their position in it
+    order = [itertools.count(), itertools.count()]  # the model's passes and the transport terms of a call, by position
     replays = (Recorded(encoder.tokenize, key=lambda texts, *a, **k: tuple(texts)),
-               Recorded(encoder.model.forward, key=lambda **inputs: None),
-               Recorded(family._cross, key=lambda *args: next(order[0])))
+               Recorded(encoder.model.forward, key=lambda **inputs: next(order[0])),
+               Recorded(family._cross, key=lambda *args: next(order[1])))
     encoder.tokenize, encoder.model.forward, family._cross = replays
     def call():
-        order[0] = itertools.count()
+        order[:] = itertools.count(), itertools.count()
         reward(hyps, targets)
     try:
         reward(hyps, targets)  # records

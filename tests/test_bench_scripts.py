@@ -470,3 +470,24 @@ def test_the_gpu_suite_says_it_needs_cuda_and_measures_nothing(tmp_path):
                           cwd=BENCH.parent, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no CUDA device here: nothing measured" in done.stdout
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_bench_host_replays_a_reward_call_of_several_forward_passes():
+    """The "all replayed" call of bench_host (b) replays each of the model's passes in a call in turn
+    (a call cuts its completions into passes by length): with one recording for every pass it put one
+    pass's vectors where another's belong and failed."""
+    import bench_common
+    from torchmover.reward.rewards import MoverReward
+
+    bench_host = load_script(BENCH / "bench_host.py")
+    scorer = bench_host.tiny_default_tokenizer_scorer()
+    scorer.encoder.pass_cost = 0  # a pass per distinct length
+    hyps = [" ".join(WORDS[:n]) for n in (1, 3, 7, 12)] * 2
+    refs = ["a reference of some words"] * len(hyps)
+    reward = MoverReward(scorer)
+    reward(hyps, refs)  # the reference is cached: a call encodes the completions alone
+    with bench_common.PassLog(scorer.encoder.model) as log:
+        real = reward(hyps, refs)
+    assert log.tokens()[0] == 4
+    assert bench_host.replayed_call(reward, hyps, refs, repeats=2) > 0
+    assert torch.equal(reward(hyps, refs), real)
