@@ -256,18 +256,12 @@ def report(args, device, results, started) -> tuple[str, dict, list]:
         body.append(f"## {model} encoder (layer {r['layer']})")
         if r["systems"]:
             tables[f"{model}_systems"] = harness.table(
-                ["system", "pairs/s", "end to end s", "encoder s", "metric part s (cached embeddings)", "peak GPU MiB",
-                 "encoder passes", "tokens run / real"],
-                [[system, f"{args.pairs / s['total_s']:.1f}", f"{s['total_s']:.2f}", f"{s['encoder_s']:.2f}",
-                  f"{s['metric_cached_s']:.3f}", mib(s['peak_gpu_mib']), *passes(s)] for system, s in r["systems"].items()])
+                ["system", *RUN_COLUMNS], [[system, *run_cells(s, args.pairs)] for system, s in r["systems"].items()])
             body.append({"table": f"{model}_systems"})
         if r.get("batch_sizes"):  # results stored before this measurement have none
             tables[f"{model}_batch_sizes"] = harness.table(
-                ["batch size", "pairs/s", "end to end s", "encoder s", "metric part s (cached embeddings)",
-                 "peak GPU MiB", "encoder passes", "tokens run / real"],
-                [[row["batch_size"], f"{args.pairs / row['total_s']:.1f}", f"{row['total_s']:.2f}",
-                  f"{row['encoder_s']:.2f}", f"{row['metric_cached_s']:.3f}", mib(row["peak_gpu_mib"]), *passes(row)]
-                 for row in r["batch_sizes"]], "rrrrrrrr")
+                ["batch size", *RUN_COLUMNS], [[row["batch_size"], *run_cells(row, args.pairs)] for row in r["batch_sizes"]],
+                "rrrrrrrr")
             body += ["torchmover (TWMD) by batch size (`--batch-sizes`: texts per encoder batch, pairs per "
                      "transport batch), the same pairs:", {"table": f"{model}_batch_sizes"}]
         tables[f"{model}_reward"] = harness.table(
@@ -299,11 +293,17 @@ def report(args, device, results, started) -> tuple[str, dict, list]:
     return f"bench_gpu on {name}", tables, body
 
 
-def passes(run: dict) -> list[str]:
-    """The forward passes of a run and the tokens they ran over per real token (``—`` where not counted)."""
-    if "encoder_passes" not in run:
-        return ["—", "—"]
-    return [f"{run['encoder_passes']}", f"{run['encoder_padded_tokens'] / max(run['encoder_tokens'], 1):.3f}"]
+RUN_COLUMNS = ["pairs/s", "end to end s", "encoder s", "metric part s (cached embeddings)", "peak GPU MiB",
+               "encoder passes", "tokens run / real"]
+
+
+def run_cells(run: dict, pairs: int) -> list[str]:
+    """The :data:`RUN_COLUMNS` of a scoring run of ``pairs`` pairs (``bench_common.measure``'s figures);
+    its forward passes and the tokens they ran over per real token ``—`` where not counted."""
+    passes = ["—", "—"] if "encoder_passes" not in run else [
+        f"{run['encoder_passes']}", f"{run['encoder_padded_tokens'] / max(run['encoder_tokens'], 1):.3f}"]
+    return [f"{pairs / run['total_s']:.1f}", f"{run['total_s']:.2f}", f"{run['encoder_s']:.2f}",
+            f"{run['metric_cached_s']:.3f}", mib(run["peak_gpu_mib"]), *passes]
 
 
 def torch_device_name(device) -> str:
