@@ -88,7 +88,16 @@ def test_select_defaults_runs_end_to_end(wmt, tiny_model_dir, tmp_path):
     chosen = results[figures["chosen"]]
     assert chosen["method"] == "twmd" and chosen["n_iter"] == 1
     assert all(chosen["avg_r"] >= v["avg_r"] for v in results.values() if v["method"] == "twmd" and v["n_iter"] == 1)
+    # the centering's evidence: the chosen against the best other centering at its layer, T and direction
+    boot = figures["bootstrap_chosen_minus_other_centering"]
+    against = results[boot["against"]]
+    same = ("method", "layer", "temperature", "direction", "n_iter")
+    others = [v for v in results.values() if all(v[k] == chosen[k] for k in same) and v["centering"] != chosen["centering"]]
+    assert len(others) == 3 and against["avg_r"] == max(v["avg_r"] for v in others) and against in others
+    assert boot["observed"] == pytest.approx(chosen["avg_r"] - against["avg_r"], abs=1e-12)
+    assert boot["ci95"][0] <= boot["mean"] <= boot["ci95"][1]
     assert res["tables"]["docs_choice"] == study.docs_choice_table(figures)
+    assert f"{chosen['centering']} − {against['centering']} = {boot['mean']:+.4f}" in str(res["tables"]["docs_choice"])
     assert res["tables"]["docs_default"] == study.docs_default_table(figures)
 
 
