@@ -425,7 +425,7 @@ def main(argv=None) -> None:
     L += ranked_table(sweep, [k for k, v in sweep.results.items() if v["layer"] == layer and v["centering"] == centering],
                       chosen_key)
     L += ["", "## D. Centering at the chosen configuration and at the current default", ""]
-    L += ranked_table(sweep, [config_key(c) for c in stage_d], chosen_key)
+    L += ranked_table(sweep, list(dict.fromkeys(config_key(c) for c in stage_d)), chosen_key)  # once each
     L += ["", f"## Per language pair: chosen `{chosen_key}`, current default `{current_key}`", ""]
     head = "| group | chosen r | chosen τ | current r | current τ |"
     L += [head, "|" + "---|" * (head.count("|") - 1)]
