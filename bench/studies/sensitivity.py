@@ -6,7 +6,7 @@ published with its provenance.
 The figures are the report's JSON (``SensitivityReport.to_dict``); the tables are computed from them:
 the CV (%) of Pearson r per factor and group (``cv``) and the documentation's summary (``docs_cv``, the
 average CV per factor, largest first). The result in ``docs/results.md`` was measured around TWMD-b
-(layer 4, T = 0.15, batch centering; 2,000 pairs, 29 min on the 2-core CPU)::
+(layer 4, T = 0.15, batch centering; 2,000 pairs, 99 s on the 2-core CPU)::
 
     python bench/studies/sensitivity.py --max-per-group 200 --options '{"centering": "batch", "temperature": 0.15}'
 """
@@ -58,7 +58,7 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     options = json.loads(args.options)
     records = select_per_group(read_tsv_dir(args.data), args.max_per_group)
-    report = run_sensitivity(records, options, factors=args.factors, batch_size=args.batch_size, progress=False)
+    report = run_sensitivity(records, options, factors=args.factors, batch_size=args.batch_size)  # a bar on a terminal
     figures = report.to_dict()
     harness.publish(args.out, "sensitivity" + harness.model_suffix(options.get("model")),
                     "Sensitivity of the correlation with humans to each choice", figures,
