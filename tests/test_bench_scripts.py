@@ -308,7 +308,7 @@ def test_the_fine_tuning_and_sensitivity_tables_of_the_docs_are_computed_from_th
     sensitivity = load_script(BENCH / "studies" / "sensitivity.py")
     res = harness.load(BENCH / "results" / "sensitivity.json")
     assert sensitivity.docs_table(res["figures"]) == res["tables"]["docs_cv"]
-    assert sensitivity.cv_table(res["figures"]) == res["tables"]["table1"]
+    assert sensitivity.cv_table(res["figures"]) == res["tables"]["cv"]
 
 
 def test_sensitivity_runs_the_library_analysis_on_tiny_data(wmt, tiny_model_dir, tmp_path):
