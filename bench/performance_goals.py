@@ -8,8 +8,9 @@ device, so that the table is never typed by hand.
   ``bench_peers`` (``python bench/bench_peers.py``): the same ratio of speeds, measured apart.
 - CPU, metric part on cached embeddings: ``bench_host`` (``python bench/bench_host.py``): the call with
   the encoding replayed, minus the transport terms (the host work; median of the rounds).
-- GPU: ``bench_gpu_cuda_default`` and ``bench_gpu_cuda_base`` (``python bench/bench_gpu.py``), where
-  they hold the figures; a GPU row whose result is older than the CPU rows' says so.
+- GPU: ``bench_gpu_cuda_default`` and ``bench_gpu_cuda_base`` (``python bench/bench_gpu.py``, run by
+  ``bash bench/gpu_suite.sh``): pairs/s against bert_score's in the same run, the base-size encoder's
+  peak GPU memory against bert_score's, and the float32 reward calls' medians.
 
 Command (from the repository root, after the benchmarks it reads)::
 
@@ -102,6 +103,10 @@ def gpu_rows(default: dict | None, base: dict | None) -> list[list[str]]:
         speed = systems["bert_score"]["total_s"] / systems["torchmover"]["total_s"]
         rows.append([label, f"{speed:.2f}×", goal, "met" if speed >= float(goal[2:-1]) else "not met", source(res),
                      device(res)])
+        if res is base:
+            peak = systems["torchmover"]["peak_gpu_mib"] / systems["bert_score"]["peak_gpu_mib"]
+            rows.append(["GPU: base-size encoder, 5,344 pairs: peak GPU memory vs bert_score's", f"{peak:.2f}×",
+                         "≤ 1.5×", "met" if peak <= 1.5 else "not met", source(res), device(res)])
     calls = [] if default is None else [r for r in next(iter(default["figures"].values())).get("reward", [])
                                         if r.get("variant") == "fp32"]
     if calls:

@@ -472,6 +472,54 @@ def test_the_gpu_suite_says_it_needs_cuda_and_measures_nothing(tmp_path):
     assert list((tmp_path / "out").iterdir()) == []
 
 
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_the_gpu_before_after_run_says_it_needs_cuda_and_measures_nothing(tmp_path):
+    import subprocess
+
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    done = subprocess.run(["bash", str(BENCH / "gpu_before_after.sh"), "unused", str(tmp_path / "out"), "unused",
+                           "80:head:default"], env=env, cwd=BENCH.parent, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "no CUDA device here: nothing measured" in done.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def gpu_run(systems: dict[str, float], calls: dict[int, float]) -> dict:
+    """A bench_gpu figure of one encoder: each system's seconds and peak, the fp32 reward calls."""
+    return {"layer": 4, "systems": {s: {"total_s": t, "peak_gpu_mib": 100.0 * t} for s, t in systems.items()},
+            "reward": [{"variant": v, "completions": c, "call": t} for c, t in calls.items() for v in ("fp32", "bf16")]}
+
+
+def test_the_before_after_table_reads_both_layouts_and_lists_the_trees_in_the_order_named(tmp_path):
+    """An earlier tree's bare ``{model: figures}`` and this tree's published result are read alike; the
+    rows follow the encoders, then the order of ``--commit``; a label not named is left out."""
+    module = load_script(BENCH / "gpu_before_after.py")
+    runs = tmp_path / "runs"
+    (runs / "old_base").mkdir(parents=True)
+    (runs / "old_base" / "bench_gpu_cuda.json").write_text(json.dumps(
+        {"base": gpu_run({"torchmover": 4.0, "bert_score": 8.0}, {64: 0.02, 512: 0.2})}))
+    new = harness.result("bench_gpu_cuda_base", "t", {"base": gpu_run({"torchmover": 2.0, "bert_score": 6.0},
+                                                                       {64: 0.01})},
+                         data={"path": "d", "files": [], "sample": {"n": 5344, "seed": 0, "sampler": "s"}})
+    harness.write(runs / "new_base", new)
+    (runs / "new_base" / "bench_gpu_cuda_base.md").unlink()
+    harness.write(runs / "other_base", new)
+    module.main(["--out", str(tmp_path / "out"), str(runs), "--commit", "new=bbbbbbbbb", "--commit", "old=aaaaaaaaa"])
+    res = published(tmp_path / "out", "bench_gpu_cuda_before_after", [])
+    assert res["tables"]["before_after"]["rows"] == [
+        ["base-size (layer 10)", "new (bbbbbbb)", "2,672", "891", "3.00×", "200", "600", "10.0", "–"],
+        ["base-size (layer 10)", "old (aaaaaaa)", "1,336", "668", "2.00×", "400", "800", "20.0", "200.0"]]
+    assert module.before_after_table(res["figures"]["runs"], res["figures"]["commits"]) == res["tables"]["before_after"]
+
+
+def test_the_stored_before_after_table_is_its_runs_figures():
+    module = load_script(BENCH / "gpu_before_after.py")
+    res = harness.load(BENCH / "results" / "bench_gpu_cuda_before_after.json")
+    assert module.before_after_table(res["figures"]["runs"], res["figures"]["commits"]) == res["tables"]["before_after"]
+    assert [row[1].split()[0] for row in res["tables"]["before_after"]["rows"]] == [
+        "issue", "head", "memprev", "issue", "head"]
+
 def test_bench_host_replays_a_reward_call_of_several_forward_passes():
     """The "all replayed" call of bench_host (b) replays each of the model's passes in a call in turn
     (a call cuts its completions into passes by length): with one recording for every pass it put one
