@@ -196,7 +196,7 @@ class RunOptions:
     compile: bool = _option(False, "running", "run the transport terms through torch.compile (default: off)")
     pass_cost: int | str | None = _option(
         "auto", "running", "what one more encoder pass costs, in padded tokens: a call's texts run in passes of "
-                           "similar length where that saves more (auto: 128 on the CPU, 4096 on a GPU; none: one "
+                           "similar length where that saves more (auto: 128 on the CPU, 8192 on a GPU; none: one "
                            "pass a call)", cli_type="pass_cost")
 
 

@@ -29,12 +29,12 @@ import numpy as np
 #: ``pass_cost`` of ``"auto"``, by device type. On a 2-core CPU ``bench/bench_passes.py`` fits one pass
 #: of the default model at a few dozen tokens' time (29 to 58 over three runs), and reward calls of 64
 #: and 512 completions were fastest with ``pass_cost`` between 32 and 128 (0 and 512 were slower). On
-#: a GPU a pass of a small model is mostly kernel launches: the H200's reward-call phases put one pass
-#: of the default model at about 2 ms and a token at about 0.4 µs, some 5,000 tokens (an estimate from
-#: one-pass calls of two sizes, not a measurement of grouped passes: ``bench_passes.py --device cuda``
-#: makes that); 4096 keeps a call of 64 completions in one pass and cuts one of 512 into three.
+#: a GPU a pass of a small model is mostly kernel launches: on an H200 ``bench_passes.py --device cuda``
+#: fits one pass of the default model at 4.6 ms and a token at 0.53 µs, 8,617 tokens; 8192 keeps a call
+#: of 64 completions in one pass and cuts one of 512 into two, the fastest of the costs it timed there
+#: (a larger encoder's token costs more, so its pass is worth fewer tokens: measure it there).
 AUTO_PASS_COST = {"cpu": 128}
-AUTO_PASS_COST_ACCELERATOR = 4096
+AUTO_PASS_COST_ACCELERATOR = 8192
 
 
 def resolve_pass_cost(pass_cost: int | str | None, device_type: str) -> int | None:
