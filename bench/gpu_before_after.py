@@ -4,11 +4,13 @@ device in one session.
 
 RUNS is the OUT folder of ``gpu_before_after.sh`` (``RUNS/<label>_<models>/bench_gpu_cuda*.json``,
 the earlier trees' JSON in their own older layout); ``--commit LABEL=COMMIT`` names the commit of each
-label, in the order the table lists them. The per-run figures are kept in the published JSON, so the
-run folders need not be. Command (from the repository root)::
+label, in the order the table lists them. An earlier tree's JSON does not record how many pairs it
+scored: ``--pairs MODELS=N`` says so (the ``--pairs`` its step ran with; a run of this tree reads it
+from its provenance). The per-run figures are kept in the published JSON, so the run folders need not
+be. Command (from the repository root)::
 
     python bench/gpu_before_after.py RUNS --commit memprev=<commit> --commit issue=<commit> \\
-        --commit head=<commit>
+        --commit head=<commit> --pairs default=1000 --pairs base=5344
 """
 from __future__ import annotations
 
@@ -45,9 +47,10 @@ def row(encoder: str, label: str, commit: str, run: dict) -> list[str]:
             *(f"{1e3 * calls[c]:.1f}" if c in calls else "–" for c in (64, 512))]
 
 
-def collect(runs: Path, commits: dict[str, str]) -> tuple[dict, dict | None]:
+def collect(runs: Path, commits: dict[str, str], pairs: dict[str, int]) -> tuple[dict, dict | None]:
     """Every run under ``runs`` whose label ``commits`` names: ``{encoder: {label: figures}}`` with the
-    sample size added as ``pairs``, and the provenance of a run of this tree (for the device)."""
+    sample size added as ``pairs`` (from the run's provenance, else ``pairs[encoder]``), and the
+    provenance of a run of this tree (for the device)."""
     found, device_of = {}, None
     for folder in sorted(p for p in runs.iterdir() if p.is_dir()):
         label, _, encoder = folder.name.rpartition("_")
@@ -57,8 +60,10 @@ def collect(runs: Path, commits: dict[str, str]) -> tuple[dict, dict | None]:
         run, prov = read_run(paths[0])
         if prov is not None:
             device_of = prov
-        run["pairs"] = run.get("pairs") or (prov or {}).get("data", {}).get("sample", {}).get("n") \
-            or (5344 if encoder == "base" else 1000)
+        n = (prov or {}).get("data", {}).get("sample", {}).get("n") or pairs.get(encoder)
+        if n is None:
+            raise SystemExit(f"{paths[0]} does not record how many pairs it scored: give --pairs {encoder}=N")
+        run["pairs"] = n
         found.setdefault(encoder, {})[label] = run
     return found, device_of
 
@@ -78,14 +83,23 @@ def parse_commit(text: str) -> tuple[str, str]:
     return label, commit
 
 
+def parse_pairs(text: str) -> tuple[str, int]:
+    encoder, sep, n = text.partition("=")
+    if not sep or encoder not in ENCODERS or not n.isdigit() or int(n) < 1:
+        raise ValueError(f"--pairs takes MODELS=N ({' or '.join(ENCODERS)}, N a positive int), got {text!r}")
+    return encoder, int(n)
+
+
 def main(argv=None) -> None:
     parser = harness.wmt_parser(__doc__)
     parser.add_argument("runs", type=Path, help="the OUT folder of bench/gpu_before_after.sh")
     parser.add_argument("--commit", action="append", type=parse_commit, required=True,
                         help="LABEL=COMMIT, once per tree, in the order of the table")
+    parser.add_argument("--pairs", action="append", type=parse_pairs, default=[],
+                        help="MODELS=N: the pairs an earlier tree's runs of MODELS scored (their JSON does not say)")
     args = parser.parse_args(argv)
     commits = dict(args.commit)
-    found, prov = collect(args.runs, commits)
+    found, prov = collect(args.runs, commits, dict(args.pairs))
     if not found:
         raise SystemExit(f"no run of the labels {sorted(commits)} under {args.runs}")
     gpu = ((prov or {}).get("device") or {}).get("gpu") or {}

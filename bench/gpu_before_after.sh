@@ -9,7 +9,8 @@
 # tree. STEP: LIMIT:LABEL:MODELS[:ARGS], bench_gpu for MODELS (default or base) with the extra ARGS
 # (spaces allowed) under LIMIT seconds, published into OUT/<label>_<MODELS>/ (the JSON only). Needs
 # what bench/gpu_suite.sh needs. The comparison's table: `python bench/gpu_before_after.py OUT
-# --commit LABEL=<commit> ...`. The run of docs/guide/performance.md:
+# --commit LABEL=<commit> ... --pairs MODELS=N ...`. The run of
+# bench/results/bench_gpu_cuda_before_after.md:
 #
 #     bash bench/gpu_before_after.sh DATA OUT TREES "95:memprev:base:--pairs 5344 --repeats 3" \
 #         "95:head:base:--pairs 5344 --repeats 3" 80:issue:default 80:head:default \

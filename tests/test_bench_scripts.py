@@ -492,8 +492,9 @@ def gpu_run(systems: dict[str, float], calls: dict[int, float]) -> dict:
 
 
 def test_the_before_after_table_reads_both_layouts_and_lists_the_trees_in_the_order_named(tmp_path):
-    """An earlier tree's bare ``{model: figures}`` and this tree's published result are read alike; the
-    rows follow the encoders, then the order of ``--commit``; a label not named is left out."""
+    """An earlier tree's bare ``{model: figures}`` (its sample size given by ``--pairs``) and this tree's
+    published result (its own from its provenance) are read alike; the rows follow the encoders, then
+    the order of ``--commit``; a label not named is left out."""
     module = load_script(BENCH / "gpu_before_after.py")
     runs = tmp_path / "runs"
     (runs / "old_base").mkdir(parents=True)
@@ -505,7 +506,10 @@ def test_the_before_after_table_reads_both_layouts_and_lists_the_trees_in_the_or
     harness.write(runs / "new_base", new)
     (runs / "new_base" / "bench_gpu_cuda_base.md").unlink()
     harness.write(runs / "other_base", new)
-    module.main(["--out", str(tmp_path / "out"), str(runs), "--commit", "new=bbbbbbbbb", "--commit", "old=aaaaaaaaa"])
+    argv = ["--out", str(tmp_path / "out"), str(runs), "--commit", "new=bbbbbbbbb", "--commit", "old=aaaaaaaaa"]
+    with pytest.raises(SystemExit, match="does not record how many pairs it scored: give --pairs base=N"):
+        module.main(argv)  # the earlier tree's JSON names no sample size
+    module.main(argv + ["--pairs", "base=5344"])
     res = published(tmp_path / "out", "bench_gpu_cuda_before_after", [])
     assert res["tables"]["before_after"]["rows"] == [
         ["base-size (layer 10)", "new (bbbbbbb)", "2,672", "891", "3.00×", "200", "600", "10.0", "–"],
