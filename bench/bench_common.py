@@ -58,6 +58,20 @@ def faults_mib(faults: float) -> float:
     return faults * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def cuda_missing(script: str, device, cpu_hint: str) -> bool:
+    """Whether ``device`` is a CUDA device this machine lacks; if so, says so (``script``'s name, the
+    torch build, ``cpu_hint``: what ``--device cpu`` does instead), for the script to exit 0 having
+    measured nothing."""
+    import torch
+
+    if torch.device(device).type != "cuda" or torch.cuda.is_available():
+        return False
+    print(f"{script}: no CUDA device on this machine (torch {torch.__version__}, CUDA build: "
+          f"{torch.version.cuda or 'none'}): nothing measured. Run it on a GPU machine, or with "
+          f"--device cpu {cpu_hint}.")
+    return True
+
+
 def synchronizer(device) -> Callable[[], None]:
     """A function that waits for ``device``'s queued work (CUDA), or does nothing (CPU)."""
     import torch

@@ -51,8 +51,9 @@ import time
 from pathlib import Path
 
 import harness
-from bench_common import (COMPLETIONS_PER_PROMPT, Timed, default_layer, model_dir, profile_calls, reward_inputs,
-                          run_bert_score, run_torchmover, synchronizer, tokenizer_parallelism, tokenizer_table)
+from bench_common import (COMPLETIONS_PER_PROMPT, Timed, cuda_missing, default_layer, model_dir, profile_calls,
+                          reward_inputs, run_bert_score, run_torchmover, synchronizer, tokenizer_parallelism,
+                          tokenizer_table)
 
 PROMPTS = (8, 64)  # 64 and 512 completions
 BASE_SHAPE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
@@ -328,10 +329,7 @@ def main(argv=None) -> int:
     import torch
 
     device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print(f"bench_gpu: no CUDA device on this machine (torch {torch.__version__}, CUDA build: "
-              f"{torch.version.cuda or 'none'}): nothing measured. Run it on a GPU machine, or with "
-              "--device cpu for the same breakdown on the CPU.")
+    if cuda_missing("bench_gpu", device, "for the same breakdown on the CPU"):
         return 0
     if args.threads:
         torch.set_num_threads(args.threads)

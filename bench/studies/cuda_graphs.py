@@ -52,8 +52,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
 import harness  # noqa: E402
-from bench_common import (COMPLETIONS_PER_PROMPT, default_layer, model_dir, profile_calls,  # noqa: E402
-                          reward_inputs, synchronizer)
+from bench_common import (COMPLETIONS_PER_PROMPT, cuda_missing, default_layer, model_dir,  # noqa: E402
+                          profile_calls, reward_inputs, synchronizer)
 
 PROMPTS = (8, 64)  # 64 and 512 completions
 
@@ -299,10 +299,7 @@ def main(argv=None) -> int:
     import torch
 
     device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print(f"cuda_graphs: no CUDA device on this machine (torch {torch.__version__}, CUDA build: "
-              f"{torch.version.cuda or 'none'}): nothing measured. Run it on a GPU machine, or with "
-              "--device cpu to check the wiring.")
+    if cuda_missing("cuda_graphs", device, "to check the wiring"):
         return 0
     from tqdm.auto import tqdm
 
