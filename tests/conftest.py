@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import string
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,18 @@ try:  # property-based tests (tests/test_properties.py): a bounded number of exa
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 except ImportError:  # hypothesis is in the test extra; only tests/test_properties.py needs it
     pass
+
+
+def load_file(path, name: str | None = None):
+    """The Python file ``path`` imported as module ``name`` (default: its stem), as a script or recipe
+    outside the package is loaded (and as verl and OpenRLHF load a reward file)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name or Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 WORDS = (
     "the a an cat dog mat sat on is was in of and to it he she they we you this that with for "

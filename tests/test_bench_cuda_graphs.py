@@ -2,7 +2,6 @@
 (``backend="eager"``), so that everything but the capture itself is checked: the buffers a call is
 copied into and read back from, the keys that decide when a new graph is needed, the encoder's
 bucketed padding, and the reward calls the study routes through them."""
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,20 +11,13 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from conftest import WORDS
+from conftest import WORDS, load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "studies" / "cuda_graphs.py"
 
 
-def load_study():
-    spec = importlib.util.spec_from_file_location("cuda_graphs_study", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-study = load_study()
+study = load_file(SCRIPT, "cuda_graphs_study")
 
 
 class Pair(NamedTuple):

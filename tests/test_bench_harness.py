@@ -1,6 +1,5 @@
 """bench/harness.py (sampler, timer, publisher), bench/docs_tables.py (the docs' tables equal their
 results) and the paired decision rule of bench/studies/choose_finetune_defaults.py."""
-import importlib.util
 import json
 import math
 import re
@@ -18,13 +17,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import docs_tables  # noqa: E402
 import harness  # noqa: E402
+from conftest import load_file
 
 
 def load_script(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(path, path.stem)
 
 
 def write_tsv(directory: Path, rows_per_file: int = 6) -> Path:

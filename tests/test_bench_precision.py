@@ -2,7 +2,6 @@
 command line's checks, and a run end to end on tiny data (the tiny random model of conftest.py in
 float32 and bf16, a 24-row WMT-style directory) that publishes what the library's Scorer and
 ``evaluation.correlation`` compute."""
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -16,16 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "bench" / "studies")]
 
 import harness  # noqa: E402
+from conftest import load_file
 
 
-def load_study():
-    spec = importlib.util.spec_from_file_location("study_precision", ROOT / "bench" / "studies" / "precision.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-precision = load_study()
+precision = load_file(ROOT / "bench" / "studies" / "precision.py", "study_precision")
 
 
 def test_drift_of_scores_that_keep_their_order():

@@ -1,7 +1,6 @@
 """Smoke tests of bench/ and bench/studies/: every script imports and parses its command line, and the
 ones that run in seconds on tiny data (the tiny random model of conftest.py, a 24-row WMT-style
 directory) run end to end and publish a result with its provenance."""
-import importlib.util
 import os
 import json
 import sys
@@ -10,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import WORDS
+from conftest import WORDS, load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
@@ -24,10 +23,7 @@ SCRIPTS = sorted(p for p in [*BENCH.glob("*.py"), *(BENCH / "studies").glob("*.p
 
 
 def load_script(path: Path):
-    spec = importlib.util.spec_from_file_location(f"bench_smoke_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(path, f"bench_smoke_{path.stem}")
 
 
 def write_wmt(directory: Path, names: tuple[str, ...], rows: int) -> Path:

@@ -2,7 +2,6 @@
 robustness.py, base_encoder.py): each runs end to end on tiny data (the tiny random model of
 conftest.py, a 24-row WMT-style directory, a tiny STS-style directory) and publishes a result with its
 provenance; the sweep scores as the library's Scorer does."""
-import importlib.util
 import json
 import random
 import sys
@@ -14,7 +13,7 @@ import pytest
 import torch
 from scipy import stats
 
-from conftest import WORDS
+from conftest import WORDS, load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ROOT / "bench" / "studies"
@@ -24,10 +23,7 @@ import harness  # noqa: E402
 
 
 def load_study(name: str):
-    spec = importlib.util.spec_from_file_location(f"study_{name}", STUDIES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(STUDIES / f"{name}.py", f"study_{name}")
 
 
 def sentence(rng: random.Random) -> str:

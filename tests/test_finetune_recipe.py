@@ -1,6 +1,5 @@
 """recipes/finetune_wmt.py on the tiny random model and a 24-row TSV: training, checkpoints, exact
 resume, the saved model, and one process vs two (gloo) with synchronised batch centering."""
-import importlib.util
 import json
 import math
 import random
@@ -10,19 +9,12 @@ import pytest
 import torch
 
 import _ddp
-from conftest import WORDS, tiny_model, tiny_tokenizer
+from conftest import WORDS, load_file, tiny_model, tiny_tokenizer
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "finetune_wmt.py"
 
 
-def load_recipe():
-    spec = importlib.util.spec_from_file_location("finetune_wmt", RECIPE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-recipe = load_recipe()
+recipe = load_file(RECIPE, "finetune_wmt")
 
 
 def write_model(path: Path, dropout: float = 0.1) -> Path:

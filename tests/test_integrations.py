@@ -4,7 +4,6 @@ tests/test_verl.py and tests/test_openrlhf.py drive them through the frameworks'
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import logging
 import threading
@@ -13,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
-from conftest import configure_reward_env
+from conftest import configure_reward_env, load_file
 
 from torchmover import Scorer
 from torchmover.integrations import config as integration_config
@@ -114,14 +113,6 @@ def test_verl_many_threads(env, direct):
     assert out == pytest.approx(direct.score(hyps, refs).tolist(), abs=ATOL)
     stats = process_reward().batched.stats()
     assert stats["pairs"] == n and stats["batches"] < n
-
-
-def load_file(path, name):
-    """What verl (a custom_reward_function.path file) and OpenRLHF (--reward.remote_url FILE.py) do."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_verl_loads_the_file_as_verl_does(env, direct):

