@@ -1,6 +1,6 @@
 """The speed and memory goals of the scoring path and the reward call, where they stand: a table
-computed from the stored results that measure them, each row naming the result, its commit and its
-device, so that the table is never typed by hand.
+computed from the stored results that measure them, each row naming the result, its commit, its
+device and the versions it ran, so that the table is never typed by hand.
 
 - CPU, end to end and memory: ``bench_corpus_memory`` (``python bench/bench_corpus.py --part memory``):
   torchmover's pairs/s against bert_score's (best of the rounds), the median growth of the resident set
@@ -38,14 +38,15 @@ def source(res: dict | None) -> str:
     return f"`{res['name']}` @ {commit[:10]}{' (uncommitted changes)' if p.get('dirty') else ''}"
 
 
-def device(res: dict | None) -> str:
-    """The GPU's name, else the CPU and its logical cores, as the result recorded them."""
-    d = (res or {}).get("provenance", {}).get("device") or {}
-    if d.get("gpu"):
-        return d["gpu"]["name"]
-    if d.get("cpu"):
-        return f"{d['cpu']}, {d.get('cores', '?')} logical cores"
-    return "not recorded"
+def measured_on(res: dict | None) -> str:
+    """The GPU's name, else the CPU and its logical cores, then the versions of torch, transformers and
+    bert-score (what the ratios depend on), as the result recorded them."""
+    p = (res or {}).get("provenance", {})
+    d, v = p.get("device") or {}, p.get("versions") or {}
+    where = (d["gpu"]["name"] if d.get("gpu") else f"{d['cpu']}, {d.get('cores', '?')} logical cores" if d.get("cpu")
+             else "device not recorded")
+    versions = ", ".join(f"{name} {v[name]}" for name in ("torch", "transformers", "bert-score") if v.get(name))
+    return f"{where}; {versions or 'versions not recorded'}"
 
 
 def pairs(res: dict) -> str:
@@ -67,26 +68,26 @@ def cpu_rows(memory: dict | None, peers: dict | None, host: dict | None) -> list
         n = pairs(memory)
         rows.append([f"CPU: {n} WMT pairs end to end, pairs/s vs bert_score (best of the rounds)",
                      f"{speed:.2f}×", "≥ 1.3×", "met" if speed >= 1.3 else "not met", source(memory),
-                     device(memory)])
+                     measured_on(memory)])
         rows.append([f"CPU: {n} WMT pairs, growth of the resident set during the call vs bert_score's (median)",
                      f"{growth:.2f}×", "≤ 1.1×", "met" if growth <= 1.1 else "not met", source(memory),
-                     device(memory)])
+                     measured_on(memory)])
         if "padded_tokens" in tm[0]:
             pad = [tm[0]["padded_tokens"] / tm[0]["real_tokens"], bs[0]["padded_tokens"] / bs[0]["real_tokens"]]
             rows.append(["CPU: tokens the encoder runs over / the texts' own (bert_score's)",
-                         f"{pad[0]:.3f} ({pad[1]:.3f})", "near 1", "–", source(memory), device(memory)])
+                         f"{pad[0]:.3f} ({pad[1]:.3f})", "near 1", "–", source(memory), measured_on(memory)])
     if peers is not None and "runs" in peers["figures"]:
         runs = peers["figures"]["runs"]
         speed = min(r["total_s"] for r in runs["bert_score"]) / min(r["total_s"] for r in runs["torchmover-twmd"])
         rows.append([f"CPU: {pairs(peers)} WMT pairs end to end, pairs/s vs bert_score (best of the rounds; "
                      "another benchmark)", f"{speed:.2f}×", "≥ 1.3×", "met" if speed >= 1.3 else "not met",
-                     source(peers), device(peers)])
+                     source(peers), measured_on(peers)])
     if host is not None and "metric_part" in host["figures"]:
         m = host["figures"]["metric_part"]
         rest = statistics.median(t - c for t, c in zip(m["times"]["twmd"], m["transport"]["twmd"]))
         rows.append(["CPU: metric part on cached embeddings, host work (all but the transport terms), "
                      f"{pairs(host)} pairs (median)", f"{rest:.3f} s", "≤ 0.035 s",
-                     "met" if rest <= 0.035 else "not met", source(host), device(host)])
+                     "met" if rest <= 0.035 else "not met", source(host), measured_on(host)])
     return rows
 
 
@@ -98,15 +99,15 @@ def gpu_rows(default: dict | None, base: dict | None) -> list[list[str]]:
         systems = None if res is None else next(iter(res["figures"].values()))["systems"]
         if not systems or "bert_score" not in systems:
             rows.append([label, "not measured against bert_score in this result", goal, "–", source(res),
-                         device(res)])
+                         measured_on(res)])
             continue
         speed = systems["bert_score"]["total_s"] / systems["torchmover"]["total_s"]
         rows.append([label, f"{speed:.2f}×", goal, "met" if speed >= float(goal[2:-1]) else "not met", source(res),
-                     device(res)])
+                     measured_on(res)])
         if res is base:
             peak = systems["torchmover"]["peak_gpu_mib"] / systems["bert_score"]["peak_gpu_mib"]
             rows.append(["GPU: base-size encoder, 5,344 pairs: peak GPU memory vs bert_score's", f"{peak:.2f}×",
-                         "≤ 1.5×", "met" if peak <= 1.5 else "not met", source(res), device(res)])
+                         "≤ 1.5×", "met" if peak <= 1.5 else "not met", source(res), measured_on(res)])
     calls = [] if default is None else [r for r in next(iter(default["figures"].values())).get("reward", [])
                                         if r.get("variant") == "fp32"]
     if calls:
@@ -116,12 +117,12 @@ def gpu_rows(default: dict | None, base: dict | None) -> list[list[str]]:
                   for r in calls)
         rows.append(["GPU: reward call, fp32, default model (completions: time, non-encoder share)", cells,
                      "≤ 5 ms (64), ≤ 20 ms (512); non-encoder < 40%", "met" if met else "not met", source(default),
-                     device(default)])
+                     measured_on(default)])
     return rows
 
 
 def goals_table(results: dict[str, dict | None]) -> dict:
-    return harness.table(["measure", "now", "goal", "", "result @ commit", "device"],
+    return harness.table(["measure", "now", "goal", "", "result @ commit", "device; versions"],
                          cpu_rows(*map(results.get, ("bench_corpus_memory", "bench_peers", "bench_host")))
                          + gpu_rows(results.get("bench_gpu_cuda_default"), results.get("bench_gpu_cuda_base")),
                          "-rr---")

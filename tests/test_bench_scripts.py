@@ -449,6 +449,7 @@ def test_the_performance_goals_are_computed_from_the_results_they_name(tmp_path)
     stored = harness.load(BENCH / "results" / "performance_goals.json")
     assert res["tables"]["goals"] == stored["tables"]["goals"]
     assert all(row[4].startswith("`bench_") for row in res["tables"]["goals"]["rows"])
+    assert all("; torch " in row[5] and "transformers " in row[5] for row in res["tables"]["goals"]["rows"])
 
 
 def test_the_scale_guides_memory_table_is_computed_from_the_stored_runs():
