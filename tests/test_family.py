@@ -1,9 +1,10 @@
 """pair_similarity: self-terms once per text, gathered by index, equal to scoring every pair on its own;
-pair_similarities: every direction from each transport term computed once."""
+pair_similarities: every direction from each transport term computed once; the ops a term issues."""
 from __future__ import annotations
 
 import pytest
 import torch
+from optrace import OpTrace
 
 import torchmover.functional.family as family
 from torchmover.functional.family import (family_similarity, pair_similarities, pair_similarity, self_similarity,
@@ -196,3 +197,23 @@ def test_a_cloud_of_unit_vectors_equals_the_cloud_of_the_raw_vectors(weights, ze
     for a, b in zip(got, expected):
         assert (a is None and b is None) or torch.equal(a, b)
     assert torch.equal(units, kept)
+
+
+def test_a_twmd_term_takes_one_bmm_and_a_self_term_the_log_masses_once():
+    """Launches a term issues (each op is a kernel launch on a GPU): the similarities are one ``bmm``
+    of the vectors and the other side's transpose (``@`` on batched operands issues five more ops for
+    the same kernel), and a self-term ``C(X, X)`` takes the logs of its masses once for both sides."""
+    torch.manual_seed(0)
+    x, y = torch.randn(3, 5, 8), torch.randn(3, 4, 8)
+    mask_x, mask_y = torch.rand(3, 5) > 0.3, torch.rand(3, 4) > 0.3
+    a, b = mask_x / mask_x.sum(-1, keepdim=True).clamp_min(1), mask_y / mask_y.sum(-1, keepdim=True).clamp_min(1)
+    term = member_term("twmd", 0.1, 1)["recall"]
+    with OpTrace() as cross:
+        term(x, y, mask_x, mask_y, a, b)
+    with OpTrace() as self_term:
+        term(x, x, mask_x, mask_x, a, a)
+    names = [op.name for op in cross.ops]
+    assert names.count("aten::bmm") == 1 and not {"aten::expand", "aten::_unsafe_view"} & set(names)
+    logs = [[op for op in t.ops if op.name == "aten::log" and op.frame.endswith("in _log")] for t in (cross, self_term)]
+    assert [len(found) for found in logs] == [2, 1]
+    assert len(self_term.ops) == len(cross.ops) - 4  # gt, ones_like, where, log of the second side's masses

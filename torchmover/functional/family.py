@@ -365,9 +365,17 @@ def signed_f1(r: Tensor, p: Tensor) -> Tensor:
 
 
 def _sim(x: Tensor, y: Tensor) -> Tensor:
-    return x @ y.transpose(-1, -2)  # [B, L1, L2]
+    """``[B, L1, L2]`` dot products of the token vectors ``x`` ``[B, L1, D]`` and ``y`` ``[B, L2, D]``: one
+    ``bmm`` (``@`` on batched operands dispatches five more ops to reach the same kernel)."""
+    return torch.bmm(x, y.transpose(-1, -2))
 
 
 def _log(w: Tensor) -> Tensor:
     """log of masses; 0 (not −inf) where the mass is 0, those entries are masked anyway."""
     return torch.where(w > 0, w, torch.ones_like(w)).log()
+
+
+def _log_masses(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`_log` of both sides' masses, once where they are one tensor (a self-term ``C(X, X)``)."""
+    log_a = _log(a)
+    return log_a, log_a if b is a else _log(b)

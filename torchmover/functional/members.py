@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from .family import DIRECTIONS, WMD_TEMPERATURE, TransportTerm, signed_f1, _log, _sim
+from .family import DIRECTIONS, WMD_TEMPERATURE, TransportTerm, signed_f1, _log_masses, _sim
 from .transport import (TransportPlan, converged_sinkhorn, cost_matrix, log_pair_mask, plan_value, real_sides,
                         sinkhorn, sinkhorn_value, tempered_residual)
 
@@ -125,15 +125,15 @@ def twmd_transport(temperature: float, n_iter: int | None, exact: str = "rows") 
     def solve(x, y, rows, cols, a, b):
         sim = _sim(x, y)
         if n_iter is None:
-            return converged_sinkhorn(sim, rows, cols, _log(a), _log(b), temperature)
-        return sinkhorn(sim, rows, cols, _log(a), _log(b), temperature, n_iter, exact=exact)
+            return converged_sinkhorn(sim, rows, cols, *_log_masses(a, b), temperature)
+        return sinkhorn(sim, rows, cols, *_log_masses(a, b), temperature, n_iter, exact=exact)
     return solve
 
 
 def moverscore_transport(temperature: float) -> Transport:
     """The plan of MoverScore's term: the converged plan of the gain ``−‖x_i − y_j‖``."""
     def solve(x, y, rows, cols, a, b):
-        return converged_sinkhorn(-cost_matrix(x, y, "euclidean"), rows, cols, _log(a), _log(b), temperature)
+        return converged_sinkhorn(-cost_matrix(x, y, "euclidean"), rows, cols, *_log_masses(a, b), temperature)
     return solve
 
 
@@ -150,7 +150,7 @@ def _twmd_term(temperature: float, n_iter: int | None, exact: str) -> TransportT
         return lambda *cloud_pair: solve(*cloud_pair).value
 
     def term(x, y, rows, cols, a, b):  # the hot path: Σ π S without the plan
-        return sinkhorn_value(_sim(x, y), rows, cols, _log(a), _log(b), temperature, n_iter, exact=exact)
+        return sinkhorn_value(_sim(x, y), rows, cols, *_log_masses(a, b), temperature, n_iter, exact=exact)
     return term
 
 

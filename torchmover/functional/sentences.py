@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..runtime.devices import autocast_off
-from .family import WMD_TEMPERATURE, _check_inputs, _log, _placeholder_for_empty, _unit_vectors
+from .family import WMD_TEMPERATURE, _check_inputs, _log_masses, _placeholder_for_empty, _unit_vectors
 from .transport import check_temperature, converged_sinkhorn, cost_matrix, sinkhorn
 
 __all__ = ["sentence_movers", "VARIANTS"]
@@ -103,9 +103,9 @@ def _sentence_movers(hyp, ref, hyp_mask, ref_mask, hyp_sentence_ids, ref_sentenc
     y, my, b = _placeholder_for_empty(y, my, b, empty)
     cost = cost_matrix(x, y, "euclidean")  # [B, U1, U2]  C_ij = ‖x_i − y_j‖
     if temperature is None:  # the plan without a graph: the envelope gradient
-        distance = -converged_sinkhorn(-cost, mx, my, _log(a), _log(b), WMD_TEMPERATURE).value  # [B]  WMD = Σ π C
+        distance = -converged_sinkhorn(-cost, mx, my, *_log_masses(a, b), WMD_TEMPERATURE).value  # [B]  WMD = Σ π C
     else:
-        plan = sinkhorn(-cost, mx, my, _log(a), _log(b), float(temperature), n_iter, exact="rows",
+        plan = sinkhorn(-cost, mx, my, *_log_masses(a, b), float(temperature), n_iter, exact="rows",
                        diagnose=False).plan
         distance = (plan * cost).sum((-1, -2))  # [B]  WMD = Σ π C
     score = torch.exp(-distance)
