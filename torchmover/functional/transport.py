@@ -81,16 +81,20 @@ def log_pair_mask(rows: Tensor, cols: Tensor, dtype: torch.dtype) -> Tensor:
 
     The solvers mask by this addition rather than by boolean kernels: on the CPU, PyTorch's boolean
     kernels over ``[B, L1, L2]`` (``masked_fill``, ``where``, ``&``, ``any``) cost several times a
-    float addition per element. Built from the two small masks by one broadcast addition."""
+    float addition per element. Built from the two small masks by one broadcast addition (one mask
+    once, where the two are one tensor)."""
     def log_side(mask):
         return torch.full(mask.shape, NEG_INF, dtype=dtype, device=mask.device).masked_fill_(mask, 0.0)
-    return log_side(rows).unsqueeze(-1) + log_side(cols).unsqueeze(-2)
+    log_rows = log_side(rows)
+    return log_rows.unsqueeze(-1) + (log_rows if cols is rows else log_side(cols)).unsqueeze(-2)
 
 
 def real_sides(rows: Tensor, cols: Tensor) -> tuple[Tensor, Tensor]:
     """The rows ``[B, L1]`` and columns ``[B, L2]`` of the pair mask ``rows ⊗ cols`` with a real entry
-    (none on an item whose other side is empty)."""
-    return rows & cols.any(-1, keepdim=True), cols & rows.any(-1, keepdim=True)
+    (none on an item whose other side is empty): computed once where the two masks are one tensor
+    (a self-term ``C(X, X)``)."""
+    real_rows = rows & cols.any(-1, keepdim=True)
+    return real_rows, real_rows if cols is rows else cols & rows.any(-1, keepdim=True)
 
 
 def tempered_residual(masked: Tensor, empty: Tensor, temperature: float | Tensor, dim: int) -> tuple[Tensor, Tensor]:
