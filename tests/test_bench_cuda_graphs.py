@@ -1,7 +1,7 @@
 """bench/studies/cuda_graphs.py on the CPU: its graphs stood in for by calls on static buffers
 (``backend="eager"``), so that everything but the capture itself is checked: the buffers a call is
 copied into and read back from, the keys that decide when a new graph is needed, the encoder's
-bucketed padding, and the reward calls the study routes through them."""
+bucketed padding, and the reward and scoring calls the study routes through them."""
 import os
 import subprocess
 import sys
@@ -95,7 +95,7 @@ def pairs_of(n: int) -> list[dict]:
              "ref": " ".join(rng.choices(WORDS, k=rng.randint(2, 9)))} for _ in range(n)]
 
 
-def test_reward_calls_through_the_stand_in_graphs_score_what_eager_calls_score(tiny_model_dir):
+def test_calls_through_the_stand_in_graphs_score_what_eager_calls_score(tiny_model_dir):
     rows = study.one_call(str(tiny_model_dir), 2, "cpu", pairs_of(16), 2, 1, "eager")
     assert [r["variant"] for r in rows] == ["eager", "graphs"] and not any("failed" in r for r in rows)
     eager, graphs = rows
@@ -106,9 +106,12 @@ def test_reward_calls_through_the_stand_in_graphs_score_what_eager_calls_score(t
     varying = study.varying_calls(str(tiny_model_dir), 2, "cpu", pairs_of(32), 1, 3, 1, "eager", (4, 8))
     assert [r["variant"] for r in varying] == ["eager", "bucketed encoder graphs"]
     assert varying[1]["max_diff"] <= 1e-5 and varying[1]["captures"]["encoder"] >= 1
-    tables, body = study.report({"backend": "eager", "calls": 3, "buckets": (4, 8), "one_call": rows,
-                                 "varying_calls": varying})
-    assert [len(t["rows"]) for t in tables.values()] == [2, 2]
+    scored = study.scoring(str(tiny_model_dir), 2, "cpu", pairs_of(24), 4, 1, "eager", (4, 8))
+    assert [r["variant"] for r in scored] == ["eager", "bucketed encoder graphs"]
+    assert scored[1]["max_diff"] <= 1e-5 and scored[1]["captures"]["encoder"] >= 2  # batches of several widths
+    tables, body = study.report({"backend": "eager", "calls": 3, "buckets": (4, 8), "scoring_pairs": 24,
+                                 "one_call": rows, "varying_calls": varying, "scoring": scored})
+    assert [len(t["rows"]) for t in tables.values()] == [2, 2, 2]
     assert "nothing about graphs measured" in body[0]
 
 
@@ -119,8 +122,8 @@ def test_a_failed_capture_is_reported_and_the_variant_left_out(tiny_model_dir, m
     monkeypatch.setattr(study.GraphedCall, "_capture", refuse)
     rows = study.one_call(str(tiny_model_dir), 2, "cpu", pairs_of(16), 1, 1, "eager")
     assert "failed" not in rows[0] and "stream is capturing" in rows[1]["failed"]
-    tables, body = study.report({"backend": "eager", "calls": 1, "buckets": (4, 8), "one_call": rows,
-                                 "varying_calls": []})
+    tables, body = study.report({"backend": "eager", "calls": 1, "buckets": (4, 8), "scoring_pairs": 0,
+                                 "one_call": rows, "varying_calls": [], "scoring": []})
     assert tables["failures"]["rows"][0][1] == "graphs" and {"table": "failures"} in body
 
 

@@ -98,7 +98,7 @@ PARTS = ("bench_corpus_memory", "bench_corpus_metric", "bench_corpus_flat", "ben
     ("bench_passes.py", "bench_passes_cpu", ["--pairs", "24", "--rounds", "1", "--completions", "16", "--steps", "1",
                                                  "--threads", "1"]),
     ("studies/cuda_graphs.py", "cuda_graphs_cpu", ["--device", "cpu", "--model", TINY, "--layer", "2", "--prompts", "1",
-                                                   "--calls", "2", "--repeats", "1", "--rounds", "1"]),
+                                                   "--calls", "2", "--repeats", "1", "--rounds", "1", "--pairs", "12"]),
 ], ids=lambda v: v if isinstance(v, str) and v.endswith(".py") else v if v in PARTS else "")
 def test_a_script_runs_on_tiny_data_and_publishes(script, name, args, wmt, tiny_model_dir, tmp_path, capsys):
     """(All but bench_evaluation, bench_ops, reward_scale, bench_speed and cuda_graphs read the default offline model;

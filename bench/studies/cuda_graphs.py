@@ -19,9 +19,13 @@ completions per prompt), for 64 and 512 completions, each variant in its own fre
   ``--bucket-tokens``: :func:`bucketed`), so that calls of similar length replay one graph; the
   transport stays eager (its shapes change with every call). The first cycle captures; the times are
   the mean call of the cycles after it.
+- **scoring** (the goals' other GPU measure): ``Scorer.score`` of ``--pairs`` WMT pairs (the seeded
+  sample of ``bench/bench_gpu.py``, ``--batch-size`` 64), eager against bucketed encoder graphs (the
+  encoder's batches differ in width from batch to batch); the pair batches' transport stays eager. The
+  median of ``--rounds`` calls after the one that captures.
 
 Each variant reports its call (median wall time of ``--repeats`` calls, the device synchronised at the
-end of each), the largest score difference from ``eager``, the graphs it captured and the seconds
+end of each; for scoring, pairs per second), the largest score difference from ``eager``, the graphs it captured and the seconds
 their captures took, and (one call repeated) a profile of the call under ``torch.profiler``
 (``bench_common.profile_calls``: aten ops issued, kernels, the device's busy time). A capture that
 fails (work in the captured code that a graph cannot hold, e.g. a read of the device on the host) is
@@ -156,11 +160,10 @@ def bucketed(vectors: Callable, rows: int, tokens: int) -> Callable:
     return forward
 
 
-def install(reward, *, encoder: bool, transport: bool, backend: str, buckets: tuple[int, int] | None = None):
-    """Route ``reward``'s encoder forward and / or transport through :class:`GraphedCall` (instance
+def install(scorer, *, encoder: bool, transport: bool, backend: str, buckets: tuple[int, int] | None = None):
+    """Route ``scorer``'s encoder forward and / or transport through :class:`GraphedCall` (instance
     attributes over the methods; ``buckets``: the encoder's inputs padded by :func:`bucketed`). Returns
     the graphed calls by name."""
-    scorer = reward.scorer
     graphed = {}
     if encoder:
         enc = scorer.encoder
@@ -196,7 +199,7 @@ def one_call(path, layer, device, pairs, n_prompts, repeats, backend) -> list[di
         try:
             with torch.no_grad():
                 reward(hyps, refs)  # warm-up: the encoder learns which hidden state to read
-                graphed = install(reward, encoder=graphs, transport=graphs, backend=backend)
+                graphed = install(reward.scorer, encoder=graphs, transport=graphs, backend=backend)
                 scores = reward(hyps, refs)  # captures
                 row["call_s"] = harness.time_call(lambda: reward(hyps, refs), repeats, warmup=0, sync=sync).median
                 row["profile"] = profile_calls(lambda: reward(hyps, refs), repeats, device, top=5)
@@ -204,10 +207,13 @@ def one_call(path, layer, device, pairs, n_prompts, repeats, backend) -> list[di
             rows.append(dict(row, failed=f"{type(error).__name__}: {error}"))
             continue
         baseline = scores if baseline is None else baseline
-        row.update(max_diff=max_diff(scores, baseline), captures={k: g.captures for k, g in graphed.items()},
-                   capture_s=sum(g.capture_s for g in graphed.values()))
-        rows.append(row)
+        rows.append(dict(row, **captured(graphed), max_diff=max_diff(scores, baseline)))
     return rows
+
+
+def captured(graphed: dict) -> dict:
+    """The graphs each :class:`GraphedCall` of ``graphed`` captured, and the seconds they took in all."""
+    return {"captures": {k: g.captures for k, g in graphed.items()}, "capture_s": sum(g.capture_s for g in graphed.values())}
 
 
 def varying_calls(path, layer, device, pairs, n_prompts, calls, rounds, backend, buckets) -> list[dict]:
@@ -225,7 +231,7 @@ def varying_calls(path, layer, device, pairs, n_prompts, calls, rounds, backend,
         try:
             with torch.no_grad():
                 reward(*batches[0][:2])  # warm-up
-                graphed = install(reward, encoder=graphs, transport=False, backend=backend, buckets=buckets)
+                graphed = install(reward.scorer, encoder=graphs, transport=False, backend=backend, buckets=buckets)
                 scores = torch.cat([reward(hyps, refs) for hyps, refs, _ in batches])  # the first cycle captures
                 cycles = harness.time_call(lambda: [reward(hyps, refs) for hyps, refs, _ in batches], rounds,
                                            warmup=0, sync=sync)
@@ -233,10 +239,31 @@ def varying_calls(path, layer, device, pairs, n_prompts, calls, rounds, backend,
             rows.append(dict(row, failed=f"{type(error).__name__}: {error}"))
             continue
         baseline = scores if baseline is None else baseline
-        row.update(call_s=cycles.median / calls, max_diff=max_diff(scores, baseline),
-                   captures={k: g.captures for k, g in graphed.items()},
-                   capture_s=sum(g.capture_s for g in graphed.values()))
-        rows.append(row)
+        rows.append(dict(row, **captured(graphed), call_s=cycles.median / calls, max_diff=max_diff(scores, baseline)))
+    return rows
+
+
+def scoring(path, layer, device, pairs, batch_size, repeats, backend, buckets) -> list[dict]:
+    """``Scorer.score`` of ``pairs`` (module docs), eager and with bucketed encoder graphs: a row each."""
+    from torchmover import Scorer
+
+    hyps, refs = [p["hyp"] for p in pairs], [p["ref"] for p in pairs]
+    sync = synchronizer(device)
+    rows, baseline = [], None
+    for variant, graphs in (("eager", False), ("bucketed encoder graphs", True)):
+        scorer = Scorer(path, layer=layer, device=device)
+        row = {"pairs": len(pairs), "variant": variant, "batch_size": batch_size}
+        try:
+            scorer.score(hyps, refs, batch_size, progress=False)  # warm-up
+            graphed = install(scorer, encoder=graphs, transport=False, backend=backend, buckets=buckets)
+            scores = scorer.score(hyps, refs, batch_size, progress=False)  # captures
+            call = harness.time_call(lambda: scorer.score(hyps, refs, batch_size, progress=False), repeats,
+                                     warmup=0, sync=sync)
+        except Exception as error:
+            rows.append(dict(row, failed=f"{type(error).__name__}: {error}"))
+            continue
+        baseline = scores if baseline is None else baseline
+        rows.append(dict(row, **captured(graphed), call_s=call.median, max_diff=max_diff(scores, baseline)))
     return rows
 
 
@@ -245,7 +272,7 @@ def ms(seconds) -> str:
 
 
 def report(figures: dict) -> tuple[dict, list]:
-    repeated, varying, failures = [], [], []
+    repeated, varying, scored, failures = [], [], [], []
     for row in figures["one_call"]:
         if "failed" in row:
             failures.append([row["completions"], row["variant"], row["failed"]])
@@ -263,17 +290,28 @@ def report(figures: dict) -> tuple[dict, list]:
         varying.append([row["completions"], row["variant"], row["calls"], ms(row["call_s"]),
                         harness.short(row["max_diff"]),
                         ", ".join(f"{k} {v}" for k, v in row["captures"].items()) or "—", f"{row['capture_s']:.2f}"])
+    for row in figures["scoring"]:
+        if "failed" in row:
+            failures.append([row["pairs"], row["variant"], row["failed"]])
+            continue
+        scored.append([row["pairs"], row["variant"], row["batch_size"], f"{row['pairs'] / row['call_s']:.1f}",
+                       f"{row['call_s']:.3f}", harness.short(row["max_diff"]),
+                       ", ".join(f"{k} {v}" for k, v in row["captures"].items()) or "—", f"{row['capture_s']:.2f}"])
     tables = {
         "one_call": harness.table(["completions", "variant", "call ms", "aten ops", "kernels", "device busy ms",
                                    "device idle", "max |Δ score| vs eager", "graphs", "capture s"],
                                   repeated, "r-rrrrrr-r"),
         "varying_calls": harness.table(["completions", "variant", "calls", "call ms (mean)", "max |Δ score| vs eager",
-                                        "graphs", "capture s"], varying, "r-rrr-r")}
+                                        "graphs", "capture s"], varying, "r-rrr-r"),
+        "scoring": harness.table(["pairs", "variant", "batch size", "pairs/s", "end to end s (median)",
+                                  "max |Δ score| vs eager", "graphs", "capture s"], scored, "r-rrrr-r")}
     body = ["One call repeated: the call's median wall time, and under the profiler per call the aten ops "
             "issued, the kernels the device ran and its busy time:", {"table": "one_call"},
             f"Calls that differ: {figures['calls']} calls of different completions, cycled; the encoder's inputs "
             f"padded to multiples of {figures['buckets'][0]} rows and {figures['buckets'][1]} tokens; the mean call "
-            "after the first cycle (which captures):", {"table": "varying_calls"}]
+            "after the first cycle (which captures):", {"table": "varying_calls"},
+            f"`Scorer.score` of {figures['scoring_pairs']} WMT pairs, the encoder's inputs padded as above: median of the "
+            "calls after the one that captures:", {"table": "scoring"}]
     if failures:
         tables["failures"] = harness.table(["completions", "variant", "capture failed"], failures, "r--")
         body += ["Captures that failed:", {"table": "failures"}]
@@ -292,6 +330,8 @@ def main(argv=None) -> int:
     parser.add_argument("--bucket-rows", type=int, default=64)
     parser.add_argument("--bucket-tokens", type=int, default=16)
     parser.add_argument("--prompts", default=",".join(map(str, PROMPTS)), help="comma-separated prompts per call")
+    parser.add_argument("--pairs", type=int, default=1000, help="WMT pairs of the Scorer.score call")
+    parser.add_argument("--batch-size", type=int, default=64, help="its batch_size")
     parser.add_argument("--model", help="a local model directory (default: the default model)")
     parser.add_argument("--layer", type=int, help="its layer (default: the default model's recorded layer)")
     args = parser.parse_args(argv)
@@ -309,18 +349,23 @@ def main(argv=None) -> int:
     path = args.model or model_dir()
     layer = args.layer if args.layer is not None else default_layer()
     pairs = harness.wmt_sample(args.data, max(prompts) * COMPLETIONS_PER_PROMPT * args.calls, args.seed)
-    figures = {"backend": backend, "calls": args.calls, "buckets": buckets, "one_call": [], "varying_calls": []}
-    with tqdm(total=2 * len(prompts), desc="cuda_graphs", unit="step") as bar:
+    figures = {"backend": backend, "calls": args.calls, "buckets": buckets, "scoring_pairs": args.pairs,
+               "one_call": [], "varying_calls": []}
+    with tqdm(total=2 * len(prompts) + 1, desc="cuda_graphs", unit="step") as bar:
         for n_prompts in prompts:
             figures["one_call"] += one_call(path, layer, args.device, pairs, n_prompts, args.repeats, backend)
             bar.update()
             figures["varying_calls"] += varying_calls(path, layer, args.device, pairs, n_prompts, args.calls,
                                                       args.rounds, backend, buckets)
             bar.update()
+        scored = harness.wmt_sample(args.data, args.pairs, args.seed)  # the goals' sample (bench_gpu.py's)
+        figures["scoring"] = scoring(path, layer, args.device, scored, args.batch_size, args.rounds, backend, buckets)
+        bar.update()
     tables, body = report(figures)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     harness.publish(args.out, f"cuda_graphs_{device.type}", f"CUDA graphs and the reward call on {name}", figures,
-                    tables, body, data=harness.data_provenance(args.data, len(pairs), args.seed))
+                    tables, body, data=harness.data_provenance(args.data, len(pairs), args.seed,
+                                                                 scoring_sample={"n": args.pairs, "seed": args.seed}))
     return 0
 
 
