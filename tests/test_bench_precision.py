@@ -65,7 +65,6 @@ def test_the_command_line_refuses_dtypes_it_cannot_compare(dtypes, message, caps
 
 
 def test_precision_runs_end_to_end_on_tiny_data(tiny_model_dir, tmp_path):
-    from torchmover import Scorer
     from torchmover.evaluation.correlation import correlate
 
     wmt = write_wmt(tmp_path, ("wmt15.cs-en.tsv", "wmt16.de-en.tsv"), 12)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from scipy import stats
 
 from conftest import WORDS, load_file

@@ -83,7 +83,7 @@ def test_trains_checkpoints_and_saves_a_loadable_scorer(setup, full_run):
     assert loaded.config.centering == "fixed" and "center:fixed-" in loaded.signature
     # its signature says it was fine-tuned, on what (18 training pairs: 24 minus the dev split), and which weights
     assert loaded.finetuned.startswith("da:2016:cs-en+de-en:18-pairs@weights-")
-    assert f"|model:local-bert@weights-" in loaded.signature and f"|finetuned:{loaded.finetuned}|" in loaded.signature
+    assert "|model:local-bert@weights-" in loaded.signature and f"|finetuned:{loaded.finetuned}|" in loaded.signature
     model, data = setup
     train, _ = recipe.split_dev(recipe.read_all([str(data)], None), 0.25, seed=0)
     texts = recipe.centering_texts(train, 1024, 0)

@@ -25,11 +25,11 @@ completions per prompt), for 64 and 512 completions, each variant in its own fre
   median of ``--rounds`` calls after the one that captures.
 
 Each variant reports its call (median wall time of ``--repeats`` calls, the device synchronised at the
-end of each; for scoring, pairs per second), the largest score difference from ``eager``, the graphs it captured and the seconds
-their captures took, and (one call repeated) a profile of the call under ``torch.profiler``
-(``bench_common.profile_calls``: aten ops issued, kernels, the device's busy time). A capture that
-fails (work in the captured code that a graph cannot hold, e.g. a read of the device on the host) is
-reported with its error, and the variant is left out.
+end of each; for scoring, pairs per second), the largest score difference from ``eager``, the graphs
+it captured and the seconds their captures took, and (one call repeated) a profile of the call under
+``torch.profiler`` (``bench_common.profile_calls``: aten ops issued, kernels, the device's busy
+time). A capture that fails (work in the captured code that a graph cannot hold, e.g. a read of the
+device on the host) is reported with its error, and the variant is left out.
 
 The graphs here are the study's own (nothing in torchmover captures graphs): a graph pins its input
 and output buffers and a memory pool per captured shape, and its inputs are copied into those buffers
@@ -46,7 +46,6 @@ Publishes ``cuda_graphs_<device type>`` into ``--out``.
 from __future__ import annotations
 
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -213,7 +212,8 @@ def one_call(path, layer, device, pairs, n_prompts, repeats, backend) -> list[di
 
 def captured(graphed: dict) -> dict:
     """The graphs each :class:`GraphedCall` of ``graphed`` captured, and the seconds they took in all."""
-    return {"captures": {k: g.captures for k, g in graphed.items()}, "capture_s": sum(g.capture_s for g in graphed.values())}
+    return {"captures": {k: g.captures for k, g in graphed.items()},
+            "capture_s": sum(g.capture_s for g in graphed.values())}
 
 
 def varying_calls(path, layer, device, pairs, n_prompts, calls, rounds, backend, buckets) -> list[dict]:
@@ -310,8 +310,8 @@ def report(figures: dict) -> tuple[dict, list]:
             f"Calls that differ: {figures['calls']} calls of different completions, cycled; the encoder's inputs "
             f"padded to multiples of {figures['buckets'][0]} rows and {figures['buckets'][1]} tokens; the mean call "
             "after the first cycle (which captures):", {"table": "varying_calls"},
-            f"`Scorer.score` of {figures['scoring_pairs']} WMT pairs, the encoder's inputs padded as above: median of the "
-            "calls after the one that captures:", {"table": "scoring"}]
+            f"`Scorer.score` of {figures['scoring_pairs']} WMT pairs, the encoder's inputs padded as above: "
+            "median of the calls after the one that captures:", {"table": "scoring"}]
     if failures:
         tables["failures"] = harness.table(["completions", "variant", "capture failed"], failures, "r--")
         body += ["Captures that failed:", {"table": "failures"}]
