@@ -185,28 +185,21 @@ def max_diff(scores, baseline) -> float:
     return float((scores.double() - baseline.double()).abs().max())
 
 
-def one_call(path, layer, device, pairs, n_prompts, repeats, backend) -> list[dict]:
-    """The variants of one call repeated (module docs): a row per variant."""
-    import torch
-
-    hyps, refs, references = reward_inputs(pairs, n_prompts)
-    sync = synchronizer(device)
+def compare(variants, row: dict, make: Callable, measure: Callable) -> list[dict]:
+    """A row per ``(variant, graphs)`` of ``variants``, each on a fresh subject ``make()``: ``row`` with
+    the variant, the figures of ``measure(subject, graphs)`` (which returns the scores, the graphed calls
+    and the figures), the graphs captured and the largest score difference from the first variant; or,
+    where a capture fails, its error (the variant left out)."""
     rows, baseline = [], None
-    for variant, graphs in (("eager", False), ("graphs", True)):
-        reward = new_reward(path, layer, device, references)
-        row = {"completions": len(hyps), "variant": variant}
+    for variant, graphs in variants:
+        subject = make()
         try:
-            with torch.no_grad():
-                reward(hyps, refs)  # warm-up: the encoder learns which hidden state to read
-                graphed = install(reward.scorer, encoder=graphs, transport=graphs, backend=backend)
-                scores = reward(hyps, refs)  # captures
-                row["call_s"] = harness.time_call(lambda: reward(hyps, refs), repeats, warmup=0, sync=sync).median
-                row["profile"] = profile_calls(lambda: reward(hyps, refs), repeats, device, top=5)
+            scores, graphed, figures = measure(subject, graphs)
         except Exception as error:  # a capture the graph cannot hold: reported, the variant left out
-            rows.append(dict(row, failed=f"{type(error).__name__}: {error}"))
+            rows.append(dict(row, variant=variant, failed=f"{type(error).__name__}: {error}"))
             continue
         baseline = scores if baseline is None else baseline
-        rows.append(dict(row, **captured(graphed), max_diff=max_diff(scores, baseline)))
+        rows.append(dict(row, variant=variant, **figures, **captured(graphed), max_diff=max_diff(scores, baseline)))
     return rows
 
 
@@ -214,6 +207,25 @@ def captured(graphed: dict) -> dict:
     """The graphs each :class:`GraphedCall` of ``graphed`` captured, and the seconds they took in all."""
     return {"captures": {k: g.captures for k, g in graphed.items()},
             "capture_s": sum(g.capture_s for g in graphed.values())}
+
+
+def one_call(path, layer, device, pairs, n_prompts, repeats, backend) -> list[dict]:
+    """The variants of one call repeated (module docs): a row per variant."""
+    import torch
+
+    hyps, refs, references = reward_inputs(pairs, n_prompts)
+    sync = synchronizer(device)
+
+    def measure(reward, graphs):
+        with torch.no_grad():
+            reward(hyps, refs)  # warm-up: the encoder learns which hidden state to read
+            graphed = install(reward.scorer, encoder=graphs, transport=graphs, backend=backend)
+            scores = reward(hyps, refs)  # captures
+            return scores, graphed, {
+                "call_s": harness.time_call(lambda: reward(hyps, refs), repeats, warmup=0, sync=sync).median,
+                "profile": profile_calls(lambda: reward(hyps, refs), repeats, device, top=5)}
+    return compare((("eager", False), ("graphs", True)), {"completions": len(hyps)},
+                   lambda: new_reward(path, layer, device, references), measure)
 
 
 def varying_calls(path, layer, device, pairs, n_prompts, calls, rounds, backend, buckets) -> list[dict]:
@@ -224,23 +236,17 @@ def varying_calls(path, layer, device, pairs, n_prompts, calls, rounds, backend,
     batches = [reward_inputs(pairs[k * n:(k + 1) * n], n_prompts) for k in range(calls)]
     references = list(dict.fromkeys(r for _, _, refs in batches for r in refs))
     sync = synchronizer(device)
-    rows, baseline = [], None
-    for variant, graphs in (("eager", False), ("bucketed encoder graphs", True)):
-        reward = new_reward(path, layer, device, references)
-        row = {"completions": n, "variant": variant, "calls": calls}
-        try:
-            with torch.no_grad():
-                reward(*batches[0][:2])  # warm-up
-                graphed = install(reward.scorer, encoder=graphs, transport=False, backend=backend, buckets=buckets)
-                scores = torch.cat([reward(hyps, refs) for hyps, refs, _ in batches])  # the first cycle captures
-                cycles = harness.time_call(lambda: [reward(hyps, refs) for hyps, refs, _ in batches], rounds,
-                                           warmup=0, sync=sync)
-        except Exception as error:
-            rows.append(dict(row, failed=f"{type(error).__name__}: {error}"))
-            continue
-        baseline = scores if baseline is None else baseline
-        rows.append(dict(row, **captured(graphed), call_s=cycles.median / calls, max_diff=max_diff(scores, baseline)))
-    return rows
+
+    def measure(reward, graphs):
+        with torch.no_grad():
+            reward(*batches[0][:2])  # warm-up
+            graphed = install(reward.scorer, encoder=graphs, transport=False, backend=backend, buckets=buckets)
+            scores = torch.cat([reward(hyps, refs) for hyps, refs, _ in batches])  # the first cycle captures
+            cycles = harness.time_call(lambda: [reward(hyps, refs) for hyps, refs, _ in batches], rounds,
+                                       warmup=0, sync=sync)
+            return scores, graphed, {"call_s": cycles.median / calls}
+    return compare((("eager", False), ("bucketed encoder graphs", True)), {"completions": n, "calls": calls},
+                   lambda: new_reward(path, layer, device, references), measure)
 
 
 def scoring(path, layer, device, pairs, batch_size, repeats, backend, buckets) -> list[dict]:
@@ -249,62 +255,56 @@ def scoring(path, layer, device, pairs, batch_size, repeats, backend, buckets) -
 
     hyps, refs = [p["hyp"] for p in pairs], [p["ref"] for p in pairs]
     sync = synchronizer(device)
-    rows, baseline = [], None
-    for variant, graphs in (("eager", False), ("bucketed encoder graphs", True)):
-        scorer = Scorer(path, layer=layer, device=device)
-        row = {"pairs": len(pairs), "variant": variant, "batch_size": batch_size}
-        try:
-            scorer.score(hyps, refs, batch_size, progress=False)  # warm-up
-            graphed = install(scorer, encoder=graphs, transport=False, backend=backend, buckets=buckets)
-            scores = scorer.score(hyps, refs, batch_size, progress=False)  # captures
-            call = harness.time_call(lambda: scorer.score(hyps, refs, batch_size, progress=False), repeats,
-                                     warmup=0, sync=sync)
-        except Exception as error:
-            rows.append(dict(row, failed=f"{type(error).__name__}: {error}"))
-            continue
-        baseline = scores if baseline is None else baseline
-        rows.append(dict(row, **captured(graphed), call_s=call.median, max_diff=max_diff(scores, baseline)))
-    return rows
+
+    def measure(scorer, graphs):
+        scorer.score(hyps, refs, batch_size, progress=False)  # warm-up
+        graphed = install(scorer, encoder=graphs, transport=False, backend=backend, buckets=buckets)
+        scores = scorer.score(hyps, refs, batch_size, progress=False)  # captures
+        call = harness.time_call(lambda: scorer.score(hyps, refs, batch_size, progress=False), repeats,
+                                 warmup=0, sync=sync)
+        return scores, graphed, {"call_s": call.median}
+    return compare((("eager", False), ("bucketed encoder graphs", True)),
+                   {"pairs": len(pairs), "batch_size": batch_size},
+                   lambda: Scorer(path, layer=layer, device=device), measure)
 
 
 def ms(seconds) -> str:
     return "—" if seconds is None else f"{1000 * seconds:.1f}"
 
 
+def one_call_cells(row: dict) -> list:
+    p = row["profile"]
+    busy = p["device_busy_s"]
+    return [row["completions"], row["variant"], ms(row["call_s"]), f"{p['aten_ops']:.0f}",
+            "—" if p["kernels"] is None else f"{p['kernels']:.0f}", ms(busy),
+            "—" if busy is None else f"{1 - busy / p['wall_s']:.0%}"]
+
+
+SECTIONS = {  # each section's size column, and its row's own cells (before the score drift and the graphs)
+    "one_call": ("completions", one_call_cells),
+    "varying_calls": ("completions", lambda row: [row["completions"], row["variant"], row["calls"], ms(row["call_s"])]),
+    "scoring": ("pairs", lambda row: [row["pairs"], row["variant"], row["batch_size"],
+                                      f"{row['pairs'] / row['call_s']:.1f}", f"{row['call_s']:.3f}"])}
+
+
 def report(figures: dict) -> tuple[dict, list]:
-    repeated, varying, scored, failures = [], [], [], []
-    for row in figures["one_call"]:
-        if "failed" in row:
-            failures.append([row["completions"], row["variant"], row["failed"]])
-            continue
-        p = row["profile"]
-        busy = p["device_busy_s"]
-        repeated.append([row["completions"], row["variant"], ms(row["call_s"]), f"{p['aten_ops']:.0f}",
-                         "—" if p["kernels"] is None else f"{p['kernels']:.0f}", ms(busy),
-                         "—" if busy is None else f"{1 - busy / p['wall_s']:.0%}", harness.short(row["max_diff"]),
-                         ", ".join(f"{k} {v}" for k, v in row["captures"].items()) or "—", f"{row['capture_s']:.2f}"])
-    for row in figures["varying_calls"]:
-        if "failed" in row:
-            failures.append([row["completions"], row["variant"], row["failed"]])
-            continue
-        varying.append([row["completions"], row["variant"], row["calls"], ms(row["call_s"]),
-                        harness.short(row["max_diff"]),
-                        ", ".join(f"{k} {v}" for k, v in row["captures"].items()) or "—", f"{row['capture_s']:.2f}"])
-    for row in figures["scoring"]:
-        if "failed" in row:
-            failures.append([row["pairs"], row["variant"], row["failed"]])
-            continue
-        scored.append([row["pairs"], row["variant"], row["batch_size"], f"{row['pairs'] / row['call_s']:.1f}",
-                       f"{row['call_s']:.3f}", harness.short(row["max_diff"]),
-                       ", ".join(f"{k} {v}" for k, v in row["captures"].items()) or "—", f"{row['capture_s']:.2f}"])
+    cells, failures = {name: [] for name in SECTIONS}, []
+    for name, (size, own) in SECTIONS.items():
+        for row in figures[name]:
+            if "failed" in row:
+                failures.append([row[size], row["variant"], row["failed"]])
+                continue
+            cells[name].append([*own(row), harness.short(row["max_diff"]),
+                                ", ".join(f"{k} {v}" for k, v in row["captures"].items()) or "—",
+                                f"{row['capture_s']:.2f}"])
     tables = {
         "one_call": harness.table(["completions", "variant", "call ms", "aten ops", "kernels", "device busy ms",
                                    "device idle", "max |Δ score| vs eager", "graphs", "capture s"],
-                                  repeated, "r-rrrrrr-r"),
+                                  cells["one_call"], "r-rrrrrr-r"),
         "varying_calls": harness.table(["completions", "variant", "calls", "call ms (mean)", "max |Δ score| vs eager",
-                                        "graphs", "capture s"], varying, "r-rrr-r"),
+                                        "graphs", "capture s"], cells["varying_calls"], "r-rrr-r"),
         "scoring": harness.table(["pairs", "variant", "batch size", "pairs/s", "end to end s (median)",
-                                  "max |Δ score| vs eager", "graphs", "capture s"], scored, "r-rrrr-r")}
+                                  "max |Δ score| vs eager", "graphs", "capture s"], cells["scoring"], "r-rrrr-r")}
     body = ["One call repeated: the call's median wall time, and under the profiler per call the aten ops "
             "issued, the kernels the device ran and its busy time:", {"table": "one_call"},
             f"Calls that differ: {figures['calls']} calls of different completions, cycled; the encoder's inputs "
