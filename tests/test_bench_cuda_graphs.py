@@ -16,7 +16,6 @@ from conftest import WORDS, load_file
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "studies" / "cuda_graphs.py"
 
-
 study = load_file(SCRIPT, "cuda_graphs_study")
 
 
@@ -26,10 +25,7 @@ class Pair(NamedTuple):
 
 
 def test_a_call_replays_on_its_new_inputs_and_returns_a_copy():
-    calls = []
-
     def fn(pair, scale, *, shift):
-        calls.append(scale)
         return {"out": pair.x * scale + shift}
 
     graphed = study.GraphedCall(fn, backend="eager")

@@ -504,7 +504,6 @@ def test_the_gpu_suite_says_it_needs_cuda_and_measures_nothing(tmp_path):
     assert list((tmp_path / "out").iterdir()) == []
 
 
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
 def test_the_gpu_before_after_run_says_it_needs_cuda_and_measures_nothing(tmp_path):
     import subprocess
@@ -555,6 +554,7 @@ def test_the_stored_before_after_table_is_its_runs_figures():
     assert module.before_after_table(res["figures"]["runs"], res["figures"]["commits"]) == res["tables"]["before_after"]
     assert [row[1].split()[0] for row in res["tables"]["before_after"]["rows"]] == [
         "issue", "head", "memprev", "issue", "head"]
+
 
 def test_bench_host_replays_a_reward_call_of_several_forward_passes():
     """The "all replayed" call of bench_host (b) replays each of the model's passes in a call in turn
