@@ -38,15 +38,26 @@ def source(res: dict | None) -> str:
     return f"`{res['name']}` @ {commit[:10]}{' (uncommitted changes)' if p.get('dirty') else ''}"
 
 
+def device(res: dict | None) -> str:
+    """The GPU's name, else the CPU and its logical cores, as the result recorded them."""
+    d = (res or {}).get("provenance", {}).get("device") or {}
+    if d.get("gpu"):
+        return d["gpu"]["name"]
+    if d.get("cpu"):
+        return f"{d['cpu']}, {d.get('cores', '?')} logical cores"
+    return "device not recorded"
+
+
+def versions(res: dict | None) -> str:
+    """The versions of torch, transformers and bert-score (what the ratios depend on) the result recorded."""
+    v = (res or {}).get("provenance", {}).get("versions") or {}
+    return ", ".join(f"{name} {v[name]}" for name in ("torch", "transformers", "bert-score") if v.get(name)) \
+        or "versions not recorded"
+
+
 def measured_on(res: dict | None) -> str:
-    """The GPU's name, else the CPU and its logical cores, then the versions of torch, transformers and
-    bert-score (what the ratios depend on), as the result recorded them."""
-    p = (res or {}).get("provenance", {})
-    d, v = p.get("device") or {}, p.get("versions") or {}
-    where = (d["gpu"]["name"] if d.get("gpu") else f"{d['cpu']}, {d.get('cores', '?')} logical cores" if d.get("cpu")
-             else "device not recorded")
-    versions = ", ".join(f"{name} {v[name]}" for name in ("torch", "transformers", "bert-score") if v.get(name))
-    return f"{where}; {versions or 'versions not recorded'}"
+    """Where and with what a result was measured: ``device; versions``."""
+    return f"{device(res)}; {versions(res)}"
 
 
 def pairs(res: dict) -> str:
