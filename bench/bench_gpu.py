@@ -117,8 +117,8 @@ def compare_systems(pairs, path, layer, device, batch_size, with_bert_score: boo
 
 
 def batch_size_sweep(pairs, path, layer, device, batch_sizes: list[int]) -> list[dict]:
-    """torchmover (TWMD) end to end on the same pairs at each of ``batch_sizes`` (texts per encoder batch,
-    pairs per transport batch): its time, encoder share, forward passes and peak GPU memory."""
+    """torchmover (TWMD) end to end on the same pairs at each of ``batch_sizes`` (``Scorer.score``'s
+    ``batch_size``: its batches' token budget): its time, encoder share, forward passes and peak GPU memory."""
     hyps, refs = [p["hyp"] for p in pairs], [p["ref"] for p in pairs]
     reset, read = peak_memory(device)
     rows = []
@@ -263,8 +263,8 @@ def report(args, device, results, started) -> tuple[str, dict, list]:
             tables[f"{model}_batch_sizes"] = harness.table(
                 ["batch size", *RUN_COLUMNS], [[row["batch_size"], *run_cells(row, args.pairs)] for row in r["batch_sizes"]],
                 "rrrrrrrr")
-            body += ["torchmover (TWMD) by batch size (`--batch-sizes`: texts per encoder batch, pairs per "
-                     "transport batch), the same pairs:", {"table": f"{model}_batch_sizes"}]
+            body += ["torchmover (TWMD) by batch size (`--batch-sizes`: `Scorer.score`'s `batch_size`), the same "
+                     "pairs:", {"table": f"{model}_batch_sizes"}]
         tables[f"{model}_reward"] = harness.table(
             ["completions", "variant", "tokenization", "encoder", "host", "transport", "call", "call without syncs",
              "max \\|Δ score\\| vs fp32", "peak GPU MiB"],

@@ -1,4 +1,4 @@
-"""What bounds a scoring call's memory: encoder batches of bounded padded area, longest first; the
+"""What bounds a scoring call's memory: encoder batches under a token budget, longest first; the
 encoder's last state alone once it is known to be the layer's; the batch mean summed from the stored
 units (never every text padded to one width). The measured peaks are in bench/results/bench_corpus_memory.md."""
 import torch
@@ -6,7 +6,7 @@ from torch import nn
 
 from torchmover import Encoder, Scorer
 from torchmover._internal.arena import TokenArena
-from torchmover.scorer.corpus import encoder_batches
+from torchmover.scorer.plan import length_batches
 
 HYPS = ["the cat sat on the mat", "a dog barked", "the quick brown fox jumps over the lazy dog", "the sun",
         "a small child eats good food in the city", "they ran"]
@@ -14,17 +14,20 @@ REFS = ["a cat was on the mat", "the dog barked", "a fox jumps over the dog", "t
         "the child eats", "we ran to the old house"]
 
 
-def test_encoder_batches_bound_their_padded_area_longest_first():
+def test_length_batches_fill_a_token_budget_longest_first():
     lengths = [5] * 40 + [10] * 30 + [300, 280, 250, 240]
-    batches = encoder_batches(lengths, 16)
+    batches = length_batches(lengths, 16)
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))  # every text once
-    longest = [max(lengths[i] for i in b) for b in batches]
-    assert longest == sorted(longest, reverse=True)  # the longest batch first
-    median = sorted(lengths)[len(lengths) // 2]
-    for batch in batches:
-        assert len(batch) <= 16 and (len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 16 * 2 * median)
-    assert len(batches[0]) < 4  # the four long texts do not pad one batch together
-    assert encoder_batches([], 8) == [] and encoder_batches([1] * 3, 8) == [[0, 1, 2]]
+    in_order = [lengths[i] for b in batches for i in b]
+    assert in_order == sorted(lengths, reverse=True)  # consecutive by length, the longest batch first
+    budget = 16 * 2 * 5  # batch_size x twice the median length
+    assert all(len(b) * lengths[b[0]] <= budget or len(b) == 1 for b in batches)
+    # each batch as full as the budget allows: the next longer text would have broken it
+    assert all((len(b) + 1) * lengths[longer[-1]] > budget for longer, b in zip(batches, batches[1:]))
+    assert [len(b) for b in batches] == [1, 1, 1, 1, 6, 16, 16, 32]  # 32 texts of 5 tokens, then 16 of up to 10
+    assert length_batches([], 8) == [] and length_batches([1] * 3, 8) == [[0, 1, 2]]
+    # a length counts as 1 at least; equal lengths in input order
+    assert length_batches([0] * 20, 2) == [list(range(k, k + 4)) for k in range(0, 20, 4)]
 
 
 def test_score_batches_texts_by_their_token_counts_and_tokenizes_each_once(tiny_encoder, monkeypatch):
@@ -32,7 +35,7 @@ def test_score_batches_texts_by_their_token_counts_and_tokenizes_each_once(tiny_
     "a" is one too): the encoder's batches are cut by tokens, so they pad less than batches by
     characters would, and every text is tokenized once in the call."""
     scorer = Scorer(tiny_encoder, centering="none")
-    texts = [" ".join("a" * (k + 7)) if k % 2 else "abcdefghij" + "k" * k for k in range(8)]  # 3 or 9+ tokens
+    texts = [" ".join("a" * (k + 7)) if k % 2 else "abcdefghij" + "k" * k for k in range(8)]  # 10-18 tokens
     hyps, refs = texts[:4], texts[4:]
     tokenized, widths = [], []
     tokenize, forward = scorer.encoder.tokenize, scorer.encoder.model.forward
@@ -45,9 +48,10 @@ def test_score_batches_texts_by_their_token_counts_and_tokenizes_each_once(tiny_
     assert sorted(tokenized) == sorted(texts)  # each text tokenized once
     counts = scorer.encoder.token_counts(texts)
     area = sum(n * w for n, w in widths)
-    assert widths == [(len(b), max(counts[i] for i in b)) for b in encoder_batches(counts, 2)]
-    by_characters = sum(len(b) * max(counts[i] for i in b) for b in encoder_batches(list(map(len, texts)), 2))
-    assert area < by_characters and area == sum(max(pair) * 2 for pair in zip(*[iter(sorted(counts))] * 2))
+    assert widths == [(len(b), max(counts[i] for i in b)) for b in length_batches(counts, 2)]
+    by_characters = sum(len(b) * max(counts[i] for i in b) for b in length_batches(list(map(len, texts)), 2))
+    assert sorted(counts) == [10, 12, 12, 14, 14, 16, 16, 18]  # a budget of 2 x 2 x 14 tokens:
+    assert widths == [(1, 18), (3, 16), (4, 14)] and area < by_characters
 
 
 def test_the_encoder_reads_the_last_state_alone_once_it_is_the_layers(tiny_encoder):

@@ -80,7 +80,8 @@ def test_pieces_keep_the_gradient(tiny_encoder, monkeypatch, small_pieces, cente
 def test_one_hypothesis_with_100k_references_is_scored_in_bounded_batches(tiny_encoder, monkeypatch):
     """Before, a hypothesis's references were one transport batch (``Scorer.score``: 100,000 pairs) and,
     in ``forward`` and a reward, one encoder batch too (24 GB on the server's model); now no batch
-    holds more than a piece call's texts or a batch of pieces' pairs. ``forward`` and the reward are
+    holds more than a piece call's texts or a batch of pieces' pairs (``Scorer.score``: as many pieces
+    as its token budget allows). ``forward`` and the reward are
     checked on 3,000 references (1,200 distinct), the corpus path on 100,000 (200 distinct)."""
     scorer = Scorer(tiny_encoder, centering="none", device="cpu")
     words = ("cat", "dog", "sun", "moon", "tree", "car", "road", "city", "man", "woman")
@@ -114,5 +115,7 @@ def test_one_hypothesis_with_100k_references_is_scored_in_bounded_batches(tiny_e
             got = call(refs)
         assert got.shape == (1,) and got.item() == pytest.approx(best.item(), abs=1e-5), name
         assert max(texts_per_encoder_call) <= 1024 + 1, name  # references.CALL_REFERENCES and the hypothesis
-        assert max(pairs_per_transport) <= 64 * 64, name  # 64 pieces (batch_size) of REFERENCE_CHUNK
+        # pieces of REFERENCE_CHUNK references, batched by a token budget: twice batch_size pieces of the median
+        # length (these pieces' longest texts are all of about one length)
+        assert max(pairs_per_transport) <= 2 * 64 * references.REFERENCE_CHUNK, name
         texts_per_encoder_call.clear(), pairs_per_transport.clear()

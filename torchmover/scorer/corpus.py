@@ -4,22 +4,27 @@ encoded once, pairs scored in length-sorted batches gathered from a device arena
 
 As the peers do it: the pairs are taken in chunks of ``SCORE_CHUNK`` hypotheses and at most
 ``SCORE_CHUNK_REFERENCES`` references (:func:`score_chunks`, in input order); every distinct
-text of a chunk is tokenized and encoded once, in batches of at most ``batch_size`` texts of similar
-token count, longest first,
-each batch's units copied into the one block of a :class:`~torchmover._internal.arena.TokenArena`
-(only the rows of its texts' units: :meth:`~torchmover._internal.arena.TokenArena.append`). Where each
+text of a chunk is tokenized and encoded once, in batches of similar token count, longest first,
+each of at most ``batch_size`` × twice the median text's token count of padded tokens (a token
+budget, :func:`~torchmover.scorer.plan.length_batches`: about ``2 · batch_size`` texts of the
+median length, more short ones, fewer long ones), each batch's units copied into the one block of a
+:class:`~torchmover._internal.arena.TokenArena` (only the rows of its texts' units:
+:meth:`~torchmover._internal.arena.TokenArena.append`). Where each
 unit's centered unit vector depends on nothing but itself (no centering, a fitted mean, or the
 call's ``batch`` mean), every unit is then centered and normalised there once
-(:func:`unit_vectors_once`). Then the chunk's pairs are scored in batches of at most ``batch_size``
-hypotheses of similar length, by the length of their longest text in units
-(:func:`~torchmover.scorer.plan.length_batches`), each gathered from the arena (one ``index_select``
-per field) by a :class:`~torchmover.scorer.plan.BatchPlan` built on the host; the plans of a chunk are
-sent in one transfer. The scores stay on the device until the end: nothing in the loop waits for it.
+(:func:`unit_vectors_once`). Then the chunk's pairs are scored in batches of similar length, by the
+length of their longest text in units, under the same budget (pairs × their longest text), each
+closing where padding would more than double a pair's square problem
+(:func:`~torchmover.scorer.plan.length_batches` with ``squares``), each gathered from the arena (one
+``index_select`` per field) by a :class:`~torchmover.scorer.plan.BatchPlan` built on the host; the
+plans of a chunk are sent in one transfer. The scores stay on the device until the end: nothing in
+the loop waits for it.
 
 Memory is bounded by the chunk: its arena (the units of its distinct texts, no padding) and one
-encoder batch's working memory. Texts are encoded longest first so that each batch's working memory
-fits in what the batches before it freed (shortest first, every batch would need more than any
-before it, and the allocator would keep growing the heap).
+encoder batch's working memory, which grows with the batch's padded area, bounded by the budget.
+Texts are encoded longest first so that each batch's working memory fits in what the batches before
+it freed (shortest first, every batch would need more than any before it, and the allocator would
+keep growing the heap).
 
 Under ``batch`` centering a first pass computes the mean of every real token of the call's distinct
 texts (:func:`call_means`), the set that ``Scorer.forward`` on the whole list centers on, so both give
@@ -226,7 +231,7 @@ def batch_plans(arena: TokenArena, hyps: list[str], groups: list[list[str]], bat
     n_units = arena.widths()
     longest = [max(n_units[h], *map(n_units.__getitem__, g)) for h, g in zip(hyps, groups)]
     plans = []
-    for positions in length_batches(longest, batch_size):
+    for positions in length_batches(longest, batch_size, squares=True):
         batch_hyps, batch_groups = [hyps[i] for i in positions], [groups[i] for i in positions]
         texts = distinct_texts(batch_hyps, batch_groups)
         where = arena.index(texts)
@@ -320,9 +325,10 @@ def owned_texts(new: list[str], texts: list[str], side: str | None, groups: list
 
 @torch.no_grad()
 def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_batch=None) -> TokenArena:
-    """Units of every distinct text of ``texts`` (keyed by text), without a graph, encoded in :func:`encoder_batches`,
-    the longest batch first, each batch's units copied into the arena's one block as soon as it is
-    encoded, without its padding (:meth:`TokenArena.append <torchmover._internal.arena.TokenArena.append>`),
+    """Units of every distinct text of ``texts`` (keyed by text), without a graph, encoded in batches of
+    similar length under a token budget (:func:`~torchmover.scorer.plan.length_batches`), the longest
+    batch first, each batch's units copied into the arena's one block as soon as it is encoded, without
+    its padding (:meth:`TokenArena.append <torchmover._internal.arena.TokenArena.append>`),
     so that any pair batch is one gather from it and an encoder batch's working memory is freed before
     the next runs. The vectors are kept in float32 or wider (what the transport runs in), whatever the
     encoder's precision.
@@ -337,7 +343,7 @@ def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_
     lengths = list(map(len, texts if tokenized is None else tokenized["input_ids"]))
     arena = TokenArena(Units, zero_padding=True, capacity=0 if tokenized is None else 1 + sum(lengths))
     total = sum(lengths) or 1
-    for batch in encoder_batches(lengths, batch_size):
+    for batch in length_batches(lengths, batch_size):
         batch_texts = [texts[i] for i in batch]
         units, spans = scorer.embed_with_spans(batch_texts, None if tokenized is None else take_tokens(tokenized, batch))
         arena.append(batch_texts, units._replace(vectors=units.vectors.to(torch.promote_types(units.vectors.dtype,
@@ -346,28 +352,6 @@ def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_
         if on_batch is not None:
             on_batch(sum(lengths[i] for i in batch) / total)
     return arena
-
-
-def encoder_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """The texts of ``lengths`` (their token counts) cut into batches of similar length, as lists of
-    positions, the longest batch first.
-
-    Cut from the shortest text on, each batch holds at most ``batch_size`` texts and at most
-    ``batch_size`` × twice the median text's length of padded area (its texts × its longest): a batch
-    of the longest texts holds fewer of them. The encoder's working memory for a batch (attention over
-    every pair of its positions) is its largest cost in memory, so this bounds a call's peak where a
-    few long texts would otherwise make one batch several times the others; the time per token is
-    about the same. The last batch cut, the longest, is the one that may be part-filled."""
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    if not order:
-        return []
-    budget = batch_size * 2 * max(lengths[order[len(order) // 2]], 1)
-    batches: list[list[int]] = [[]]
-    for i in order:  # each text is the longest of its batch so far
-        if batches[-1] and (len(batches[-1]) == batch_size or (len(batches[-1]) + 1) * lengths[i] > budget):
-            batches.append([])
-        batches[-1].append(i)
-    return batches[::-1]
 
 
 def text_digest(text: str) -> int:

@@ -92,14 +92,29 @@ def call_plan(hyps: list[str], groups: list[list[str]], texts: list[str]) -> Cal
     return CallPlan(len(hyp_rows), ref_rows, index, len(hyps))
 
 
-def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Batches of the positions of ``lengths``, longest first: consecutive, at most ``batch_size``
-    each, and a batch closes early at the first item shorter than ``1/√2`` of its first (longest) one.
-    Padded to its batch's longest, an item's square problem ``L × L`` is then at most twice its own
-    area; a fixed count alone pads the short end of a batch that spans the long tail of the lengths."""
+def length_batches(lengths: Sequence[int], batch_size: int, squares: bool = False) -> list[list[int]]:
+    """Batches of the positions of ``lengths`` under one token budget, the longest batch first (and
+    within a batch the longest item first, equal lengths in input order).
+
+    Cut in order of length from the shortest, a batch closes before its padded area — its items times
+    its longest item's length, counted as at least 1 — would exceed the budget ``batch_size × 2 × the
+    median length``, or holds its one item. So a batch holds about ``2 · batch_size`` items of the
+    median length, more short ones and fewer long ones: its working memory (which grows with its padded
+    area) is bounded by the budget whatever the lengths, and a list of short items runs in few batches
+    instead of many of a fixed count. The last batch cut, the longest, is the one that may be
+    part-filled.
+
+    ``squares`` (items whose cost is ``L × L``: a pair's transport problem, padded to its batch's
+    longest text): a batch also closes before an item whose square is more than twice its shortest
+    item's, so that padding at most doubles an item's square area where the budget alone would let a
+    batch span a wide range of lengths."""
+    if not lengths:
+        return []
+    budget = batch_size * 2 * max(sorted(lengths)[len(lengths) // 2], 1)
     batches: list[list[int]] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        if not batches or len(batches[-1]) == batch_size or 2 * lengths[i] ** 2 < lengths[batches[-1][0]] ** 2:
+    for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], -i)):  # each item the longest of its batch so far
+        if (not batches or (len(batches[-1]) + 1) * max(lengths[i], 1) > budget
+                or (squares and lengths[i] ** 2 > 2 * lengths[batches[-1][0]] ** 2)):
             batches.append([])
         batches[-1].append(i)
-    return batches
+    return [batch[::-1] for batch in batches[::-1]]
