@@ -138,14 +138,12 @@ def test_bench_gpu_measures_on_the_cpu_with_a_tiny_model(wmt, tiny_model_dir):
     assert all(s["total_s"] >= s["encoder_s"] > 0 and s["peak_gpu_mib"] is None for s in systems.values())
     # the passes of the timed call alone (not the recording call after it): each distinct text's tokens once
     texts = list(dict.fromkeys([p["hyp"] for p in pairs] + [p["ref"] for p in pairs]))
-    lengths = sorted(map(len, Encoder.from_pretrained(str(tiny_model_dir), layer=2).tokenize(texts)["input_ids"]))
-    own = sum(lengths)
+    own = sum(map(len, Encoder.from_pretrained(str(tiny_model_dir), layer=2).tokenize(texts)["input_ids"]))
     for s in systems.values():
         assert s["encoder_tokens"] == own and s["encoder_padded_tokens"] >= own and s["encoder_passes"] >= 2
     sweep = bench_gpu.batch_size_sweep(pairs, str(tiny_model_dir), 2, "cpu", [4, 32])
     assert [r["batch_size"] for r in sweep] == [4, 32] and all(r["encoder_tokens"] == own for r in sweep)
-    budget = 4 * 2 * lengths[len(lengths) // 2]  # batch size 4: padded tokens a batch may hold
-    assert sweep[0]["encoder_passes"] >= own / budget and sweep[0]["encoder_passes"] > sweep[1]["encoder_passes"]
+    assert sweep[0]["encoder_passes"] >= len(texts) / 4 > sweep[1]["encoder_passes"]
     row = bench_gpu.reward_breakdown(str(tiny_model_dir), 2, pairs, "cpu", 2, repeats=2)
     assert row["completions"] == 2 * bench_gpu.COMPLETIONS_PER_PROMPT and len(row["scores"]) == row["completions"]
     assert row["call"] >= row["encoder"] > 0 and row["call_without_syncs"] > 0

@@ -1,4 +1,4 @@
-"""What bounds a scoring call's memory: encoder batches under a token budget, longest first; the
+"""What bounds a scoring call's memory: encoder batches of bounded padded area, longest first; the
 encoder's last state alone once it is known to be the layer's; the batch mean summed from the stored
 units (never every text padded to one width). The measured peaks are in bench/results/bench_corpus_memory.md."""
 import torch
@@ -30,6 +30,14 @@ def test_length_batches_fill_a_token_budget_longest_first():
     assert length_batches([0] * 20, 2) == [list(range(k, k + 4)) for k in range(0, 20, 4)]
 
 
+def test_the_encoders_batches_hold_at_most_batch_size_texts_too():
+    lengths = [5] * 40 + [10] * 30 + [300, 280, 250, 240]
+    batches = length_batches(lengths, 16, most=16)
+    assert [len(b) for b in batches] == [1, 1, 1, 1, 6, 16, 16, 16, 16]  # 16 texts at a time, not 32 of 5 tokens
+    assert [lengths[i] for b in batches for i in b] == sorted(lengths, reverse=True)
+    assert all(len(b) * lengths[b[0]] <= 16 * 2 * 5 or len(b) == 1 for b in batches)
+
+
 def test_score_batches_texts_by_their_token_counts_and_tokenizes_each_once(tiny_encoder, monkeypatch):
     """Texts whose order by characters interleaves their token counts (an unknown word is one token,
     "a" is one too): the encoder's batches are cut by tokens, so they pad less than batches by
@@ -48,10 +56,9 @@ def test_score_batches_texts_by_their_token_counts_and_tokenizes_each_once(tiny_
     assert sorted(tokenized) == sorted(texts)  # each text tokenized once
     counts = scorer.encoder.token_counts(texts)
     area = sum(n * w for n, w in widths)
-    assert widths == [(len(b), max(counts[i] for i in b)) for b in length_batches(counts, 2)]
-    by_characters = sum(len(b) * max(counts[i] for i in b) for b in length_batches(list(map(len, texts)), 2))
-    assert sorted(counts) == [10, 12, 12, 14, 14, 16, 16, 18]  # a budget of 2 x 2 x 14 tokens:
-    assert widths == [(1, 18), (3, 16), (4, 14)] and area < by_characters
+    assert widths == [(len(b), max(counts[i] for i in b)) for b in length_batches(counts, 2, most=2)]
+    by_characters = sum(len(b) * max(counts[i] for i in b) for b in length_batches(list(map(len, texts)), 2, most=2))
+    assert area < by_characters and area == sum(max(pair) * 2 for pair in zip(*[iter(sorted(counts))] * 2))
 
 
 def test_the_encoder_reads_the_last_state_alone_once_it_is_the_layers(tiny_encoder):

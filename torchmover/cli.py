@@ -151,9 +151,9 @@ def add_scorer_arguments(parser: argparse.ArgumentParser) -> None:
     groups["metric"].add_argument("--baseline-corpus", metavar="FILE",
                                   help="file, one text per line, for --rescale's baseline (default: the references)")
     groups["running"].add_argument("--batch-size", type=positive_int, default=64, metavar="N",
-                                   help="batch size: scoring pads a batch to at most N x twice the median "
-                                        "text length (about 2N texts of median length); fitting encodes N texts "
-                                        "at once (default: %(default)s)")
+                                   help="texts encoded at once; scoring also pads a batch to at most N x twice "
+                                        "the median length, and moves about 2N pairs of the median length at once "
+                                        "(default: %(default)s)")
     groups["running"].add_argument("--no-progress", action="store_true",
                                    help="no progress bars (default: bars where standard error is a terminal)")
 

@@ -5,15 +5,16 @@ encoded once, pairs scored in length-sorted batches gathered from a device arena
 As the peers do it: the pairs are taken in chunks of ``SCORE_CHUNK`` hypotheses and at most
 ``SCORE_CHUNK_REFERENCES`` references (:func:`score_chunks`, in input order); every distinct
 text of a chunk is tokenized and encoded once, in batches of similar token count, longest first,
-each of at most ``batch_size`` × twice the median text's token count of padded tokens (a token
-budget, :func:`~torchmover.scorer.plan.length_batches`: about ``2 · batch_size`` texts of the
-median length, more short ones, fewer long ones), each batch's units copied into the one block of a
+each of at most ``batch_size`` texts and ``batch_size`` × twice the median text's token count of
+padded tokens (:func:`~torchmover.scorer.plan.length_batches`), each batch's units copied into the
+one block of a
 :class:`~torchmover._internal.arena.TokenArena` (only the rows of its texts' units:
 :meth:`~torchmover._internal.arena.TokenArena.append`). Where each
 unit's centered unit vector depends on nothing but itself (no centering, a fitted mean, or the
 call's ``batch`` mean), every unit is then centered and normalised there once
 (:func:`unit_vectors_once`). Then the chunk's pairs are scored in batches of similar length, by the
-length of their longest text in units, under the same budget (pairs × their longest text), each
+length of their longest text in units, under the same token budget alone (pairs × their longest
+text: about ``2 · batch_size`` pairs of the median length, more short ones, fewer long ones), each
 closing where padding would more than double a pair's square problem
 (:func:`~torchmover.scorer.plan.length_batches` with ``squares``), each gathered from the arena (one
 ``index_select`` per field) by a :class:`~torchmover.scorer.plan.BatchPlan` built on the host; the
@@ -24,7 +25,9 @@ Memory is bounded by the chunk: its arena (the units of its distinct texts, no p
 encoder batch's working memory, which grows with the batch's padded area, bounded by the budget.
 Texts are encoded longest first so that each batch's working memory fits in what the batches before
 it freed (shortest first, every batch would need more than any before it, and the allocator would
-keep growing the heap).
+keep growing the heap). An encoder batch also holds at most ``batch_size`` texts: most batches then
+pad to less than the budget, and the call's peak stays lower than with batches all filled to it
+(measured on the CPU: the performance guide).
 
 Under ``batch`` centering a first pass computes the mean of every real token of the call's distinct
 texts (:func:`call_means`), the set that ``Scorer.forward`` on the whole list centers on, so both give
@@ -326,8 +329,8 @@ def owned_texts(new: list[str], texts: list[str], side: str | None, groups: list
 @torch.no_grad()
 def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_batch=None) -> TokenArena:
     """Units of every distinct text of ``texts`` (keyed by text), without a graph, encoded in batches of
-    similar length under a token budget (:func:`~torchmover.scorer.plan.length_batches`), the longest
-    batch first, each batch's units copied into the arena's one block as soon as it is encoded, without
+    similar length, of at most ``batch_size`` texts and a token budget
+    (:func:`~torchmover.scorer.plan.length_batches`), the longest batch first, each batch's units copied into the arena's one block as soon as it is encoded, without
     its padding (:meth:`TokenArena.append <torchmover._internal.arena.TokenArena.append>`),
     so that any pair batch is one gather from it and an encoder batch's working memory is freed before
     the next runs. The vectors are kept in float32 or wider (what the transport runs in), whatever the
@@ -343,7 +346,7 @@ def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_
     lengths = list(map(len, texts if tokenized is None else tokenized["input_ids"]))
     arena = TokenArena(Units, zero_padding=True, capacity=0 if tokenized is None else 1 + sum(lengths))
     total = sum(lengths) or 1
-    for batch in length_batches(lengths, batch_size):
+    for batch in length_batches(lengths, batch_size, most=batch_size):
         batch_texts = [texts[i] for i in batch]
         units, spans = scorer.embed_with_spans(batch_texts, None if tokenized is None else take_tokens(tokenized, batch))
         arena.append(batch_texts, units._replace(vectors=units.vectors.to(torch.promote_types(units.vectors.dtype,

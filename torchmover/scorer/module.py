@@ -598,11 +598,11 @@ class Scorer(nn.Module):
         references'), whatever the length of the lists; a hypothesis's references are scored in pieces
         of at most ``REFERENCE_CHUNK``, combined by ``multi_ref`` (:mod:`torchmover.scorer.references`).
 
-        ``batch_size`` sizes the encoder's and the transport's batches by a token budget: a batch pads to
-        at most ``batch_size`` × twice the median length of the chunk's texts (of its pairs' longest
-        texts, for the transport), so it holds about ``2 · batch_size`` texts of the median length, more
-        short ones and fewer long ones (:func:`~torchmover.scorer.plan.length_batches`), and its working
-        memory is bounded by the budget whatever the lengths.
+        ``batch_size`` sizes the batches by a token budget (:func:`~torchmover.scorer.plan.length_batches`):
+        a batch pads to at most ``batch_size`` × twice the median length of the chunk's texts (of its
+        pairs' longest texts, for the transport), so its working memory is bounded whatever the lengths;
+        an encoder batch also holds at most ``batch_size`` texts, and a pair batch holds about
+        ``2 · batch_size`` pairs of the median length, more short ones and fewer long ones.
 
         Scores do not depend on ``batch_size`` nor on the other pairs of a batch: ``batch`` centering
         uses the mean of every real token of the call's distinct texts (``center_scope="separate"``:

@@ -92,28 +92,27 @@ def call_plan(hyps: list[str], groups: list[list[str]], texts: list[str]) -> Cal
     return CallPlan(len(hyp_rows), ref_rows, index, len(hyps))
 
 
-def length_batches(lengths: Sequence[int], batch_size: int, squares: bool = False) -> list[list[int]]:
-    """Batches of the positions of ``lengths`` under one token budget, the longest batch first (and
+def length_batches(lengths: Sequence[int], batch_size: int, *, most: int | None = None,
+                   squares: bool = False) -> list[list[int]]:
+    """Batches of the positions of ``lengths`` under a token budget, the longest batch first (and
     within a batch the longest item first, equal lengths in input order).
 
     Cut in order of length from the shortest, a batch closes before its padded area — its items times
     its longest item's length, counted as at least 1 — would exceed the budget ``batch_size × 2 × the
-    median length``, or holds its one item. So a batch holds about ``2 · batch_size`` items of the
-    median length, more short ones and fewer long ones: its working memory (which grows with its padded
-    area) is bounded by the budget whatever the lengths, and a list of short items runs in few batches
-    instead of many of a fixed count. The last batch cut, the longest, is the one that may be
-    part-filled.
+    median length``, or holds its one item: its working memory (which grows with its padded area) is
+    bounded by the budget whatever the lengths, and a few long items never pad one batch together.
+    The last batch cut, the longest, is the one that may be part-filled.
 
+    ``most``: a batch also holds at most ``most`` items (the encoder's batches: ``batch_size`` texts).
     ``squares`` (items whose cost is ``L × L``: a pair's transport problem, padded to its batch's
     longest text): a batch also closes before an item whose square is more than twice its shortest
-    item's, so that padding at most doubles an item's square area where the budget alone would let a
-    batch span a wide range of lengths."""
+    item's, so that padding at most doubles an item's square area."""
     if not lengths:
         return []
     budget = batch_size * 2 * max(sorted(lengths)[len(lengths) // 2], 1)
     batches: list[list[int]] = []
     for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], -i)):  # each item the longest of its batch so far
-        if (not batches or (len(batches[-1]) + 1) * max(lengths[i], 1) > budget
+        if (not batches or (len(batches[-1]) + 1) * max(lengths[i], 1) > budget or len(batches[-1]) == most
                 or (squares and lengths[i] ** 2 > 2 * lengths[batches[-1][0]] ** 2)):
             batches.append([])
         batches[-1].append(i)
