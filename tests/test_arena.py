@@ -257,7 +257,7 @@ def test_length_batches_sort_longest_first_and_close_a_batch_at_half_the_area():
     batches = length_batches(lengths, batch_size=3, squares=True)  # a budget of 3 x 2 x 8 (the median)
     assert [[lengths[i] for i in b] for b in batches] == [[10, 10, 9, 8], [7, 5], [3], [2]]
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-    for b in batches:  # within the budget, and each item's square area, padded to its batch's longest, at most doubles
+    for b in batches:  # within the budget; padded to its batch's longest, an item's square area at most doubles
         assert len(b) * lengths[b[0]] <= 48 and all(2 * lengths[i] ** 2 >= lengths[b[0]] ** 2 for i in b)
     assert [[lengths[i] for i in b] for b in length_batches(lengths, batch_size=3)] == [[10, 10, 9], [8, 7, 5, 3, 2]]
     assert length_batches([], 4, squares=True) == [] and length_batches([0, 0, 0], 2, squares=True) == [[0, 1, 2]]

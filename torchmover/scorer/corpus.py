@@ -7,19 +7,17 @@ As the peers do it: the pairs are taken in chunks of ``SCORE_CHUNK`` hypotheses 
 text of a chunk is tokenized and encoded once, in batches of similar token count, longest first,
 each of at most ``batch_size`` texts and ``batch_size`` × twice the median text's token count of
 padded tokens (:func:`~torchmover.scorer.plan.length_batches`), each batch's units copied into the
-one block of a
-:class:`~torchmover._internal.arena.TokenArena` (only the rows of its texts' units:
-:meth:`~torchmover._internal.arena.TokenArena.append`). Where each
-unit's centered unit vector depends on nothing but itself (no centering, a fitted mean, or the
-call's ``batch`` mean), every unit is then centered and normalised there once
-(:func:`unit_vectors_once`). Then the chunk's pairs are scored in batches of similar length, by the
-length of their longest text in units, under the same token budget alone (pairs × their longest
-text: about ``2 · batch_size`` pairs of the median length, more short ones, fewer long ones), each
-closing where padding would more than double a pair's square problem
-(:func:`~torchmover.scorer.plan.length_batches` with ``squares``), each gathered from the arena (one
-``index_select`` per field) by a :class:`~torchmover.scorer.plan.BatchPlan` built on the host; the
-plans of a chunk are sent in one transfer. The scores stay on the device until the end: nothing in
-the loop waits for it.
+one block of a :class:`~torchmover._internal.arena.TokenArena` (only the rows of its texts' units:
+:meth:`~torchmover._internal.arena.TokenArena.append`). Where each unit's centered unit vector
+depends on nothing but itself (no centering, a fitted mean, or the call's ``batch`` mean), every
+unit is then centered and normalised there once (:func:`unit_vectors_once`). Then the chunk's pairs
+are scored in batches of similar length, by the length of their longest text in units, under the
+same token budget alone (pairs × their longest text: about ``2 · batch_size`` pairs of the median
+length, more short ones, fewer long ones), each closing where padding would more than double a
+pair's square problem (:func:`~torchmover.scorer.plan.length_batches` with ``squares``), each
+gathered from the arena (one ``index_select`` per field) by a
+:class:`~torchmover.scorer.plan.BatchPlan` built on the host; the plans of a chunk are sent in one
+transfer. The scores stay on the device until the end: nothing in the loop waits for it.
 
 Memory is bounded by the chunk: its arena (the units of its distinct texts, no padding) and one
 encoder batch's working memory, which grows with the batch's padded area, bounded by the budget.
@@ -330,11 +328,12 @@ def owned_texts(new: list[str], texts: list[str], side: str | None, groups: list
 def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_batch=None) -> TokenArena:
     """Units of every distinct text of ``texts`` (keyed by text), without a graph, encoded in batches of
     similar length, of at most ``batch_size`` texts and a token budget
-    (:func:`~torchmover.scorer.plan.length_batches`), the longest batch first, each batch's units copied into the arena's one block as soon as it is encoded, without
-    its padding (:meth:`TokenArena.append <torchmover._internal.arena.TokenArena.append>`),
-    so that any pair batch is one gather from it and an encoder batch's working memory is freed before
-    the next runs. The vectors are kept in float32 or wider (what the transport runs in), whatever the
-    encoder's precision.
+    (:func:`~torchmover.scorer.plan.length_batches`), the longest batch first, each batch's units
+    copied into the arena's one block as soon as it is encoded, without its padding
+    (:meth:`TokenArena.append <torchmover._internal.arena.TokenArena.append>`), so that any pair
+    batch is one gather from it and an encoder batch's working memory is freed before the next runs.
+    The vectors are kept in float32 or wider (what the transport runs in), whatever the encoder's
+    precision.
 
     The texts are tokenized once, here (:meth:`Scorer.tokenize <torchmover.Scorer.tokenize>`), and
     batched by their token counts, so that a batch pads little; each batch's tokens go to the encoder
