@@ -103,3 +103,30 @@ def test_the_batch_mean_is_summed_without_gathering_every_text(tiny_encoder, mon
     assert max(gathered) <= 4  # the texts of one batch of two pairs, never the call's twelve at once
     with torch.no_grad():
         torch.testing.assert_close(scores, scorer(HYPS, REFS))
+
+
+def test_score_cuts_its_pair_batches_by_the_token_budget(tiny_encoder, monkeypatch):
+    """Pair batches hold as many pairs as ``batch_size`` × twice the median of the pairs' longest texts
+    allows (here more than ``batch_size``), each at most that budget, and the scores are those of one
+    pair at a time."""
+    import torchmover.scorer.module
+
+    scorer = Scorer(tiny_encoder, centering="none")
+    hyps, refs = HYPS * 3, REFS * 3
+    batches = []
+    transport = torchmover.scorer.module.pair_similarities
+
+    def counting_transport(term, hyp, ref, *args, **kwargs):
+        out = transport(term, hyp, ref, *args, **kwargs)
+        batches.append((max(map(len, out.values())), max(hyp.mask.shape[1], ref.mask.shape[1])))  # pairs, width
+        return out
+
+    monkeypatch.setattr(torchmover.scorer.module, "pair_similarities", counting_transport)
+    scores = scorer.score(hyps, refs, batch_size=2, progress=False)
+    monkeypatch.undo()
+    one_at_a_time = torch.cat([scorer.score([h], [r], progress=False) for h, r in zip(hyps, refs)])
+    torch.testing.assert_close(scores, one_at_a_time, rtol=0, atol=1e-6)
+    units = {t: stop - first for texts in (hyps, refs) for t, (first, stop) in zip(texts, scorer.encoder(texts).spans)}
+    longest = sorted(max(units[h], units[r]) for h, r in zip(hyps, refs))
+    assert sum(n for n, _ in batches) == len(hyps) and max(n for n, _ in batches) > 2
+    assert all(n * width <= 2 * 2 * longest[len(longest) // 2] or n == 1 for n, width in batches)
