@@ -313,7 +313,7 @@ def report(figures: dict) -> tuple[dict, list]:
             f"`Scorer.score` of {figures['scoring_pairs']} WMT pairs, the encoder's inputs padded as above: "
             "median of the calls after the one that captures:", {"table": "scoring"}]
     if failures:
-        tables["failures"] = harness.table(["completions", "variant", "capture failed"], failures, "r--")
+        tables["failures"] = harness.table(["completions or pairs", "variant", "capture failed"], failures, "r--")
         body += ["Captures that failed:", {"table": "failures"}]
     if figures["backend"] == "eager":
         body.insert(0, "**No graphs: `--device cpu` stands each graph in by a call on its static buffers (the "
