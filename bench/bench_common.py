@@ -72,6 +72,22 @@ def cuda_missing(script: str, device, cpu_hint: str) -> bool:
     return True
 
 
+def reward_bench_parser(doc: str):
+    """:func:`harness.wmt_parser` with the options of the scripts that time reward calls on a device:
+    ``--device``, ``--rounds``, ``--threads``, ``--pairs`` (the WMT sample, as ``bench_gpu.py``'s) and
+    ``--completions`` (per call, multiples of 8)."""
+    import harness
+
+    parser = harness.wmt_parser(doc)
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (default: %(default)s)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads")
+    parser.add_argument("--pairs", type=int, default=1000,
+                        help="the WMT sample (as bench_gpu.py's; default: %(default)s)")
+    parser.add_argument("--completions", default="64,512", help="completions per reward call, multiples of 8")
+    return parser
+
+
 def synchronizer(device) -> Callable[[], None]:
     """A function that waits for ``device``'s queued work (CUDA), or does nothing (CPU)."""
     import torch
@@ -256,6 +272,23 @@ def reward_inputs(pairs: list[dict], n_prompts: int, group: int = COMPLETIONS_PE
     references = list(itertools.islice(itertools.cycle(p["ref"] for p in pairs), n_prompts))
     hyps = list(itertools.islice(itertools.cycle(p["hyp"] for p in pairs), n_prompts * group))
     return hyps, [r for r in references for _ in range(group)], references
+
+
+@contextlib.contextmanager
+def transport_batch_cost(device_type: str, cost: int | None):
+    """Within the block, a reward call on ``device_type`` moves its pairs in batches by length with a
+    batch cost of ``cost`` cells (None: in one batch, as on a device without one;
+    ``torchmover.scorer.plan.TRANSPORT_BATCH_COST``); the device's own cost afterwards."""
+    import torchmover.scorer.plan as plan
+
+    saved = plan.TRANSPORT_BATCH_COST.get(device_type)
+    plan.TRANSPORT_BATCH_COST[device_type] = cost
+    try:
+        yield
+    finally:
+        plan.TRANSPORT_BATCH_COST.pop(device_type)
+        if saved is not None:
+            plan.TRANSPORT_BATCH_COST[device_type] = saved
 
 
 class PassLog:

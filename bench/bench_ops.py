@@ -14,7 +14,9 @@ iteration, on WMT15-16 pairs:
   English stopwords, ``punctuation="drop"``, ``subwords="first"`` and ``subwords="mean"``;
 - ``reward``: ``MoverReward(Scorer()).fit(refs)`` then a call of 64 completions against 4, 16 or 64
   distinct references, all cached (a first call keeps the references' clouds, a second one may compact
-  the cache, where the clouds were stored with their batch's padding; the third one is counted);
+  the cache, where the clouds were stored with their batch's padding; the third one is counted), its
+  transport in one batch, as on a GPU (on the CPU a reward call moves its pairs in batches by length,
+  ``torchmover.scorer.plan.TRANSPORT_BATCH_COST``: more ops, each on fewer padded cells);
 - ``score``: ``Scorer(...).score(hyps, refs)`` on every drawn pair, without centering (the default) and
   with ``batch`` centering.
 
@@ -33,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
+from bench_common import transport_batch_cost  # noqa: E402
 
 sys.path.insert(0, str(harness.REPO / "tests"))  # the op recorder is a test tool
 
@@ -85,13 +88,15 @@ def main(argv=None) -> None:
         report(f"score, {len(hyps)} pairs, {name}", trace(lambda: scorer.score(hyps, refs, progress=False), scorer))
     scorer = Scorer(**model)
     distinct = list(dict.fromkeys(refs))
-    for n_refs in (n for n in (4, 16, 64) if n <= len(distinct)):
-        reward = MoverReward(scorer).fit(distinct[:n_refs])
-        completions = hyps[:64]
-        targets = [distinct[i % n_refs] for i in range(len(completions))]
-        reward(completions, targets)
-        reward(completions, targets)
-        report(f"reward, 64 completions, {n_refs} cached refs", trace(lambda: reward(completions, targets), scorer))
+    with transport_batch_cost("cpu", None):  # one transport batch, as on a GPU
+        for n_refs in (n for n in (4, 16, 64) if n <= len(distinct)):
+            reward = MoverReward(scorer).fit(distinct[:n_refs])
+            completions = hyps[:64]
+            targets = [distinct[i % n_refs] for i in range(len(completions))]
+            reward(completions, targets)
+            reward(completions, targets)
+            report(f"reward, 64 completions, {n_refs} cached refs",
+                   trace(lambda: reward(completions, targets), scorer))
     harness.publish(args.out, "bench_ops", "Aten ops per call, and which would synchronise", figures,
                     {"ops": harness.table(["call", "torchmover ops", "syncs", "late host data"], table, "-rrr")},
                     data=harness.data_provenance(args.data, args.pairs, args.seed))

@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 import harness
-from bench_common import PassLog, default_layer, model_dir, synchronizer
+from bench_common import PassLog, default_layer, model_dir, reward_bench_parser, synchronizer
 
 PASS_COSTS = (None, "auto", 0, 32, 512, 8192)
 STEP_PAIRS = 16  # recipes/finetune_wmt.py's default micro-batch
@@ -155,12 +155,7 @@ def tables(figures: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = harness.wmt_parser(__doc__)
-    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (default: %(default)s)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads")
-    parser.add_argument("--pairs", type=int, default=1000, help="the WMT sample (as bench_gpu.py's; default: %(default)s)")
-    parser.add_argument("--completions", default="64,512", help="completions per reward call, multiples of 8")
+    parser = reward_bench_parser(__doc__)
     parser.add_argument("--steps", type=int, default=10, help="fine-tuning steps per round (default: %(default)s)")
     args = parser.parse_args(argv)
 

@@ -97,6 +97,8 @@ PARTS = ("bench_corpus_memory", "bench_corpus_metric", "bench_corpus_flat", "ben
     ("bench_host.py", "bench_host", ["--pairs", "12", "--repeats", "1"]),
     ("bench_passes.py", "bench_passes_cpu", ["--pairs", "24", "--rounds", "1", "--completions", "16", "--steps", "1",
                                                  "--threads", "1"]),
+    ("bench_transport_batches.py", "bench_transport_batches_cpu", ["--pairs", "24", "--rounds", "1", "--completions",
+                                                                   "16", "--costs", "0,4096", "--threads", "1"]),
     ("studies/cuda_graphs.py", "cuda_graphs_cpu", ["--device", "cpu", "--model", TINY, "--layer", "2", "--prompts", "1",
                                                    "--calls", "2", "--repeats", "1", "--rounds", "1", "--pairs", "12"]),
 ], ids=lambda v: v if isinstance(v, str) and v.endswith(".py") else v if v in PARTS else "")

@@ -28,6 +28,7 @@ from optrace import OpTrace
 from torchmover.reward.rewards import GroupReward, MoverReward, SelfCriticalReward
 from torchmover.scorer.units import Units
 from torchmover._internal.transfer import to_device
+import torchmover.scorer.plan as plan
 
 HYPS = ["the cat sat on the mat .", "a dog barked", "", "the quick brown fox jumps over the lazy dog , he said"]
 REFS = ["a cat sat on the mat", "the dog barked at the man", "the sun", "the fox jumps"]
@@ -126,6 +127,29 @@ def test_reward_is_sync_free(fitted_scorer, cache_size):
     reward = MoverReward(fitted_scorer, cache_size=cache_size)
     reward(HYPS[:2], REFS[:2])  # two references cached
     assert_sync_free(traced(lambda: reward(HYPS, REFS), fitted_scorer))
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "meta"])
+def test_rewards_moved_in_batches_by_length_are_sync_free(fitted_scorer, monkeypatch, device_type):
+    """The transport in batches by length (a batch cost of 0: a batch per distinct length), cached,
+    uncached, with several references: the pairs are laid out on the host before the call's one
+    transfer and each batch is read by slices; on the meta device, where no data can be read at all."""
+    monkeypatch.setitem(plan.TRANSPORT_BATCH_COST, device_type, 0)
+    batches = []
+    grouped = Scorer._grouped_pair_scores
+    monkeypatch.setattr(Scorer, "_grouped_pair_scores",
+                        lambda self, *a, **k: batches.append(a[-1]) or grouped(self, *a, **k))
+    rewards = [MoverReward(fitted_scorer, cache_size=size) for size in (1024, 0)]
+    for reward in rewards:
+        reward(HYPS[:2], REFS[:2])
+    if device_type == "meta":
+        on_meta(fitted_scorer)
+    for reward in rewards:
+        for refs in (REFS, [[r, REFS[0]] for r in REFS]):
+            trace = traced(lambda: reward(HYPS, refs), fitted_scorer)
+            if device_type == "cpu":
+                assert_sync_free(trace)
+    assert batches and all(len(groups) > 1 for groups in batches)
 
 
 @pytest.mark.parametrize("options", [{"idf": True}, {"stopwords": "english", "punctuation": "drop"},

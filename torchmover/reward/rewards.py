@@ -39,6 +39,15 @@ encoder runs, and the scores stay on the device (``tests/test_hotpath.py`` prove
 per-call NaN check either: that no NaN comes out is a property of the family's arithmetic, tested on
 degenerate inputs.
 
+Transport batches. Every transport problem of a batch is padded to its longest texts, and a call's
+completions differ in length several times over. Where the device has a batch cost
+(:data:`~torchmover.scorer.plan.TRANSPORT_BATCH_COST`: the CPU) the completions are tokenized before
+the call's plan is made, cut into batches of similar length
+(:func:`~torchmover.scorer.plan.transport_groups`) and their pairs laid out batch after batch, on the
+host; each batch is then moved on its own, cut to its own widest texts. A reward depends on its batch
+through float rounding only. Elsewhere (a GPU, whose transport is bound by launching its kernels) a
+call is one batch.
+
 Threads and processes. A reward may be called from many threads at once: its scoring, cache and
 counters run under one lock, so concurrent calls are serialised and each gets its own rewards; to
 turn many concurrent small calls into few large ones, wrap the reward in a
@@ -57,6 +66,7 @@ import itertools
 import threading
 from typing import Callable, NamedTuple, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -69,10 +79,12 @@ from ..functional.transport import warn_if_not_converged
 from ..runtime.distributed import shard
 from ..scorer import Scorer
 from ..scorer.inputs import as_list, check_references, check_texts
-from ..scorer.plan import PairIndex, pair_index
+from ..scorer.plan import (TRANSPORT_BATCH_COST, PairGroup, PairIndex, pair_groups, pair_index, pairs_by_group,
+                           transport_groups)
 from ..scorer.references import needs_pieces, score_in_pieces, split_references
 from ..scorer.signature import tensor_digest
 from ..scorer.units import Units
+from ..text.encoder import take_tokens
 from .cache import CacheInfo, ReferenceCache, ReferencePlan
 
 __all__ = ["CacheInfo", "GroupReward", "GroupRewardResult", "MoverReward", "SelfCriticalResult",
@@ -109,6 +121,25 @@ def _synchronized(method):
         with self._lock:
             return method(self, *args, **kwargs)
     return locked
+
+
+class _Hypotheses(NamedTuple):
+    """A call's distinct hypotheses in the order they are encoded, their tokens where they were
+    tokenized before the call's plan (else None), and each transport group's ``(rows, pairs)``
+    (:func:`~torchmover.scorer.plan.pairs_by_group`; None: the pairs are moved in one batch)."""
+
+    texts: list[str]
+    tokens: object
+    groups: list[tuple[slice, slice]] | None
+
+    def pair_groups(self, spans: list[tuple[int, int]], pairs: PairIndex,
+                    ref_stops: list[int] | None) -> list[PairGroup] | None:
+        """The :class:`~torchmover.scorer.plan.PairGroup` of each group (None: one batch), from the
+        hypotheses' unit ``spans`` and the column after the last unit of each reference row
+        (``ref_stops``; ``pairs``: the call's host pairs, which map its pairs to those rows)."""
+        if self.groups is None:
+            return None
+        return pair_groups(self.groups, [b for _, b in spans], [ref_stops[r] for r in pairs.ref])
 
 
 class MoverReward:
@@ -328,19 +359,39 @@ class MoverReward:
     def _scores(self, hyps: list[str], groups: list[list[str]], centering: Centering,
                 device: torch.device) -> Tensor:
         """The scores ``[B]`` of one call, before ``shaping``."""
-        hyp_texts = list(dict.fromkeys(hyps))  # distinct, in order
         walk = submodules(self._scorer)  # once, for the cache's fingerprint and eval mode
         plan = self._plan_references(list(dict.fromkeys(itertools.chain.from_iterable(groups))), walk)
         self.cache.check_centering(weights_fingerprint(submodules(centering)))
+        hyp_texts, tokens, bounds = self._hypotheses_by_length(list(dict.fromkeys(hyps)), device)
         pairs = pair_index(hyps, groups, {t: i for i, t in enumerate(hyp_texts)},
                            {t: i for i, t in enumerate(plan.texts)})
+        slices = None
+        if bounds is not None:
+            pairs, slices = pairs_by_group(pairs, len(hyps), bounds)
+        hyp = _Hypotheses(hyp_texts, tokens, slices)
         if self.cache.has_clouds(plan.texts):
-            scores = self._score_with_cached_clouds(hyp_texts, len(hyps), plan.texts, pairs, centering, walk, device)
-        else:
-            scores = self._score_with_units(hyp_texts, len(hyps), plan, pairs, centering, walk, device)
-        return scores
+            return self._score_with_cached_clouds(hyp, len(hyps), plan.texts, pairs, centering, walk, device)
+        return self._score_with_units(hyp, len(hyps), plan, pairs, centering, walk, device)
 
-    def _score_with_cached_clouds(self, hyp_texts: list[str], n_hyps: int, ref_texts: list[str],
+    def _hypotheses_by_length(self, texts: list[str],
+                              device: torch.device) -> tuple[list[str], object, list[int] | None]:
+        """The distinct hypotheses ``texts`` in the order they are encoded, their tokens, and the bounds
+        of their transport groups (rows; :func:`~torchmover.scorer.plan.transport_groups`). Where the
+        device has a :data:`~torchmover.scorer.plan.TRANSPORT_BATCH_COST` the texts are tokenized
+        now, before the call's plan is made, and laid out group after group; elsewhere (and for the
+        sentence movers) they are returned as they are, to be tokenized by the encoder, and the
+        bounds are None: one batch, as where one batch is best."""
+        cost = TRANSPORT_BATCH_COST.get(device.type)
+        if cost is None or get_member(self._scorer.config.method).documents:
+            return texts, None, None
+        tokens = self._scorer.tokenize(texts)
+        groups = transport_groups(list(map(len, tokens["input_ids"])), cost)
+        if groups is None:
+            return texts, tokens, None
+        order = np.concatenate(groups).tolist()
+        return [texts[i] for i in order], take_tokens(tokens, order), np.cumsum([0] + list(map(len, groups))).tolist()
+
+    def _score_with_cached_clouds(self, hyp: _Hypotheses, n_hyps: int, ref_texts: list[str],
                                   pairs: PairIndex, centering: Centering, walk: list[nn.Module],
                                   device: torch.device) -> Tensor:
         """Scores when every reference's cloud (and self-term) is cached: each pair's reference cloud
@@ -348,13 +399,15 @@ class MoverReward:
         one transfer before the encoder runs."""
         call = self.cache.cloud_call(ref_texts, pairs).to_device(device)
         with eval_mode(self._scorer, walk), torch.no_grad():
-            hyp_units, hyp_spans = self._scorer.embed_with_spans(hyp_texts)
+            hyp_units, hyp_spans = self._scorer.embed_with_spans(hyp.texts, hyp.tokens)
             refs, ref_self = self.cache.gather_clouds(call)  # [P, W]: a reference per pair
+            widths = None if hyp.groups is None else self.cache.cloud_widths(ref_texts)
             return self._scorer.score_pairs(hyp_units.centered(centering), refs,
                                             PairIndex(call.pairs.hyp, None, call.pairs.owner), n_hyps, ref_self,
-                                            nonempty=all(b > a for a, b in hyp_spans))  # [B]
+                                            nonempty=all(b > a for a, b in hyp_spans),
+                                            groups=hyp.pair_groups(hyp_spans, pairs, widths))  # [B]
 
-    def _score_with_units(self, hyp_texts: list[str], n_hyps: int, plan: ReferencePlan, pairs: PairIndex,
+    def _score_with_units(self, hyp: _Hypotheses, n_hyps: int, plan: ReferencePlan, pairs: PairIndex,
                           centering: Centering, walk: list[nn.Module], device: torch.device) -> Tensor:
         """Scores from the references' units (cached ones gathered, missing ones encoded), centered and
         made into clouds now; the clouds of the cached references are kept where they can be (see the
@@ -364,7 +417,7 @@ class MoverReward:
         call = host.to_device(device)  # every index of the call, in one transfer before the encoder runs
         with eval_mode(self._scorer, walk), torch.no_grad():
             with self.cache.undo_on_error(plan):
-                hyp_units, hyp_spans = self._scorer.embed_with_spans(hyp_texts)
+                hyp_units, hyp_spans = self._scorer.embed_with_spans(hyp.texts, hyp.tokens)
                 ref_units, ref_spans = self.cache.gather_units(plan, call.rows, host.where, self._encode)
             hyp_units, ref_units = hyp_units.centered(centering), ref_units.centered(centering)
             refs = ref_units if get_member(self._scorer.config.method).documents else \
@@ -374,8 +427,9 @@ class MoverReward:
                 ref_self = self.cache.self_terms(ref_texts, refs, call.self_terms, self._scorer.self_similarities)
             if isinstance(refs, TokenCloud):
                 self.cache.store_clouds(ref_texts, refs, host.keep, call.keep, ref_spans)
-            return self._scorer.score_pairs(hyp_units, refs, call.pairs, n_hyps,
-                                            ref_self, nonempty=all(b > a for a, b in hyp_spans))  # [B]
+            return self._scorer.score_pairs(hyp_units, refs, call.pairs, n_hyps, ref_self,
+                                            nonempty=all(b > a for a, b in hyp_spans),
+                                            groups=hyp.pair_groups(hyp_spans, pairs, [b for _, b in ref_spans]))  # [B]
 
 
 class SelfCriticalReward(MoverReward):

@@ -33,7 +33,7 @@ from ..text.weights import IDF, fit_idf_over_ranks, keep_mask, ngrams, pool_subw
 from . import corpus, serialization
 from .config import ScorerConfig
 from .inputs import check_references, check_texts, distinct_texts
-from .plan import CallPlan, PairIndex, call_plan
+from .plan import CallPlan, PairGroup, PairIndex, call_plan
 from .references import combine_pieces, needs_pieces, piece_calls, score_in_pieces, split_references
 from .signature import scorer_signature
 from .units import PRF, Units
@@ -383,7 +383,8 @@ class Scorer(nn.Module):
         return units.centered(self.centering, mean)
 
     def score_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int,
-                    ref_self: Tensor | None = None, *, nonempty: bool = False, unit_vectors: bool = False) -> Tensor:
+                    ref_self: Tensor | None = None, *, nonempty: bool = False, unit_vectors: bool = False,
+                    groups: Sequence[PairGroup] | None = None) -> Tensor:
         """Scores ``[n_hyps]`` of centered units: rows ``index.hyp`` of ``hyp`` against rows
         ``index.ref`` of ``ref`` (n-grams, then the family member), several references combined by
         ``multi_ref``, rescaled if ``rescale``. Each text's self-term ``C(X, X)`` is computed once,
@@ -391,10 +392,16 @@ class Scorer(nn.Module):
         e.g. cached). ``ref`` may also be the references' :class:`~torchmover.functional.family.TokenCloud`
         (:meth:`token_clouds`, e.g. cached; not for the sentence movers). ``nonempty``: every text of
         both has a unit, as known on the host; ``unit_vectors``: their vectors are unit vectors already
-        (see :meth:`token_clouds`)."""
+        (see :meth:`token_clouds`). ``groups``: the pairs moved in batches of similar length
+        (:func:`~torchmover.scorer.plan.pairs_by_group`; not for the sentence movers), each batch's
+        hypotheses made into clouds cut to its width, and the references' self-terms computed once."""
         direction = self.config.direction
-        scores = self._pair_scores(hyp, ref, index, (direction,), ref_self, nonempty=nonempty,
-                                   unit_vectors=unit_vectors)[direction]
+        if groups is None:
+            scores = self._pair_scores(hyp, ref, index, (direction,), ref_self, nonempty=nonempty,
+                                       unit_vectors=unit_vectors)[direction]
+        else:
+            scores = self._grouped_pair_scores(hyp, ref, index, direction, ref_self, groups,
+                                               nonempty=nonempty, unit_vectors=unit_vectors)
         return self._rescale(self._combine_references(scores, index.owner, n_hyps), direction)
 
     def score_all_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int, *,
@@ -438,6 +445,28 @@ class Scorer(nn.Module):
                                                                                            unit_vectors),
                                  index.hyp, index.ref, normalize=member.normalized,
                                  directions=directions, ref_self=ref_self)
+
+    def _grouped_pair_scores(self, hyp: Units, ref: Units | TokenCloud, index: PairIndex, direction: str,
+                             ref_self: Tensor | None, groups: Sequence[PairGroup], *, nonempty: bool,
+                             unit_vectors: bool) -> Tensor:
+        """``[P]`` scores of the pairs of ``index`` in ``direction``, moved group by group: the pairs
+        ``g.pairs`` against their hypotheses, the rows ``g.hyps`` of ``hyp`` cut to ``g.hyp_width``
+        columns, and their references cut to ``g.ref_width``. The references' cloud and self-terms
+        are made once for every group."""
+        member, term = get_member(self.config.method), self._member_term()
+        refs = ref if isinstance(ref, TokenCloud) else self.token_clouds(ref, "ref", nonempty, unit_vectors)
+        if member.normalized and ref_self is None:
+            ref_self = self_similarity(term, refs, direction)
+        pieces = []
+        for g in groups:
+            rows = g.pairs if index.ref is None else index.ref[g.pairs]  # each pair's reference
+            pair_self = None if ref_self is None else ref_self[rows] if isinstance(rows, slice) else \
+                ref_self.index_select(0, rows)
+            hyps = self.token_clouds(hyp.select(g.hyps).narrow(g.hyp_width), "hyp", nonempty, unit_vectors)
+            pieces.append(pair_similarities(term, hyps, refs.narrow(rows, g.ref_width),
+                                            index.hyp[g.pairs] - g.hyps.start, normalize=member.normalized,
+                                            directions=(direction,), ref_self=pair_self)[direction])
+        return torch.cat(pieces)
 
     def _rescale(self, scores: Tensor, direction: str) -> Tensor:
         """``(s − b) / (1 − b)`` with the baseline of ``direction`` when ``rescale``; else ``s``."""

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from .._internal.arena import Gather
 from .._internal.transfer import plan_to_device
+from ..text.length_groups import length_groups
 
 
 class PairIndex(NamedTuple):
@@ -76,6 +77,64 @@ def pair_index(hyps: list[str], groups: list[list[str]], hyp_row: dict[str, int]
         pair_hyps = [hyps[i] for i in owner]
     return PairIndex(rows(list(map(hyp_row.__getitem__, pair_hyps)), len(hyp_row)),
                      rows(list(map(ref_row.__getitem__, refs)), len(ref_row)), owner)
+
+
+#: One transport batch's overhead counted in padded cells (entries of its ``[B, L1, L2]`` problems), by
+#: device type: where a device has none, a reward call's pairs are moved in one batch. On the 2-core
+#: CPU a default-model TWMD batch of the 512-completion reward call (``bench/bench_passes.py``'s
+#: completions) took least time with 1,000 to 16,000 cells on one thread and 16,000 to 64,000 on two
+#: (4,096 and 16,384 within 10% of the best on both); on a GPU the transport of such a call is bound by
+#: launching its kernels, so more batches would only add launches (not measured there).
+TRANSPORT_BATCH_COST = {"cpu": 16384}
+
+
+class PairGroup(NamedTuple):
+    """Pairs moved in one transport batch: the rows ``hyps`` of their (distinct) hypotheses and the
+    ``pairs`` themselves (slices), each side cut to its first ``hyp_width`` / ``ref_width`` columns (the
+    widest text of the group: every real unit lies within them)."""
+
+    hyps: slice
+    pairs: slice
+    hyp_width: int
+    ref_width: int
+
+
+def transport_groups(lengths: Sequence[int], cost: int) -> list[np.ndarray] | None:
+    """The distinct hypotheses of a reward call (each one's token count) cut into groups of similar
+    length, the shortest first, each sorted by length, or None where one batch is best. ``cost``: a
+    batch's overhead in cells (:data:`TRANSPORT_BATCH_COST` of the device). A hypothesis moved in a
+    batch whose longest has ``W`` tokens costs about ``W²`` cells (its self-term's problem; its
+    reference's problem grows with ``W`` too), so the groups are
+    :func:`~torchmover.text.length_groups.length_groups` of the squared lengths: the grouping of least
+    such padded area plus ``cost`` per batch."""
+    return length_groups(np.square(np.asarray(lengths, dtype=np.int64)), cost)
+
+
+def pairs_by_group(index: PairIndex, n_hyps: int,
+                   hyp_bounds: Sequence[int]) -> tuple[PairIndex, list[tuple[slice, slice]]]:
+    """``index`` (host) with its pairs ordered by their hypothesis rows, so that the pairs of the rows
+    ``hyp_bounds[k] … hyp_bounds[k + 1] − 1`` (a group of :func:`transport_groups`, laid out one after
+    the other) are contiguous; each pair keeps its reference and its owner, the position of its
+    hypothesis in the call (explicit now: the scores are put back in order by combining the pairs by
+    owner). Returns the new index and each group's ``(hypothesis rows, pairs)`` as slices."""
+    n_pairs = n_hyps if index.owner is None else len(index.owner)
+    hyp = np.arange(n_pairs) if index.hyp is None else np.asarray(index.hyp, dtype=np.int64)
+    order = np.argsort(hyp, kind="stable")  # a hypothesis's pairs keep their order (multi_ref="mean" sums in it)
+    ref = order if index.ref is None else np.asarray(index.ref, dtype=np.int64)[order]
+    owner = order if index.owner is None else np.asarray(index.owner, dtype=np.int64)[order]
+    pair_bounds = np.searchsorted(hyp[order], hyp_bounds).tolist()
+    slices = [(slice(a, b), slice(p, q)) for a, b, p, q in
+              zip(hyp_bounds[:-1], hyp_bounds[1:], pair_bounds[:-1], pair_bounds[1:])]
+    return PairIndex(hyp[order].tolist(), ref.tolist(), owner.tolist()), slices
+
+
+def pair_groups(slices: list[tuple[slice, slice]], hyp_stops: Sequence[int],
+                pair_ref_stops: Sequence[int]) -> list[PairGroup]:
+    """The :class:`PairGroup` of each group of :func:`pairs_by_group`, its widths from the column after
+    each hypothesis row's last unit (``hyp_stops``) and each pair's reference's (``pair_ref_stops``,
+    in the new order), both known on the host; at least one column each."""
+    return [PairGroup(h, p, max(max(hyp_stops[h], default=1), 1), max(max(pair_ref_stops[p], default=1), 1))
+            for h, p in slices]
 
 
 def call_plan(hyps: list[str], groups: list[list[str]], texts: list[str]) -> CallPlan:

@@ -28,6 +28,10 @@ class Units(NamedTuple):
             return Units(*(None if t is None else t[index] for t in self))
         return Units(*(None if t is None else t.index_select(0, index) for t in self))
 
+    def narrow(self, width: int) -> "Units":
+        """The first ``width`` columns of every field (views)."""
+        return Units(*(None if t is None else t[:, :width] for t in self))
+
     def unpad(self) -> list["Units"]:
         """Per-text units with their padding removed (each field ``[n_i, ...]``)."""
         keep = self.mask
