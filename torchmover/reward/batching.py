@@ -25,7 +25,6 @@ import time
 from concurrent.futures import Future
 from typing import NamedTuple, Sequence
 
-import torch
 from torch import Tensor
 
 from .rewards import MoverReward
