@@ -29,32 +29,34 @@ import statistics
 import time
 
 import harness
-from bench_common import (Timed, cuda_missing, default_layer, model_dir, reward_bench_parser, synchronizer,
-                          transport_batch_cost)
+from bench_common import (Timed, cuda_missing, default_layer, install_function, model_dir, reward_bench_parser,
+                          synchronizer, transport_batch_cost)
 
 
 class Cells:
-    """The transport problems of the calls made while it is installed (``family._cross`` wrapped):
-    their count, padded cells ``B · L1 · L2`` and the cells of their real rows and columns (read from
-    the masks: a device read, so only in an untimed call)."""
+    """The transport problems of the calls made while it is installed (``family._cross`` wrapped by
+    :func:`~bench_common.install_function`): their count, padded cells ``B · L1 · L2`` and the cells
+    of their real rows and columns (read from the masks: a device read, so only in an untimed call)."""
 
     def __init__(self):
-        import torchmover.functional.family as family
-
-        self.family, self.cross = family, family._cross
         self.problems, self.padded, self.real = 0, 0, 0
 
-    def __enter__(self) -> "Cells":
+    def wrap(self, cross):
         def counted(term, x, y):
             self.problems += 1
             self.padded += x.mask.shape[0] * x.mask.shape[1] * y.mask.shape[1]
             self.real += int((x.mask.sum(-1) * y.mask.sum(-1)).sum())
-            return self.cross(term, x, y)
-        self.family._cross = counted
+            return cross(term, x, y)
+        return counted
+
+    def __enter__(self) -> "Cells":
+        import torchmover.functional.family as family
+
+        self.restore = install_function(family, "_cross", self.wrap)
         return self
 
     def __exit__(self, *exc) -> None:
-        self.family._cross = self.cross
+        self.restore()
 
 
 def reward_calls(pairs, device, rounds: int, completions_list: list[int], costs: list[int | None]) -> list[dict]:

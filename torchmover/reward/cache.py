@@ -200,10 +200,6 @@ class ReferenceCache:
         """Whether every text of ``texts`` has its cloud cached."""
         return self.known_clouds.issuperset(texts)
 
-    def cloud_widths(self, texts: list[str]) -> list[int]:
-        """The tokens of each cached cloud of ``texts`` (its columns in a gather), known on the host."""
-        return [self.clouds.spans[t][1] for t in texts]
-
     def cloud_call(self, texts: list[str], pairs: PairIndex) -> CloudCall:
         """The host plan of a call whose references ``texts`` all have a cloud (:meth:`has_clouds`)."""
         where = self.clouds.index(texts)

@@ -133,13 +133,13 @@ class _Hypotheses(NamedTuple):
     groups: list[tuple[slice, slice]] | None
 
     def pair_groups(self, spans: list[tuple[int, int]], pairs: PairIndex,
-                    ref_stops: list[int] | None) -> list[PairGroup] | None:
-        """The :class:`~torchmover.scorer.plan.PairGroup` of each group (None: one batch), from the
-        hypotheses' unit ``spans`` and the column after the last unit of each reference row
-        (``ref_stops``; ``pairs``: the call's host pairs, which map its pairs to those rows)."""
+                    ref_spans: list[tuple[int, int]] | None) -> list[PairGroup] | None:
+        """The :class:`~torchmover.scorer.plan.PairGroup` of each group (None: one batch), from the unit
+        ``spans`` of the hypotheses and ``ref_spans`` of the reference rows (``pairs``: the call's host
+        pairs, which map its pairs to those rows)."""
         if self.groups is None:
             return None
-        return pair_groups(self.groups, [b for _, b in spans], [ref_stops[r] for r in pairs.ref])
+        return pair_groups(self.groups, [b for _, b in spans], [ref_spans[r][1] for r in pairs.ref])
 
 
 class MoverReward:
@@ -401,11 +401,11 @@ class MoverReward:
         with eval_mode(self._scorer, walk), torch.no_grad():
             hyp_units, hyp_spans = self._scorer.embed_with_spans(hyp.texts, hyp.tokens)
             refs, ref_self = self.cache.gather_clouds(call)  # [P, W]: a reference per pair
-            widths = None if hyp.groups is None else self.cache.cloud_widths(ref_texts)
+            ref_spans = None if hyp.groups is None else self.cache.clouds.gathered_spans(ref_texts)
             return self._scorer.score_pairs(hyp_units.centered(centering), refs,
                                             PairIndex(call.pairs.hyp, None, call.pairs.owner), n_hyps, ref_self,
                                             nonempty=all(b > a for a, b in hyp_spans),
-                                            groups=hyp.pair_groups(hyp_spans, pairs, widths))  # [B]
+                                            groups=hyp.pair_groups(hyp_spans, pairs, ref_spans))  # [B]
 
     def _score_with_units(self, hyp: _Hypotheses, n_hyps: int, plan: ReferencePlan, pairs: PairIndex,
                           centering: Centering, walk: list[nn.Module], device: torch.device) -> Tensor:
@@ -429,7 +429,7 @@ class MoverReward:
                 self.cache.store_clouds(ref_texts, refs, host.keep, call.keep, ref_spans)
             return self._scorer.score_pairs(hyp_units, refs, call.pairs, n_hyps, ref_self,
                                             nonempty=all(b > a for a, b in hyp_spans),
-                                            groups=hyp.pair_groups(hyp_spans, pairs, [b for _, b in ref_spans]))  # [B]
+                                            groups=hyp.pair_groups(hyp_spans, pairs, ref_spans))  # [B]
 
 
 class SelfCriticalReward(MoverReward):
