@@ -21,7 +21,8 @@
 #   6. bench_transport_batches          reward calls with their transport in one batch and in batches
 #      --device cuda                    by length, by batch cost (the CPU's default is 16,384 cells)
 #
-# (the goals' figures first: a run cut short keeps them).
+# (the goals' figures first: a run cut short keeps them). STEPS (default "1 2 3 4 5 6") names the steps
+# to run (in the order above), e.g. STEPS="1 6" where a session's device time allows only those.
 #
 # The device, driver and versions are printed first; everything is logged to OUT/gpu_suite.log. A
 # result records the commit of the tree (BENCH_COMMIT names it where the tree has no .git). Render
@@ -35,9 +36,10 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || {
     echo "gpu_suite: no CUDA device here: nothing measured (the CPU benchmarks are in bench/README.md)"; exit 2; }
 
-step() {  # step LIMIT NAME COMMAND...: run COMMAND under LIMIT seconds; say how it ended
-    local limit=$1 name=$2
-    shift 2
+step() {  # step N LIMIT NAME COMMAND...: run COMMAND under LIMIT seconds if STEPS names N; say how it ended
+    local number=$1 limit=$2 name=$3
+    shift 3
+    case " ${STEPS:-1 2 3 4 5 6} " in *" $number "*) ;; *) echo "== $name: skipped (STEPS=${STEPS-})"; return;; esac
     echo "== $name (limit ${limit}s)"
     timeout "$limit" "$@"
     local rc=$?
@@ -47,14 +49,14 @@ step() {  # step LIMIT NAME COMMAND...: run COMMAND under LIMIT seconds; say how
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     python -c "import torch, transformers, tokenizers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'tokenizers', tokenizers.__version__)"
-    step "${T_DEFAULT:-150}" "bench_gpu default" python bench/bench_gpu.py --data "$DATA" --out "$OUT" \
+    step 1 "${T_DEFAULT:-150}" "bench_gpu default" python bench/bench_gpu.py --data "$DATA" --out "$OUT" \
         --models default --batch-sizes 64,256,1024
-    step "${T_BASE:-240}" "bench_gpu base" python bench/bench_gpu.py --data "$DATA" --out "$OUT" \
+    step 2 "${T_BASE:-240}" "bench_gpu base" python bench/bench_gpu.py --data "$DATA" --out "$OUT" \
         --models base --pairs 5344 --repeats 3 --batch-sizes 64,256
-    step "${T_PASSES:-120}" bench_passes python bench/bench_passes.py --data "$DATA" --out "$OUT" --device cuda
-    step "${T_PRECISION:-150}" precision python bench/studies/precision.py --data "$DATA" --out "$OUT" \
+    step 3 "${T_PASSES:-120}" bench_passes python bench/bench_passes.py --data "$DATA" --out "$OUT" --device cuda
+    step 4 "${T_PRECISION:-150}" precision python bench/studies/precision.py --data "$DATA" --out "$OUT" \
         --device cuda --dtypes float32,bf16,fp16 --rounds 2
-    step "${T_GRAPHS:-120}" cuda_graphs python bench/studies/cuda_graphs.py --data "$DATA" --out "$OUT"
-    step "${T_TRANSPORT:-90}" bench_transport_batches python bench/bench_transport_batches.py --data "$DATA" \
+    step 5 "${T_GRAPHS:-120}" cuda_graphs python bench/studies/cuda_graphs.py --data "$DATA" --out "$OUT"
+    step 6 "${T_TRANSPORT:-90}" bench_transport_batches python bench/bench_transport_batches.py --data "$DATA" \
         --out "$OUT" --device cuda --costs 16384,262144,1048576,4194304
 } 2>&1 | grep --line-buffered -v 'it/s\]$' | tee "$OUT/gpu_suite.log"

@@ -506,6 +506,28 @@ def test_the_gpu_suite_says_it_needs_cuda_and_measures_nothing(tmp_path):
     assert list((tmp_path / "out").iterdir()) == []
 
 
+def test_the_gpu_suite_runs_the_steps_named_by_steps_in_its_order(tmp_path):
+    """With a stand-in ``python`` (which says CUDA is there and logs what it is asked to run) and
+    ``nvidia-smi``: STEPS="6 1" runs steps 1 and 6, in the suite's order, and says it skipped the others."""
+    import subprocess
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'Fake GPU, 1 MiB, 0'\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", STEPS="6 1")
+    done = subprocess.run(["bash", str(BENCH / "gpu_suite.sh"), "data", str(tmp_path / "out")], env=env,
+                          cwd=BENCH.parent, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    scripts = [line.split()[0] for line in log.read_text().splitlines() if line.startswith("bench/")]
+    assert scripts == ["bench/bench_gpu.py", "bench/bench_transport_batches.py"]
+    assert "--models default" in log.read_text() and "--models base" not in log.read_text()
+    assert done.stdout.count(": skipped (STEPS=6 1)") == 4
+    assert (tmp_path / "out" / "gpu_suite.log").read_text() == done.stdout
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
 def test_the_gpu_before_after_run_says_it_needs_cuda_and_measures_nothing(tmp_path):
     import subprocess
