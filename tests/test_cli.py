@@ -168,3 +168,14 @@ def test_a_bad_pass_cost_is_refused_naming_the_option(value, tmp_path, tiny_mode
     with pytest.raises(SystemExit):
         run(tmp_path, tiny_model_dir, "--pass-cost", value)
     assert "--pass-cost: must be 'auto', 'none' or an integer >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_a_server_timeout_must_be_a_finite_positive_number(value, capsys):
+    from torchmover.cli import build_parser
+
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args(["serve", "--header-timeout", value])
+    assert done.value.code == 2
+    assert f"--header-timeout: must be a finite number > 0, got '{value}'" in capsys.readouterr().err
+    assert build_parser().parse_args(["serve", "--header-timeout", "2.5"]).header_timeout == 2.5

@@ -90,21 +90,12 @@ def _int_at_least(value: str, low: int, what: str) -> int:
 
 def positive_number(value: str) -> float:
     """An argparse type: a finite float > 0."""
-    return _finite_number(value, positive=True)
-
-
-def non_negative_number(value: str) -> float:
-    """An argparse type: a finite float >= 0."""
-    return _finite_number(value, positive=False)
-
-
-def _finite_number(value: str, positive: bool) -> float:
     try:
         x = float(value)
     except ValueError:
         x = math.nan
-    if not math.isfinite(x) or x < 0 or (positive and x == 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+    if not math.isfinite(x) or x <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {value!r}")
     return x
 
 

@@ -30,7 +30,6 @@ from ..text.weights import ENGLISH_STOPWORDS, PUNCTUATION_POLICIES, SUBWORD_POLI
 MULTI_REF = ("max", "mean")
 CENTER_SCOPES = ("joint", "separate", "pairs")
 NAMED_STOPWORDS = {"english": ENGLISH_STOPWORDS}
-GROUPS = ("encoder", "metric", "token policy")
 
 # The TWMD paper's centering, for any model without a measured one.
 DEFAULT_CENTERING = "batch"
