@@ -19,7 +19,11 @@ CPU, its CPU time does not.
     (``Encoder.tokenize``, to batch them by token count), so its replay covers both. Also counted:
     the call's minor page faults, each the first touch of a 4 KiB page the allocator newly mapped
     (zeroed by the kernel): a replay hands back outputs already touched, so what the call writes into
-    new memory (a chunk's block of token vectors, its pair batches) is what they count.
+    new memory (a chunk's block of token vectors, its pair batches) is what they count. Then (a)
+    again, the same rounds, in a process of its own with ``THP_MEM_ALLOC_ENABLE=1`` (PyTorch's switch,
+    read at its first allocation, that backs allocations of 2 MiB or more by transparent huge pages:
+    one fault maps 2 MiB), where the kernel's transparent huge pages are on: what the first touches of
+    new memory cost the call, as the difference between the two.
 (b) ``MoverReward`` calls of 64 completions (8 prompts x 8) and 512 completions (64 prompts x 8),
     references cached, with a tiny randomly initialised BERT (1 layer, hidden size 32, built from a
     config) behind the default model's tokenizer, so that the forward costs almost nothing. The call
@@ -43,9 +47,11 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer's work in the timed thread
 
@@ -104,6 +110,41 @@ def metric_part(pairs: list[dict], repeats: int) -> dict:
         family._cross = cross.fn
         restore_bert_score()
     return {"times": times, "transport": transport, "minor_faults": faults}
+
+
+def metric_table(m: dict, faults_column: str, show_faults) -> dict:
+    """The table of a :func:`metric_part`: per system the medians of its rounds, its transport terms
+    and the rest, its minor page faults (``show_faults`` of their median) and its ratio to bert_score's."""
+    times, transport, bert = m["times"], m["transport"], m["times"]["bert_score"]
+    faults = {name: show_faults(statistics.median(f)) for name, f in m["minor_faults"].items()}
+    rows = []
+    for name, label in (("twmd", "torchmover TWMD (default)"), ("bertscore", "torchmover `bertscore` preset (F1)")):
+        ratio = statistics.median(t / b for t, b in zip(times[name], bert))
+        rest = statistics.median(t - c for t, c in zip(times[name], transport[name]))
+        rows.append([label, f"{statistics.median(times[name]):.3f}", f"{statistics.median(transport[name]):.3f}",
+                     f"{rest:.3f}", faults[name], f"{ratio:.2f}x"])
+    rows.append(["bert_score F1", f"{statistics.median(bert):.3f}", "", "", faults["bert_score"], "1.00x"])
+    return harness.table(["system", "metric part", "of which transport terms", "the rest (host work)", faults_column,
+                          "metric part / bert_score's (median of the rounds' ratios)"], rows, "-rrrrr")
+
+
+def metric_part_with_huge_pages(args) -> dict | None:
+    """:func:`metric_part` in a child process with ``THP_MEM_ALLOC_ENABLE=1`` (read by torch once, at
+    its first allocation: hence a process of its own), where the kernel's transparent huge pages are
+    on (``always`` or ``madvise``); else None."""
+    import subprocess
+    import sys
+    import tempfile
+
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not mode.exists() or "[never]" in mode.read_text():
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "metric.json"
+        subprocess.run([sys.executable, __file__, "--data", str(args.data), "--pairs", str(args.pairs), "--seed",
+                        str(args.seed), "--repeats", str(args.repeats), "--metric-only", str(out)], check=True,
+                       env={**os.environ, "THP_MEM_ALLOC_ENABLE": "1"})
+        return json.loads(out.read_text())
 
 
 def tiny_default_tokenizer_scorer():
@@ -183,9 +224,14 @@ def main(argv=None) -> None:
     parser.add_argument("--pairs", type=int, default=1000, help="WMT pairs for (a) (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of (a); (b) runs 10x more (default: %(default)s)")
     parser.add_argument("--skip-metric", action="store_true", help="only (b)")
+    parser.add_argument("--metric-only", type=Path, metavar="JSON",
+                        help="only (a), its figures written to JSON (the run with huge pages: a child process)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # thread CPU time is the call's CPU time
     pairs = harness.wmt_sample(args.data, args.pairs, args.seed)
+    if args.metric_only:
+        args.metric_only.write_text(json.dumps(metric_part(pairs, args.repeats)))
+        return
     calls = [reward_call(pairs, n_prompts, 8, 10 * args.repeats) for n_prompts in (8, 64)]
     tables = {"reward": harness.table(
         ["completions", "call", "model forward", "transport", "host work", "of which tokenizer",
@@ -206,21 +252,18 @@ def main(argv=None) -> None:
     figures = {"reward_calls": calls, "tokenizer_parallelism": tokenizer}
     if not args.skip_metric:
         m = figures["metric_part"] = metric_part(pairs, args.repeats)
-        times, transport, bert = m["times"], m["transport"], m["times"]["bert_score"]
-        touched = {name: f"{faults_mib(statistics.median(f)):.0f}"
-                   for name, f in m["minor_faults"].items()}
-        rows = []
-        for name, label in (("twmd", "torchmover TWMD (default)"), ("bertscore", "torchmover `bertscore` preset (F1)")):
-            ratio = statistics.median(t / b for t, b in zip(times[name], bert))
-            rest = statistics.median(t - c for t, c in zip(times[name], transport[name]))
-            rows.append([label, f"{statistics.median(times[name]):.3f}", f"{statistics.median(transport[name]):.3f}",
-                         f"{rest:.3f}", touched[name], f"{ratio:.2f}x"])
-        rows.append(["bert_score F1", f"{statistics.median(bert):.3f}", "", "", touched["bert_score"], "1.00x"])
-        tables["metric"] = harness.table(["system", "metric part", "of which transport terms", "the rest (host work)",
-                                          "new memory touched, MiB (minor page faults)",
-                                          "metric part / bert_score's (median of the rounds' ratios)"], rows, "-rrrrr")
+        tables["metric"] = metric_table(m, "new memory touched, MiB (minor page faults)",
+                                        lambda faults: f"{faults_mib(faults):.0f}")
         body += [f"(a) metric part on cached embeddings, {args.pairs} WMT pairs, medians over {args.repeats} "
                  "rounds (the three systems in turn in each round), s", {"table": "metric"}]
+        huge = figures["metric_part_huge_pages"] = metric_part_with_huge_pages(args)
+        if huge is None:
+            body.append("(a) with huge pages: not measured (this kernel's transparent huge pages are off)")
+        else:
+            tables["metric_huge_pages"] = metric_table(huge, "minor page faults (a huge page: one)", lambda f: f"{f:,.0f}")
+            body += ["(a) again in a process of its own whose torch allocations of 2 MiB or more are backed by "
+                     "transparent huge pages (`THP_MEM_ALLOC_ENABLE=1`, PyTorch's switch: one page fault maps "
+                     "2 MiB instead of 4 KiB): the same rounds, s", {"table": "metric_huge_pages"}]
     harness.publish(args.out, "bench_host", "Host overhead: what a call does besides the encoder and the transport",
                     figures, tables, body, data=harness.data_provenance(args.data, args.pairs, args.seed))
 
