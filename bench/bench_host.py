@@ -64,6 +64,7 @@ from bench_common import (Recorded, Recordings, Timed, default_layer, faults_mib
 
 
 CLOCK = time.thread_time
+THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")  # the kernel's transparent huge pages
 
 
 def metric_part(pairs: list[dict], repeats: int) -> dict:
@@ -136,8 +137,7 @@ def metric_part_with_huge_pages(args) -> dict | None:
     import sys
     import tempfile
 
-    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    if not mode.exists() or "[never]" in mode.read_text():
+    if not THP_MODE.exists() or "[never]" in THP_MODE.read_text():
         return None
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "metric.json"

@@ -599,3 +599,33 @@ def test_bench_host_replays_a_reward_call_of_several_forward_passes():
     assert log.tokens()[0] == 4
     assert bench_host.replayed_call(reward, hyps, refs, repeats=2) > 0
     assert torch.equal(reward(hyps, refs), real)
+
+
+@pytest.mark.parametrize("mode", ["always [madvise] never", "always madvise [never]", None])
+def test_bench_host_measures_with_huge_pages_in_a_child_process_where_the_kernel_has_them(mode, tmp_path,
+                                                                                          monkeypatch):
+    """(a) with huge pages runs in a process of its own with THP_MEM_ALLOC_ENABLE=1 (torch reads it once,
+    at its first allocation), the same options passed on; with the kernel's huge pages off, not at all."""
+    import argparse
+
+    bench_host = load_script(BENCH / "bench_host.py")
+    thp = tmp_path / "enabled"
+    if mode is not None:
+        thp.write_text(mode + "\n")
+    monkeypatch.setattr(bench_host, "THP_MODE", thp)
+    calls = []
+
+    def child(command, check, env):
+        calls.append((command, env))
+        Path(command[command.index("--metric-only") + 1]).write_text(json.dumps({"times": {}}))
+    monkeypatch.setattr("subprocess.run", child)
+    args = argparse.Namespace(data=tmp_path / "wmt", pairs=12, seed=3, repeats=2)
+    got = bench_host.metric_part_with_huge_pages(args)
+    if mode != "always [madvise] never":
+        assert got is None and calls == []
+        return
+    assert got == {"times": {}} and len(calls) == 1
+    command, env = calls[0]
+    assert env["THP_MEM_ALLOC_ENABLE"] == "1" and command[:2] == [sys.executable, bench_host.__file__]
+    assert command[command.index("--pairs") + 1] == "12" and command[command.index("--seed") + 1] == "3"
+    assert command[command.index("--repeats") + 1] == "2" and command[command.index("--data") + 1] == str(args.data)
