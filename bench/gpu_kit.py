@@ -15,10 +15,12 @@ Here, once a session (needs pip's access to PyPI and the offline model installed
 
     python bench/gpu_kit.py build [--data ../shared/data/wmt15-16] [--tree LABEL=COMMIT ...]
 
-There, in one command (``carry`` names ``.gpu``)::
+There, in one command (``carry`` names ``.gpu``; the tree arrives without ``.git``, so
+``BENCH_COMMIT`` names its commit for the results, ``git rev-parse HEAD`` here; ``STEPS`` picks the
+suite's steps)::
 
-    python3 bench/gpu_kit.py install && export PYTHONPATH=/tmp/gpu_site:$PWD && \\
-        bash bench/gpu_suite.sh .gpu/wmt15-16 "$OUT"
+    python3 bench/gpu_kit.py install && export PYTHONPATH=/tmp/gpu_site:$PWD BENCH_COMMIT=<commit> && \\
+        STEPS="1 6" bash bench/gpu_suite.sh .gpu/wmt15-16 "$OUT"
 """
 from __future__ import annotations
 
