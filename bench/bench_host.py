@@ -50,6 +50,9 @@ import itertools
 import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -133,10 +136,6 @@ def metric_part_with_huge_pages(args) -> dict | None:
     """:func:`metric_part` in a child process with ``THP_MEM_ALLOC_ENABLE=1`` (read by torch once, at
     its first allocation: hence a process of its own), where the kernel's transparent huge pages are
     on (``always`` or ``madvise``); else None."""
-    import subprocess
-    import sys
-    import tempfile
-
     if not THP_MODE.exists() or "[never]" in THP_MODE.read_text():
         return None
     with tempfile.TemporaryDirectory() as tmp:

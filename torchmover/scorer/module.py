@@ -463,7 +463,7 @@ class Scorer(nn.Module):
             pair_self = None if ref_self is None else ref_self[rows] if isinstance(rows, slice) else \
                 ref_self.index_select(0, rows)
             hyps = self.token_clouds(hyp.select(g.hyps).narrow(g.hyp_width), "hyp", nonempty, unit_vectors)
-            pieces.append(pair_similarities(term, hyps, refs.narrow(rows, g.ref_width),
+            pieces.append(pair_similarities(term, hyps, refs.narrow(g.ref_width).select(rows),
                                             index.hyp[g.pairs] - g.hyps.start, normalize=member.normalized,
                                             directions=(direction,), ref_self=pair_self)[direction])
         return torch.cat(pieces)
