@@ -1,6 +1,7 @@
 """What bounds a scoring call's memory: encoder batches of bounded padded area, longest first; the
 encoder's last state alone once it is known to be the layer's; the batch mean summed from the stored
 units (never every text padded to one width). The measured peaks are in bench/results/bench_corpus_memory.md."""
+import pytest
 import torch
 from torch import nn
 
@@ -130,3 +131,54 @@ def test_score_cuts_its_pair_batches_by_the_token_budget(tiny_encoder, monkeypat
     longest = sorted(max(units[h], units[r]) for h, r in zip(hyps, refs))
     assert sum(n for n, _ in batches) == len(hyps) and max(n for n, _ in batches) > 2
     assert all(n * width <= 2 * 2 * longest[len(longest) // 2] or n == 1 for n, width in batches)
+
+
+def test_score_returns_the_free_heap_after_each_quarter_of_the_tokens_on_the_cpu(tiny_encoder, monkeypatch):
+    """On the CPU, the C heap's free pages go back to the system once after the encoder batch in which
+    the tokens encoded reach each quarter of the chunk's tokens (four times a chunk, whatever its number of
+    batches), and the scores are those of a call without it."""
+    import torchmover.scorer.corpus as corpus
+
+    scorer = Scorer(tiny_encoder, centering="none")
+    hyps, refs = HYPS * 3, REFS * 3
+    expected = scorer.score(hyps, refs, progress=False)
+    tokens = {text: len(ids) for text, ids in zip(hyps + refs, scorer.tokenize(hyps + refs)["input_ids"])}
+    encoded, at_trims = [], []
+    embed = scorer.embed_with_spans
+
+    def counting_embed(texts, tokenized=None):
+        encoded.append(sum(tokens[t] for t in texts))
+        return embed(texts, tokenized)
+
+    monkeypatch.setattr(scorer, "embed_with_spans", counting_embed)
+    monkeypatch.setattr(corpus, "release_free_heap", lambda: at_trims.append(sum(encoded)))
+    scores = scorer.score(hyps, refs, batch_size=2, progress=False)
+    total = sum(tokens.values())
+    so_far = [sum(encoded[:i + 1]) for i in range(len(encoded))]
+    first_reaching = [next(n for n in so_far if 4 * n >= k * total) for k in (1, 2, 3, 4)]
+    assert len(encoded) > 4 and at_trims == sorted(set(first_reaching))
+    torch.testing.assert_close(scores, expected, rtol=0, atol=0)
+
+
+def test_release_free_heap_returns_freed_pages_to_the_system_with_glibc():
+    """Freed heap memory that the allocator keeps (blocks under its mmap threshold, freed between blocks
+    still in use) leaves the resident set when ``release_free_heap`` says it could; it can wherever the C
+    library is glibc."""
+    import os
+    import platform
+
+    from torchmover.runtime.heap import release_free_heap
+
+    def resident_mib():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    if platform.libc_ver()[0] != "glibc" or not os.path.exists("/proc/self/statm"):
+        pytest.skip("the C library is not glibc: malloc_trim is glibc's")
+    blocks = [bytearray(64 << 10) for _ in range(1600)]  # 100 MiB in 64 KiB blocks: under the mmap threshold
+    kept = blocks[::16]  # one block in 16 stays, so the freed ones are not at the heap's top
+    del blocks
+    before = resident_mib()
+    assert release_free_heap()
+    assert before - resident_mib() > 50, "the freed blocks stayed resident"
+    del kept

@@ -25,7 +25,11 @@ Texts are encoded longest first so that each batch's working memory fits in what
 it freed (shortest first, every batch would need more than any before it, and the allocator would
 keep growing the heap). An encoder batch also holds at most ``batch_size`` texts: most batches then
 pad to less than the budget, and the call's peak stays lower than with batches all filled to it
-(measured on the CPU: the performance guide).
+(measured on the CPU: the performance guide). On the CPU the batches' working memory comes from the C
+heap, whose allocator keeps what they free, more than the next batches need; the heap's free pages
+are handed back to the system after each quarter of the chunk's tokens is encoded
+(:func:`~torchmover.runtime.heap.release_free_heap`, ``HEAP_TRIMS`` times a chunk), so that the
+resident set does not hold them beside the growing block.
 
 Under ``batch`` centering a first pass computes the mean of every real token of the call's distinct
 texts (:func:`call_means`), the set that ``Scorer.forward`` on the whole list centers on, so both give
@@ -58,12 +62,14 @@ from ..functional.centering import token_sum
 from ..functional.family import unit_vectors_
 from ..functional.members import get_member
 from ..runtime.distributed import all_gather_shares, all_reduce_sum, check_same_on_every_rank, is_distributed
+from ..runtime.heap import release_free_heap
 from ..runtime.progress import PairProgress
 from ..text.encoder import take_tokens
 from .inputs import distinct_texts
 from .plan import BatchPlan, call_plan, length_batches
 from .units import PRF, Units
 
+HEAP_TRIMS = 4  # on the CPU, the C heap's free pages go back to the system after each quarter of a chunk's tokens
 SCORE_CHUNK = 8192  # hypotheses whose distinct texts Scorer.score encodes and holds at once
 SCORE_CHUNK_REFERENCES = 4 * SCORE_CHUNK  # and references (at least one hypothesis a chunk)
 
@@ -339,18 +345,25 @@ def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_
     batched by their token counts, so that a batch pads little; each batch's tokens go to the encoder
     as they are, and the block is made as large as their token count (no block grows). (The sentence
     movers, which encode each sentence of a document, are batched by characters.) ``on_batch(fraction)``:
-    called after each batch with the fraction of the texts' length it encoded (a progress bar's credit)."""
+    called after each batch with the fraction of the texts' length it encoded (a progress bar's credit).
+    On the CPU, the C heap's free pages go back to the system after the batches in which the tokens
+    encoded reach each ``1 / HEAP_TRIMS`` of the texts' tokens (see the module docs)."""
     texts = list(dict.fromkeys(texts))
     tokenized = None if get_member(scorer.config.method).documents or not texts else scorer.tokenize(texts)
     lengths = list(map(len, texts if tokenized is None else tokenized["input_ids"]))
     arena = TokenArena(Units, zero_padding=True, capacity=0 if tokenized is None else 1 + sum(lengths))
-    total = sum(lengths) or 1
+    total, encoded, trimmed = sum(lengths) or 1, 0, 0
     for batch in length_batches(lengths, batch_size, most=batch_size):
         batch_texts = [texts[i] for i in batch]
         units, spans = scorer.embed_with_spans(batch_texts, None if tokenized is None else take_tokens(tokenized, batch))
         arena.append(batch_texts, units._replace(vectors=units.vectors.to(torch.promote_types(units.vectors.dtype,
                                                                                                torch.float32))), spans)
+        on_cpu = units.vectors.device.type == "cpu"
         del units  # the batch's encoder output is freed before the next batch runs
+        encoded += sum(lengths[i] for i in batch)
+        if on_cpu and HEAP_TRIMS * encoded // total > trimmed:  # another quarter of the tokens encoded
+            trimmed = HEAP_TRIMS * encoded // total
+            release_free_heap()
         if on_batch is not None:
             on_batch(sum(lengths[i] for i in batch) / total)
     return arena
