@@ -160,7 +160,7 @@ def test_score_returns_the_free_heap_after_each_quarter_of_the_tokens_on_the_cpu
     torch.testing.assert_close(scores, expected, rtol=0, atol=0)
 
 
-def test_release_free_heap_returns_freed_pages_to_the_system_with_glibc():
+def test_release_free_heap_returns_freed_pages_to_the_system_with_glibc(monkeypatch):
     """Freed heap memory that the allocator keeps (blocks under its mmap threshold, freed between blocks
     still in use) leaves the resident set when ``release_free_heap`` says it could; it can wherever the C
     library is glibc."""
@@ -175,6 +175,8 @@ def test_release_free_heap_returns_freed_pages_to_the_system_with_glibc():
 
     if platform.libc_ver()[0] != "glibc" or not os.path.exists("/proc/self/statm"):
         pytest.skip("the C library is not glibc: malloc_trim is glibc's")
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     blocks = [bytearray(64 << 10) for _ in range(1600)]  # 100 MiB in 64 KiB blocks: under the mmap threshold
     kept = blocks[::16]  # one block in 16 stays, so the freed ones are not at the heap's top
     del blocks
@@ -182,3 +184,21 @@ def test_release_free_heap_returns_freed_pages_to_the_system_with_glibc():
     assert release_free_heap()
     assert before - resident_mib() > 50, "the freed blocks stayed resident"
     del kept
+
+
+@pytest.mark.parametrize("name, value", [
+    ("MALLOC_TRIM_THRESHOLD_", "4294967296"),
+    ("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=1:glibc.malloc.trim_threshold=0"),
+])
+def test_a_process_that_sets_its_own_trim_threshold_is_never_trimmed(monkeypatch, name, value):
+    """Where the process chose glibc's trim threshold itself, ``release_free_heap`` does nothing and says
+    so; another tunable alone does not count."""
+    import torchmover.runtime.heap as heap
+
+    calls = []
+    monkeypatch.setattr(heap, "_malloc_trim", lambda: calls.append)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=1")
+    assert heap.release_free_heap() and calls == [0]
+    monkeypatch.setenv(name, value)
+    assert not heap.release_free_heap() and calls == [0]

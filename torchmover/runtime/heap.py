@@ -10,12 +10,15 @@ whole free page of the heap back to the system (a page comes back zeroed, at a p
 heap uses it again).
 
 :meth:`Scorer.score <torchmover.Scorer.score>` on the CPU trims after each quarter of a chunk's tokens
-encoded; the performance guide has what it saves and costs.
+encoded; the performance guide has what it saves and costs. A process that sets glibc's trim threshold
+itself (``MALLOC_TRIM_THRESHOLD_``, or ``glibc.malloc.trim_threshold`` in ``GLIBC_TUNABLES``: e.g. to
+keep freed memory for the next call) has chosen how much free memory to keep, and is never trimmed.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import sys
 
 
@@ -33,12 +36,20 @@ def _malloc_trim():
     return trim
 
 
+def trim_threshold_is_set() -> bool:
+    """Whether the process set glibc's trim threshold itself (read by glibc at start-up from
+    ``MALLOC_TRIM_THRESHOLD_`` or the ``glibc.malloc.trim_threshold`` tunable)."""
+    return "MALLOC_TRIM_THRESHOLD_" in os.environ or "glibc.malloc.trim_threshold" in os.environ.get(
+        "GLIBC_TUNABLES", "")
+
+
 def release_free_heap() -> bool:
     """Hand the C heap's whole free pages back to the system (``malloc_trim(0)``, glibc), for the whole
-    process; nothing allocated moves. Returns whether it could (``False``, doing nothing, where the C
-    library has no ``malloc_trim``)."""
+    process; nothing allocated moves. Returns whether it did: ``False``, doing nothing, where the C
+    library has no ``malloc_trim`` or the process set its own trim threshold
+    (:func:`trim_threshold_is_set`)."""
     trim = _malloc_trim()
-    if trim is None:
+    if trim is None or trim_threshold_is_set():
         return False
     trim(0)
     return True
