@@ -360,12 +360,13 @@ def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_
                                                                                                torch.float32))), spans)
         on_cpu = units.vectors.device.type == "cpu"
         del units  # the batch's encoder output is freed before the next batch runs
-        encoded += sum(lengths[i] for i in batch)
-        if on_cpu and HEAP_TRIMS * encoded // total > trimmed:  # another quarter of the tokens encoded
+        batch_tokens = sum(lengths[i] for i in batch)
+        encoded += batch_tokens
+        if on_cpu and HEAP_TRIMS * encoded // total > trimmed:  # another 1 / HEAP_TRIMS of the tokens encoded
             trimmed = HEAP_TRIMS * encoded // total
             release_free_heap()
         if on_batch is not None:
-            on_batch(sum(lengths[i] for i in batch) / total)
+            on_batch(batch_tokens / total)
     return arena
 
 
