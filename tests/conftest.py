@@ -11,14 +11,14 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-try:  # property-based tests (tests/test_properties.py): a bounded number of examples, no deadline
+try:  # property-based tests: a bounded number of examples, no deadline
     from hypothesis import HealthCheck, settings
 
     settings.register_profile("ci", max_examples=25, deadline=None, print_blob=True,
                               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     settings.register_profile("thorough", parent=settings.get_profile("ci"), max_examples=1000)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-except ImportError:  # hypothesis is in the test extra; only tests/test_properties.py needs it
+except ImportError:  # hypothesis is in the test extra; only the property-based tests need it
     pass
 
 

@@ -2,6 +2,9 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from torchmover import Scorer
 from torchmover._internal.arena import TokenArena, flat_rows
@@ -263,3 +266,114 @@ def test_length_batches_sort_longest_first_and_close_a_batch_at_half_the_area():
     assert length_batches([], 4, squares=True) == [] and length_batches([0, 0, 0], 2, squares=True) == [[0, 1, 2]]
 
 
+
+
+KEYS = "abcde"
+
+
+class ArenaAgainstADict(RuleBasedStateMachine):
+    """Generated sequences of adds, appends, removals, compactions, transforms and clears, each read
+    back (gathered, selected, flat) against a dict of each text's rows sliced out of its batch: the
+    arena's bookkeeping (spans, holes, growth, the zero row) never loses or mixes up a unit. Batches
+    come contiguous or as columns cut from a wider batch (the view that ``flat_rows`` reads without a
+    copy), their fields cut alike or differently (the copy it falls back on)."""
+
+    @initialize(zero_padding=st.booleans(), capacity=st.sampled_from([0, 1, 7, 64]), weights=st.booleans())
+    def start(self, zero_padding, capacity, weights):
+        self.arena = TokenArena(Units, zero_padding=zero_padding, capacity=capacity)
+        self.weights = weights
+        self.model: dict[str, Units] = {}  # key -> its rows: vectors [w, 3], mask [w], hyp_weights [w] or None
+
+    @rule(data=st.data(), build=st.sampled_from(["add", "append"]))
+    def store(self, data, build):
+        keys = data.draw(st.lists(st.sampled_from(KEYS), min_size=1, max_size=4, unique=True), label="keys")
+        n, width = len(keys), data.draw(st.integers(0, 8), label="width")
+        cut = [data.draw(st.integers(0, 2), label="columns cut before") for _ in range(3)]
+        values = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 32 - 1), label="seed"))
+
+        def field(shape, k):  # a [n, width, ...] field, as columns cut[k] on of a wider batch
+            return torch.rand((n, width + cut[k] + 1, *shape), generator=values)[:, cut[k]:cut[k] + width]
+        vectors, mask = field((3,), 0) - 0.5, field((), 1) < 0.8
+        hyp_weights = field((), 2) if self.weights else None
+        spans = []
+        for _ in keys:
+            first = data.draw(st.integers(0, width), label="span start")
+            spans.append((first, data.draw(st.integers(first, width), label="span stop")))
+        getattr(self.arena, build)(keys, Units(vectors, mask, hyp_weights), spans)
+        for i, (key, (first, stop)) in enumerate(zip(keys, spans)):
+            self.model[key] = Units(*(None if t is None else t[i, first:stop].clone()
+                                      for t in (vectors, mask, hyp_weights)))
+
+    @rule(keys=st.sets(st.sampled_from(KEYS)))
+    def remove(self, keys):
+        for key in keys:
+            self.arena.remove(key)
+            self.model.pop(key, None)
+
+    @rule()
+    def compact(self):
+        self.arena.compact()
+        holes = self.arena.written - int(self.arena.zero_padding) - self.arena.live
+        assert self.arena.fields is None or holes <= self.arena.live  # the holes no longer outnumber the units
+
+    @rule()
+    def clear(self):
+        self.arena.clear()
+        self.model.clear()
+
+    @rule()
+    def transform(self):
+        self.arena.transform_(lambda x, mask: x.add_(mask.unsqueeze(-1).to(x.dtype)), step=5)
+        self.model = {key: u._replace(vectors=u.vectors + u.mask.unsqueeze(-1)) for key, u in self.model.items()}
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def gather(self, data):
+        keys = data.draw(st.lists(st.sampled_from(sorted(self.model)), min_size=1, max_size=6), label="read")
+        where = self.arena.index(keys)
+        rows = torch.tensor(where.rows)
+        select = data.draw(st.none() | st.lists(st.integers(0, len(keys) - 1), min_size=1, max_size=4), label="select")
+        got = self.arena.gather(rows, where, None if select is None else torch.tensor(select))
+        read = keys if select is None else [keys[i] for i in select]
+        assert got.mask.shape == (len(read), max(len(self.model[k].mask) for k in keys))
+        for i, key in enumerate(read):
+            expected, w = self.model[key], len(self.model[key].mask)
+            assert torch.equal(got.mask[i, :w], expected.mask) and not got.mask[i, w:].any()
+            assert torch.equal(got.vectors[i, :w], expected.vectors)  # a copy: bit-equal
+            if self.weights:
+                assert torch.equal(got.hyp_weights[i, :w], expected.hyp_weights)
+            else:
+                assert got.hyp_weights is None
+            if self.arena.zero_padding:  # the padding read from the zero row
+                assert not got.vectors[i, w:].any()
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data(), step=st.integers(1, 8))
+    def flat(self, data, step):
+        keys = data.draw(st.lists(st.sampled_from(sorted(self.model)), max_size=5), label="read")
+        pieces = list(self.arena.flat(keys, step=step))
+        expected = [self.model[k] for k in keys]
+        greedy = []  # each piece: texts in order while their rows fit in step, at least one
+        for width in (len(u.mask) for u in expected):
+            if greedy and greedy[-1] + width <= step:
+                greedy[-1] += width
+            else:
+                greedy.append(width)
+        assert [len(p.mask) for p in pieces] == greedy
+        if not any(len(u.mask) for u in expected):
+            return
+        assert torch.equal(torch.cat([p.vectors for p in pieces]), torch.cat([u.vectors for u in expected]))
+        assert torch.equal(torch.cat([p.mask for p in pieces]), torch.cat([u.mask for u in expected]))
+
+    @invariant()
+    def bookkeeping(self):
+        assert self.arena.widths() == {key: len(u.mask) for key, u in self.model.items()}
+        assert self.arena.live == sum(len(u.mask) for u in self.model.values())
+        if self.arena.fields is not None:
+            assert self.arena.written <= self.arena.fields[0].shape[0]
+            if self.arena.zero_padding:
+                assert not self.arena.fields[0][0].any() and not self.arena.fields[1][0]
+
+
+TestArenaAgainstADict = ArenaAgainstADict.TestCase
+TestArenaAgainstADict.settings = settings(max_examples=8 * settings().max_examples)  # cheap cases: 8x the profile's

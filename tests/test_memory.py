@@ -3,6 +3,8 @@ encoder's last state alone once it is known to be the layer's; the batch mean su
 units (never every text padded to one width). The measured peaks are in bench/results/bench_corpus_memory.md."""
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from torchmover import Encoder, Scorer
@@ -29,6 +31,27 @@ def test_length_batches_fill_a_token_budget_longest_first():
     assert length_batches([], 8) == [] and length_batches([1] * 3, 8) == [[0, 1, 2]]
     # a length counts as 1 at least; equal lengths in input order
     assert length_batches([0] * 20, 2) == [list(range(k, k + 4)) for k in range(0, 20, 4)]
+
+
+@given(lengths=st.lists(st.integers(0, 40), max_size=80), batch_size=st.integers(1, 10),
+       most=st.none() | st.integers(1, 12), squares=st.booleans())
+@settings(max_examples=8 * settings().max_examples)  # cheap cases: 8x the profile's
+def test_length_batches_are_the_greedy_cut_of_the_texts_by_length_under_every_bound(lengths, batch_size, most,
+                                                                                    squares):
+    """Generated lengths: every position once, longest first (equal lengths in input order); each batch
+    within the budget (or one item), at most ``most`` items, its longest square at most twice its
+    shortest's with ``squares``; and cut greedily: the item that opened each batch, the shortest of the
+    next batch, would have broken one of those bounds in the batch before it (in cut order)."""
+    batches = length_batches(lengths, batch_size, most=most, squares=squares)
+    assert [i for b in batches for i in b] == sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    budget = batch_size * 2 * max(sorted(lengths)[len(lengths) // 2], 1) if lengths else 0
+
+    def fits(batch):  # every bound of a batch (its items' positions)
+        longest, shortest = max(lengths[i] for i in batch), min(lengths[i] for i in batch)
+        return ((len(batch) * max(longest, 1) <= budget or len(batch) == 1) and len(batch) <= (most or len(batch))
+                and (not squares or longest ** 2 <= 2 * shortest ** 2))
+    assert all(batch and fits(batch) for batch in batches)
+    assert all(not fits(shorter + [longer[-1]]) for longer, shorter in zip(batches, batches[1:]))
 
 
 def test_the_encoders_batches_hold_at_most_batch_size_texts_too():

@@ -277,8 +277,8 @@ class TokenArena:
         ``R·W`` integers), not every field of the result."""
         n, width = where.n, where.width
         if select is not None:
+            rows = rows.view(n, width).index_select(0, select).view(-1)
             n = select.shape[0]
-            rows = rows.view(-1, width).index_select(0, select).view(-1)
         index = rows if self.zero_padding else rows.clamp_min(0)
         units = self.units_type(*(None if f is None else f.index_select(0, index).view(n, width, *f.shape[1:])
                                   for f in self.fields))
