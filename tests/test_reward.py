@@ -1,10 +1,15 @@
 """Rewards: self-critical and group baselines, batch independence, the reference cache, edge cases."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from torchmover import Scorer
+from conftest import tiny_model, tiny_tokenizer
+from torchmover import Encoder, Scorer
 from torchmover.reward.rewards import GroupReward, MoverReward, SelfCriticalReward, group_advantages
 
 REFS = ["the cat sat on the mat", "a dog barked in the house", "the quick brown fox jumps over the lazy dog",
@@ -337,6 +342,47 @@ def test_reference_clouds_are_not_kept_where_they_need_the_empty_text_placeholde
         first = reward(HYPS, refs)
         assert not reward.cache.known_clouds and torch.equal(reward(HYPS, refs), first)
         assert torch.equal(first, MoverReward(scorer, cache_size=0)(HYPS, refs))
+
+
+CACHED_OPTIONS = [{}, dict(direction="f1"), dict(method="trwmd"), dict(method="bertscore"), dict(multi_ref="mean")]
+
+
+@functools.cache
+def fitted_scorer(option: int) -> Scorer:
+    """A scorer of ``CACHED_OPTIONS[option]`` on one tiny encoder, centered on REFS (built once)."""
+    encoder = Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny-bert")
+    return Scorer(encoder, centering="fixed", **CACHED_OPTIONS[option]).fit_centering(REFS, progress=False)
+
+
+pair = st.tuples(st.sampled_from(HYPS + [""]),
+                 st.lists(st.sampled_from(REFS + [" ", "the cat", "a new reference"]), min_size=1, max_size=2))
+
+
+@given(option=st.integers(0, len(CACHED_OPTIONS) - 1), cache_size=st.integers(1, 4),
+       calls=st.lists(st.lists(pair, min_size=1, max_size=4), min_size=1, max_size=5))
+def test_a_cached_reward_is_each_pairs_own_through_any_sequence_of_calls(option, cache_size, calls):
+    """Generated sequences of calls through a small cache (hits, misses, evictions, references whose
+    clouds are kept or not, empty texts, one or two references a hypothesis): every reward is the one
+    its pair gets alone, uncached, to float32 rounding; the cache holds the ``cache_size`` references
+    used last (a call's own in order of appearance, the ones it found first), each with its units, in
+    its own self-term slot, and a cloud or self-term only of a reference it holds."""
+    scorer = fitted_scorer(option)
+    cached, alone = MoverReward(scorer, cache_size=cache_size), MoverReward(scorer, cache_size=0)
+    used = {}  # the references least recently used first
+    for call in calls:
+        hyps, groups = [h for h, _ in call], [g for _, g in call]
+        expected = torch.cat([alone([h], [g]) for h, g in call])
+        torch.testing.assert_close(cached(hyps, groups), expected, atol=ATOL, rtol=0)
+        refs = list(dict.fromkeys(r for g in groups for r in g))
+        for ref in [r for r in refs if r in used] + [r for r in refs if r not in used]:
+            used.pop(ref, None)
+            used[ref] = None
+        used = dict.fromkeys(list(used)[-cache_size:])
+        cache = cached.cache
+        assert list(cache.lru) == list(used) and set(cache.units.spans) == set(used)
+        assert sorted(cache.lru.values()) == sorted(set(cache.lru.values())) and set(cache.lru.values()) <= set(
+            range(cache_size))
+        assert cache.known_self_terms <= set(used) and set(cache.clouds.spans) == cache.known_clouds <= set(used)
 
 
 def test_evicted_references_lose_their_clouds(fixed_scorer):
