@@ -269,14 +269,15 @@ def encoder(policy: str):
     return Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny-bert", special_tokens=policy)
 
 
-def scorer_or_none(policy, method, direction, centering, idf):
+def scorer_or_none(policy, method, direction, centering, idf, **options):
     """A Scorer with these options, or None where the options are not a valid combination."""
     from torchmover import Scorer
 
     if method in VARIANTS and (policy != "drop" or idf):
         return None  # whole documents: no token policy
     try:
-        scorer = Scorer(encoder(policy), method=method, direction=direction, centering=centering, idf=idf)
+        scorer = Scorer(encoder(policy), method=method, direction=direction, centering=centering, idf=idf,
+                        **options)
     except ValueError:  # special_tokens="target" outside the matching members
         return None
     return scorer.fit_idf(EMPTY_REFS + ["the dog ran", "a cat"]) if idf else scorer
@@ -384,3 +385,28 @@ def test_scorer_keeps_every_contract_on_random_texts(data, hyps):
         tolerance = 2e-3 if method in ("moverscore", *VARIANTS) else 1e-5
         torch.testing.assert_close(own[nonempty], torch.ones_like(own[nonempty]), atol=tolerance, rtol=0)
         assert (own[~nonempty] == 0).all()
+
+
+@pytest.mark.filterwarnings("ignore:.*longer than .* tokens were truncated")
+@given(data=st.data(), hyps=st.lists(texts, min_size=1, max_size=5))
+def test_a_corpus_score_is_each_pairs_own_on_random_texts(data, hyps):
+    """``Scorer.score`` (distinct texts encoded once in token-budget batches, their units kept in one
+    block and read back per pair batch) gives every pair the score of ``Scorer.forward`` on that pair
+    alone — or, with ``batch`` centering, on the whole call at once — whatever the batch size, the
+    texts repeated within and across the two sides, and one or two references a hypothesis."""
+    groups = [data.draw(st.lists(st.sampled_from(hyps) | texts, min_size=1, max_size=2), label="refs") for _ in hyps]
+    method, direction = data.draw(st.sampled_from(SCORER_MEMBERS), label="member")
+    policy, centering = data.draw(st.sampled_from(POLICIES)), data.draw(st.sampled_from(CENTERINGS))
+    scorer = scorer_or_none(policy, method, direction, centering, data.draw(st.booleans(), label="idf"),
+                            ngram=data.draw(st.sampled_from([1, 2]), label="ngram"))
+    assume(scorer is not None)
+    batch_size = data.draw(st.integers(1, 4), label="batch size")
+    with torch.no_grad():
+        got = scorer.score(hyps, groups, batch_size=batch_size, progress=False, return_all=True)
+        if centering == "batch":
+            expected = scorer(hyps, groups, return_all=True)
+        else:
+            expected = [torch.cat(scores) for scores in zip(*(scorer([h], [g], return_all=True)
+                                                               for h, g in zip(hyps, groups)))]
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=0)
