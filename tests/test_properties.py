@@ -397,8 +397,11 @@ def test_a_corpus_score_is_each_pairs_own_on_random_texts(data, hyps):
     groups = [data.draw(st.lists(st.sampled_from(hyps) | texts, min_size=1, max_size=2), label="refs") for _ in hyps]
     method, direction = data.draw(st.sampled_from(SCORER_MEMBERS), label="member")
     policy, centering = data.draw(st.sampled_from(POLICIES)), data.draw(st.sampled_from(CENTERINGS))
-    scorer = scorer_or_none(policy, method, direction, centering, data.draw(st.booleans(), label="idf"),
-                            ngram=data.draw(st.sampled_from([1, 2]), label="ngram"))
+    ngram = data.draw(st.sampled_from([1, 2]), label="ngram")
+    # a known defect, pinned by test_batch_independence.py's strict xfail: with a text's own (or its call's)
+    # mean subtracted, an n-gram spanning every centered token is rounding noise, not 0
+    assume(ngram == 1 or centering not in ("sentence", "batch"))
+    scorer = scorer_or_none(policy, method, direction, centering, data.draw(st.booleans(), label="idf"), ngram=ngram)
     assume(scorer is not None)
     batch_size = data.draw(st.integers(1, 4), label="batch size")
     with torch.no_grad():
