@@ -48,7 +48,7 @@ def test_length_batches_are_the_greedy_cut_of_the_texts_by_length_under_every_bo
 
     def fits(batch):  # every bound of a batch (its items' positions)
         longest, shortest = max(lengths[i] for i in batch), min(lengths[i] for i in batch)
-        return ((len(batch) * max(longest, 1) <= budget or len(batch) == 1) and len(batch) <= (most or len(batch))
+        return ((len(batch) * max(longest, 1) <= budget or len(batch) == 1) and (most is None or len(batch) <= most)
                 and (not squares or longest ** 2 <= 2 * shortest ** 2))
     assert all(batch and fits(batch) for batch in batches)
     assert all(not fits(shorter + [longer[-1]]) for longer, shorter in zip(batches, batches[1:]))
