@@ -74,16 +74,21 @@ def run(fn, world_size: int, out_dir, *args, timeout: float = 60.0) -> list:
 
 # --- workers (module level, so that spawned processes can import them) ---------------------------
 
-def tiny_scorer(centering: str = "batch"):
-    """The conftest tiny scorer with its centering in training mode (distributed sync on) and the
-    encoder in eval mode (no dropout, so runs are deterministic)."""
+def tiny_scorer(centering: str = "batch", **options):
+    """The conftest tiny scorer (``options``: more of the Scorer's) with its centering in training mode
+    (distributed sync on) and the encoder in eval mode (no dropout, so runs are deterministic)."""
     from conftest import tiny_model, tiny_tokenizer
     from torchmover import Encoder, Scorer
 
-    scorer = Scorer(Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny-bert"), centering=centering)
+    scorer = Scorer(Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny-bert"), centering=centering,
+                    **options)
     scorer.train()
     scorer.encoder.eval()
     return scorer
+
+
+LONE_TEXTS = ["a dog", "the cat"]  # 2 tokens each: one bigram
+BIGRAMS = {"ngram": 2}
 
 
 def loss_and_grad(scorer, hyps, refs) -> dict:
@@ -108,6 +113,9 @@ def centering_worker(rank: int, world_size: int, hyps, refs) -> dict:
         scorer = tiny_scorer(centering)
         scorer.centering.sync = sync
         out[name] = loss_and_grad(scorer, h, r)
+    # bigrams: each rank's one text's mean is its own, the mean over the ranks is neither's
+    texts = LONE_TEXTS[rank::world_size]
+    out["bigrams"] = loss_and_grad(tiny_scorer("batch", **BIGRAMS), texts, texts)
     scorer = tiny_scorer("batch").eval()
     if rank == 0:  # eval mode centers locally: scoring on one rank alone must not wait for the others
         with torch.no_grad():

@@ -271,7 +271,7 @@ KEYS = "abcde"
 
 class ArenaAgainstADict(RuleBasedStateMachine):
     """Generated sequences of adds, appends, removals, compactions, transforms and clears, each read
-    back (gathered, selected, flat) against a dict of each text's rows sliced out of its batch: the
+    back (gathered, selected, flat, its units counted) against a dict of each text's rows sliced out of its batch: the
     arena's bookkeeping (spans, holes, growth, the zero row) never loses or mixes up a unit. Batches
     come contiguous or as columns cut from a wider batch (the view that ``flat_rows`` reads without a
     copy), their fields cut alike or differently (the copy it falls back on)."""
@@ -362,6 +362,12 @@ class ArenaAgainstADict(RuleBasedStateMachine):
             return
         assert torch.equal(torch.cat([p.vectors for p in pieces]), torch.cat([u.vectors for u in expected]))
         assert torch.equal(torch.cat([p.mask for p in pieces]), torch.cat([u.mask for u in expected]))
+
+    @rule(data=st.data())
+    def unit_counts(self, data):
+        keys = data.draw(st.lists(st.sampled_from(sorted(self.model)), max_size=5) if self.model else st.just([]),
+                         label="counted")
+        assert self.arena.unit_counts(keys).tolist() == [int(self.model[k].mask.sum()) for k in keys]
 
     @invariant()
     def bookkeeping(self):

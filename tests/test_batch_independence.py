@@ -16,6 +16,7 @@ import torch
 import torchmover.functional as F
 from torchmover import Scorer
 from torchmover.functional import transport
+from torchmover.scorer import references
 
 BATCH = 64
 ALONE = range(0, BATCH, 7)  # the pairs also scored alone: every length class, in a few seconds
@@ -156,8 +157,6 @@ def test_a_pair_with_an_empty_text_is_a_balanced_problem_that_converges():
     assert scores[3] == 0 and scores[4] == 0 and (scores[[0, 1, 2, 5]] > 0).all()
 
 
-@pytest.mark.xfail(strict=True, reason="known defect (CHANGELOG, Known issues): an n-gram that spans every "
-                                       "token of a text centered on its own mean is rounding noise, not 0")
 def test_a_text_whose_one_ngram_spans_its_own_centered_tokens_scores_zero_with_any_batch_mates():
     """``centering="sentence"`` (each text minus its own mean), uniform weights, ``ngram=2``: a text of
     at most 2 tokens ("a" with its [CLS]: ``special_tokens="cls"``) has one unit, the sum of all its
@@ -169,9 +168,39 @@ def test_a_text_whose_one_ngram_spans_its_own_centered_tokens_scores_zero_with_a
     from conftest import tiny_model, tiny_tokenizer
     from torchmover import Encoder
 
-    scorer = Scorer(Encoder(tiny_model(), tiny_tokenizer(), layer=2, special_tokens="cls"), centering="sentence",
-                    ngram=2)
+    scorer = Scorer(Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny-bert", special_tokens="cls"),
+                    centering="sentence", ngram=2)
     with torch.no_grad():
         alone = scorer(["a"], ["the"])[0]
         beside_another = scorer(["a", "the cat sat on the mat"], ["the", "a dog"])[0]
+        units = scorer.center(scorer.embed(["a"]))
+        own = scorer.self_similarities(units, balanced=True), scorer.self_similarities(units)
     assert alone.item() == 0 and beside_another.item() == 0
+    assert own[0].item() == 0 and own[1].item() > 0.5  # its normaliser: of the zero unit, or of the noise
+
+
+@pytest.mark.parametrize("scope", ["joint", "separate", "pairs"])
+def test_a_side_whose_batch_mean_is_one_texts_own_gives_its_one_ngram_no_direction(scope, monkeypatch):
+    """``batch`` centering, ``ngram=2``: where the only text with a token in the set a mean is taken over
+    is "a" (with its [CLS]: 2 tokens), that mean is its own, its one unit the sum of its centered
+    tokens: 0, and its pairs score 0 — through ``forward``, its pieces, and ``Scorer.score`` (which
+    takes the means over the whole call first). Beside another text the mean is no text's own, and
+    the unit is the plain sum."""
+    from conftest import tiny_model, tiny_tokenizer
+    from torchmover import Encoder
+
+    scorer = Scorer(Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny-bert", special_tokens="cls"),
+                    centering="batch", center_scope=scope, ngram=2)
+    with torch.no_grad():
+        if scope == "joint":  # one text in the call: "a" against itself, and against an empty reference
+            hyps, refs = ["a", "a", " "], [["a", " "], ["a"], ["a"]]
+        else:  # one hypothesis with a token on its side: against references with many
+            hyps, refs = ["a", ""], [["the cat sat on the mat", "a dog"], ["a dog"]]
+        assert (scorer(hyps, refs) == 0).all()
+        assert (scorer.score(hyps, refs, batch_size=1, progress=False) == 0).all()
+        with monkeypatch.context() as m:  # forward in pieces of one reference, on the means of the whole call
+            m.setattr(references, "REFERENCE_CHUNK", 1)
+            m.setattr(references, "CALL_REFERENCES", 1)
+            assert (scorer(hyps, refs) == 0).all()
+        beside = scorer(["a", "the dog barked"], [["a dog"], ["a cat"]])
+    assert (beside != 0).all() and torch.isfinite(beside).all()

@@ -132,18 +132,25 @@ class Crash(Exception):
     pass
 
 
+def crashing_on(call: int, calls: list):
+    """``score_chunk`` that raises :class:`Crash` at its ``call``-th call; ``calls`` records the
+    hypotheses of every chunk it is given."""
+    score_chunk = job.score_chunk
+
+    def crashing(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == call:
+            raise Crash
+        return score_chunk(*args, **kwargs)
+    return crashing
+
+
 @pytest.mark.parametrize("centering", ["batch", "fixed"])
 def test_an_interrupted_run_resumes_from_its_last_chunk(tmp_path, monkeypatch, centering):
     hyps, refs = text_inputs(tmp_path)
     out = tmp_path / "scores.jsonl"
-    score_chunk, calls = job.score_chunk, []
-
-    def crashing(*args, **kwargs):  # the third chunk never finishes
-        calls.append(args[1])
-        if len(calls) == 3:
-            raise Crash
-        return score_chunk(*args, **kwargs)
-    monkeypatch.setattr(job, "score_chunk", crashing)
+    calls = []
+    monkeypatch.setattr(job, "score_chunk", crashing_on(3, calls))  # the third chunk never finishes
     with pytest.raises(Crash):
         score_files(tiny_scorer(centering=centering), hyps, refs, out, format="jsonl", chunk_pairs=3, progress=False)
     assert not out.exists() and sorted(p.name for p in (tmp_path / "scores.jsonl.parts").glob("*.part")) == [
@@ -158,6 +165,22 @@ def test_an_interrupted_run_resumes_from_its_last_chunk(tmp_path, monkeypatch, c
     # the fitted statistics were kept: only the two chunks' texts were encoded, no pass over the corpus
     assert set(encoded) == set(HYPS[6:]) | {r for g in REFS[6:] for r in g}
     torch.testing.assert_close(read_scores(out), expected(tiny_scorer(centering=centering)).double(), rtol=0, atol=1e-6)
+
+
+def test_a_mean_that_is_one_texts_own_is_kept_across_a_resume(tmp_path, monkeypatch):
+    """``batch`` centering of each side apart, ``ngram=2``: the hypotheses' mean is that of their one
+    text with tokens ("a dog"), whose one bigram, the sum of its centered tokens, is then 0: it scores
+    0 in the chunks before an interruption and, from the saved statistics, in those after it."""
+    lines = ["a dog", "", " ", "a dog", "", "a dog"]
+    hyps, refs = text_inputs(tmp_path, lines, [["the cat sat on the mat", "a cat"]] * len(lines))
+    out = tmp_path / "scores.jsonl"
+    options = dict(centering="batch", center_scope="separate", ngram=2)
+    with monkeypatch.context() as m:
+        m.setattr(job, "score_chunk", crashing_on(2, []))  # the second chunk never finishes
+        with pytest.raises(Crash):
+            score_files(tiny_scorer(**options), hyps, refs, out, format="jsonl", chunk_pairs=2, progress=False)
+    result = score_files(tiny_scorer(**options), hyps, refs, out, format="jsonl", chunk_pairs=2, progress=False)
+    assert result.resumed == 1 and read_scores(out).tolist() == [[0.0] * len(lines)]
 
 
 @pytest.mark.parametrize("output", ["scores.txt", None])

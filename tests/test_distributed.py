@@ -51,6 +51,16 @@ def test_two_processes_match_one_process_on_the_whole_batch(two_ranks, mode):
     torch.testing.assert_close(total_grad, single["grad"], rtol=1e-4, atol=1e-6)
 
 
+def test_a_mean_over_ranks_is_no_ranks_one_text_own(two_ranks):
+    """``ngram=2``: each rank's call holds one text (against itself), so each rank's own mean is that
+    text's, whose one bigram would be 0 — but the mean is over both ranks' texts, as in one process
+    on the whole batch: there it is neither text's own, and the bigrams are moved as they are."""
+    single = _ddp.loss_and_grad(_ddp.tiny_scorer("batch", **_ddp.BIGRAMS), _ddp.LONE_TEXTS, _ddp.LONE_TEXTS)
+    assert (single["scores"] != 0).all()
+    for rank, out in enumerate(two_ranks):
+        torch.testing.assert_close(out["bigrams"]["scores"], single["scores"][rank::2])
+
+
 def test_without_sync_each_rank_centers_on_its_own_slice(two_ranks):
     """The control: the comparison above has teeth."""
     single = _ddp.loss_and_grad(_ddp.tiny_scorer("batch"), HYPS, REFS)

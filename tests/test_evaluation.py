@@ -37,6 +37,7 @@ def test_separate_scope_centers_each_side_on_all_of_its_texts(tiny_encoder):
     on the mean of every reference — checked against a centering="fixed" path fed those two means."""
     from torchmover.functional.centering import token_mean
     from torchmover.scorer.plan import call_plan
+    from torchmover.scorer.units import BatchMeans
 
     scorer = Scorer(tiny_encoder, centering="batch", center_scope="separate")
     hyps, refs = HYPS[:4], [r if isinstance(r, str) else r[0] for r in REFS[:4]]
@@ -45,7 +46,8 @@ def test_separate_scope_centers_each_side_on_all_of_its_texts(tiny_encoder):
         h, r = scorer.embed(list(dict.fromkeys(hyps))), scorer.embed(list(dict.fromkeys(refs)))
         plan = call_plan(hyps, groups, texts).to_device(None)
         expected = scorer.score_call(plan, scorer.embed(texts),
-                                     means=(token_mean(h.vectors, h.mask), token_mean(r.vectors, r.mask)))
+                                     means=BatchMeans((token_mean(h.vectors, h.mask), token_mean(r.vectors, r.mask)),
+                                                      lone=torch.tensor([False, False])))
     torch.testing.assert_close(scorer.score(hyps, refs, batch_size=1, progress=False), expected)
 
 
@@ -55,6 +57,7 @@ def test_pairs_scope_counts_a_text_once_per_pair_it_is_in(tiny_encoder):
     "separate" (distinct texts) where a text repeats."""
     from torchmover.functional.centering import token_mean
     from torchmover.scorer.plan import call_plan
+    from torchmover.scorer.units import BatchMeans
 
     hyps, refs = HYPS[:5], REFS[:4] + ["a cat was on the mat"]  # one reference twice, one hypothesis with two
     pair_hyps = [h for h, r in zip(hyps, refs) for _ in ([r] if isinstance(r, str) else r)]
@@ -66,7 +69,8 @@ def test_pairs_scope_counts_a_text_once_per_pair_it_is_in(tiny_encoder):
         h, r = scorer.embed(pair_hyps), scorer.embed(pair_refs)
         plan = call_plan(hyps, groups, texts).to_device(None)
         expected = scorer.score_call(plan, scorer.embed(texts),
-                                     means=(token_mean(h.vectors, h.mask), token_mean(r.vectors, r.mask)))
+                                     means=BatchMeans((token_mean(h.vectors, h.mask), token_mean(r.vectors, r.mask)),
+                                                      lone=torch.tensor([False, False])))
         torch.testing.assert_close(scorer(hyps, refs), expected)
         separate = Scorer(tiny_encoder, centering="batch", center_scope="separate")(hyps, refs)
     torch.testing.assert_close(scorer.score(hyps, refs, batch_size=2, progress=False), expected)

@@ -61,7 +61,9 @@ POLICIES = {"default": {}, "idf": {"idf": True}, "stopwords": {"stopwords": "eng
             "bigrams+idf": {"ngram": 2, "idf": True}, "f1": {"direction": "f1"}, "trwmd": {"method": "trwmd"},
             "bertscore": {"method": "bertscore"}, "sbert": {"method": "sbert"}, "cka": {"method": "cka"},
             "separate": {"centering": "batch", "center_scope": "separate"},
-            "pairs": {"centering": "batch", "center_scope": "pairs"}}
+            "pairs": {"centering": "batch", "center_scope": "pairs"},
+            "bigrams-separate": {"ngram": 2, "centering": "batch", "center_scope": "separate"},
+            "bigrams-sentence": {"ngram": 2, "centering": "sentence"}}
 
 
 def make_scorer(tiny_encoder, **options) -> Scorer:

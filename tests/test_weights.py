@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from torchmover import functional as F
 from torchmover.text.weights import IDF, _is_punctuation, keep_mask, ngrams, pool_subwords
 
 
@@ -81,3 +82,38 @@ def test_ngrams_against_a_naive_loop():
             for k, win in enumerate(windows):
                 torch.testing.assert_close(vectors[b, k], (x[b, win] * w[b, win, None]).sum(0))
                 torch.testing.assert_close(masses[b, k], w[b, win].sum())
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_balanced_ngrams_write_a_text_spanned_by_its_one_unit_as_exactly_zero(n):
+    """``balanced``: every text's tokens sum to 0 (centered on its own mean). A text whose one unit spans
+    all of its (at most ``n``) real tokens, each of one weight, has the unit ``w Σ x = 0``: written as
+    exactly 0 (float leaves rounding noise there). Every other unit — more than ``n`` tokens, or weights
+    that differ — and every mass are those of the naive loop, bit for bit as without ``balanced``."""
+    torch.manual_seed(n)
+    x = torch.randn(6, 5, 4, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0, 0, 0],  # 2 tokens, uniform weights: zeroed
+                         [0, 1, 0, 1, 0],  # 2 tokens, padding between: zeroed
+                         [1, 1, 0, 0, 0],  # 2 tokens, weights that differ: kept
+                         [1, 1, 1, 0, 0],  # 3 tokens: zeroed for n = 3 only
+                         [1, 0, 0, 0, 0],  # 1 token: zeroed
+                         [0, 0, 0, 0, 0]], dtype=torch.bool)  # no token: no unit
+    x = F.center(x, mask, "sentence")  # each text minus its own mean: Σ x = 0 up to rounding
+    w = torch.full((6, 5), 0.5, dtype=torch.float64)
+    w[2, 1] = 0.25
+    w[:, 4] = 7.0  # off the mask (rows 0-5): a weight the rule must not read
+    plain = ngrams(x, mask, w, n)
+    vectors, unit_mask, masses = ngrams(x, mask, w, n, balanced=True)
+    zeroed = [0, 1, 4] + ([3] if n == 3 else [])
+    for b in range(6):
+        if b in zeroed:
+            assert unit_mask[b, 0] and (vectors[b, 0] == 0).all()
+            assert plain[0][b, 0].abs().max() < 1e-12  # what it replaces: 0 up to rounding
+        else:
+            assert torch.equal(vectors[b], plain[0][b])
+    assert torch.equal(unit_mask, plain[1]) and torch.equal(masses, plain[2])
+    on_device = ngrams(x, mask, w, n, balanced=torch.tensor(True))  # a flag computed on the device
+    assert all(torch.equal(a, b) for a, b in zip(on_device, (vectors, unit_mask, masses)))
+    assert all(torch.equal(a, b) for a, b in zip(ngrams(x, mask, w, n, balanced=torch.tensor(False)), plain))
+    empty = ngrams(x[:, :0], mask[:, :0], w[:, :0], n, balanced=True)  # a batch of texts without units
+    assert empty[0].shape == (6, 1, 4) and not empty[1].any()

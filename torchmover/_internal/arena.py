@@ -188,6 +188,18 @@ class TokenArena:
         for index in to_device(pieces, self.fields[0].device):
             yield self.units_type(*(None if f is None else f.index_select(0, index) for f in self.fields))
 
+    def unit_counts(self, keys: Sequence[Hashable]) -> Tensor:
+        """``[len(keys)]`` int64 on the block's device: each text's number of unmasked units (a span
+        may hold masked ones: pooled subwords give a text its whole row), from one cumulative sum of
+        the block's mask and two gathers with indices sent from the host."""
+        device = self.fields[1].device if self.fields else torch.device("cpu")
+        if self.fields is None or not keys:  # nothing written: no text has a unit
+            return torch.zeros(len(keys), dtype=torch.long, device=device)
+        spans = np.array([self.spans[key] for key in keys], dtype=np.int64).reshape(-1, 2)
+        before = torch.nn.functional.pad(self.fields[1][:self.written].long().cumsum(0), (1, 0))  # [written + 1]
+        first, stop = to_device([spans[:, 0], spans[:, 0] + spans[:, 1]], device)
+        return before.index_select(0, stop) - before.index_select(0, first)
+
     def widths(self) -> dict[Hashable, int]:
         """Each text's number of units: the rows of its span."""
         return {key: width for key, (_, width) in self.spans.items()}

@@ -55,6 +55,7 @@ from ..scorer.corpus import (SCORE_CHUNK, SeenTexts, call_means, check_batch_siz
                              sharding_group, token_sums)
 from ..scorer.module import baseline_draws
 from ..scorer.serialization import sha256_file
+from ..scorer.units import BatchMeans
 from ..text.weights import frequency_counts, idf_of_counts
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow",
@@ -262,8 +263,9 @@ def fit_to_corpus(scorer: Scorer, chunks: Callable[[], Iterator[tuple[list[str],
         if config.idf:
             scorer.idf = {side: idf_of_counts(summed(counts[side].to(device), group)) for side in counts}
     if config.centering in ("fixed", "running"):
-        sums = token_sums(scorer, chunks(), batch_size, ("ref",), group=group, bar=bar, weight=0.5)[0]
-        scorer.centering.fit_sums(sums[0, :-1], int(sums[0, -1]))
+        sums = token_sums(scorer, chunks(), batch_size, ("ref",), group=group, bar=bar, weight=0.5)[0][0]
+        dim = len(sums) - 2  # Σ x, then the number of tokens (and of texts with a unit)
+        scorer.centering.fit_sums(sums[:dim], int(sums[dim]))
     if draw_references:
         first, second = baseline_draws(n_references, baseline_pairs)
         texts = drawn_references(chunks(), set(first) | set(second))
@@ -507,7 +509,7 @@ def check_unchanged(hyps: Column, refs: list[Column], run: dict) -> None:
 
 
 def prepare(scorer: Scorer, files: RunFiles | None, chunks, fit: bool, batch_size: int, baseline_corpus, group,
-            bar: PairProgress, rows: int) -> tuple[torch.Tensor, ...] | None:
+            bar: PairProgress, rows: int) -> BatchMeans | None:
     """The statistics of the run: restored from the parts directory when a run resumes, else fitted
     on the ``chunks()`` of the corpus of ``rows`` pairs (:func:`fit_to_corpus`) and, under ``batch``
     centering, the mean of its distinct texts (a pass of the encoder over it), then saved there. The
@@ -561,7 +563,8 @@ def save_statistics(files: RunFiles, scorer: Scorer, means) -> None:
     idf = {side: scorer.idf[side].to_dict() for side in ("ref", "hyp")} if scorer.idf else None
     statistics = {"idf": idf, "centering": {k: v.cpu() for k, v in scorer.centering.state_dict().items()},
                   "baseline": None if scorer.baseline is None else list(scorer.baseline),
-                  "means": None if means is None else [m.cpu() for m in means]}
+                  "means": None if means is None else [m.cpu() for m in means.vectors],
+                  "lone_means": None if means is None else means.lone.cpu()}
     atomic_write(files.statistics, lambda f: torch.save(statistics, f))
 
 
@@ -569,7 +572,7 @@ def load_statistics(files: RunFiles) -> dict | None:
     return torch.load(files.statistics, weights_only=True) if files.statistics.is_file() else None
 
 
-def restore_statistics(scorer: Scorer, saved: dict) -> tuple[torch.Tensor, ...] | None:
+def restore_statistics(scorer: Scorer, saved: dict) -> BatchMeans | None:
     """Put :func:`save_statistics`' statistics back into ``scorer``; returns the batch means."""
     from ..text.weights import IDF
 
@@ -579,4 +582,10 @@ def restore_statistics(scorer: Scorer, saved: dict) -> tuple[torch.Tensor, ...] 
     scorer.centering.load_state_dict({k: v.to(device) for k, v in saved["centering"].items()})
     if saved["baseline"] is not None:
         scorer.baseline = saved["baseline"]
-    return None if saved["means"] is None else tuple(m.to(device) for m in saved["means"])
+    if saved["means"] is None:
+        return None
+    vectors = tuple(m.to(device) for m in saved["means"])
+    lone = saved.get("lone_means")  # not saved by the versions before it: none was lone, as they scored
+    if lone is None:
+        lone = torch.zeros(len(vectors), dtype=torch.bool)
+    return BatchMeans(vectors, lone.to(device))

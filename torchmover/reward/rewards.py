@@ -405,7 +405,8 @@ class MoverReward:
             return self._scorer.score_pairs(hyp_units.centered(centering), refs,
                                             PairIndex(call.pairs.hyp, None, call.pairs.owner), n_hyps, ref_self,
                                             nonempty=all(b > a for a, b in hyp_spans),
-                                            groups=hyp.pair_groups(hyp_spans, pairs, ref_spans))  # [B]
+                                            groups=hyp.pair_groups(hyp_spans, pairs, ref_spans),
+                                            balanced=(sentence_centered(centering),) * 2)  # [B]
 
     def _score_with_units(self, hyp: _Hypotheses, n_hyps: int, plan: ReferencePlan, pairs: PairIndex,
                           centering: Centering, walk: list[nn.Module], device: torch.device) -> Tensor:
@@ -420,8 +421,10 @@ class MoverReward:
                 hyp_units, hyp_spans = self._scorer.embed_with_spans(hyp.texts, hyp.tokens)
                 ref_units, ref_spans = self.cache.gather_units(plan, call.rows, host.where, self._encode)
             hyp_units, ref_units = hyp_units.centered(centering), ref_units.centered(centering)
+            balanced = sentence_centered(centering)
             refs = ref_units if get_member(self._scorer.config.method).documents else \
-                self._scorer.token_clouds(ref_units, "ref", all(b > a for a, b in ref_spans))  # sentence movers: units
+                self._scorer.token_clouds(ref_units, "ref", all(b > a for a, b in ref_spans),
+                                          balanced=balanced)  # sentence movers: units
             ref_self = None
             if call.self_terms is not None:
                 ref_self = self.cache.self_terms(ref_texts, refs, call.self_terms, self._scorer.self_similarities)
@@ -429,7 +432,15 @@ class MoverReward:
                 self.cache.store_clouds(ref_texts, refs, host.keep, call.keep, ref_spans)
             return self._scorer.score_pairs(hyp_units, refs, call.pairs, n_hyps, ref_self,
                                             nonempty=all(b > a for a, b in hyp_spans),
-                                            groups=hyp.pair_groups(hyp_spans, pairs, ref_spans))  # [B]
+                                            groups=hyp.pair_groups(hyp_spans, pairs, ref_spans),
+                                            balanced=(balanced, balanced))  # [B]
+
+
+def sentence_centered(centering: Centering) -> bool:
+    """Whether ``centering`` centers each text on its own mean (``sentence``), so that every text's
+    centered units sum to 0 (:meth:`Scorer.token_clouds <torchmover.Scorer.token_clouds>`' ``balanced``):
+    a reward's centering never depends on the batch, so no other mode does."""
+    return centering.mode == "sentence"
 
 
 class SelfCriticalReward(MoverReward):

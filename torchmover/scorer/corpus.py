@@ -67,7 +67,7 @@ from ..runtime.progress import PairProgress
 from ..text.encoder import take_tokens
 from .inputs import distinct_texts
 from .plan import BatchPlan, call_plan, length_batches
-from .units import PRF, Units
+from .units import PRF, BatchMeans, Units
 
 HEAP_TRIMS = 4  # on the CPU, the C heap's free pages go back to the system after each quarter of a chunk's tokens
 SCORE_CHUNK = 8192  # hypotheses whose distinct texts Scorer.score encodes and holds at once
@@ -181,7 +181,7 @@ def balanced_bounds(costs: Sequence[int], parts: int) -> list[tuple[int, int]]:
 
 
 def score_chunk(scorer: nn.Module, hyps: list[str], groups: list[list[str]], batch_size: int, *,
-                means: tuple[Tensor, ...] | None = None, return_all: bool = False, group=None,
+                means: BatchMeans | None = None, return_all: bool = False, group=None,
                 arena: TokenArena | None = None, share: Share | None = None,
                 bar: PairProgress | None = None) -> Tensor:
     """Scores ``[k, len(hyps)]`` (``k`` = 3 with ``return_all``, else 1) of the pairs of one chunk, in
@@ -201,7 +201,7 @@ def score_chunk(scorer: nn.Module, hyps: list[str], groups: list[list[str]], bat
     return out if group is None else all_gather_shares(out, share.sizes, group)
 
 
-def unit_vectors_once(scorer: nn.Module, arena: TokenArena, means: tuple[Tensor, ...] | None) -> bool:
+def unit_vectors_once(scorer: nn.Module, arena: TokenArena, means: BatchMeans | None) -> bool:
     """Center and normalise every unit of ``arena`` in place, once, where each unit's centered unit
     vector depends on nothing but itself — ``(x − c) / ‖x − c‖`` with one vector ``c`` for every text
     (:meth:`Centering.shift <torchmover.Centering.shift>`: no centering, a fitted mean, or the call's
@@ -213,7 +213,7 @@ def unit_vectors_once(scorer: nn.Module, arena: TokenArena, means: tuple[Tensor,
     if (get_member(c.method).documents or c.ngram > 1 or c.center_scope != "joint"
             or not centering.subtracts_one_vector(given_mean=means is not None)):
         return False
-    shift = centering.shift(None if means is None else means[0])
+    shift = centering.shift(None if means is None else means.vectors[0])
 
     def center_and_normalize(x: Tensor, mask: Tensor) -> None:
         if shift is not None:
@@ -272,23 +272,27 @@ def pair_texts(hyps: list[str], groups: list[list[str]], side: str) -> list[str]
 
 
 def call_means(scorer: nn.Module, chunks: Iterable[tuple[list[str], list[list[str]]]], batch_size: int, *,
-               group=None, sum_group=None, bar: PairProgress | None = None) -> tuple[tuple[Tensor, ...], TokenArena | None, Share | None]:
+               group=None, sum_group=None,
+               bar: PairProgress | None = None) -> tuple[BatchMeans, TokenArena | None, Share | None]:
     """The first pass under ``batch`` centering: the mean unit vector of the distinct texts of every
     chunk — ``μ = Σ_texts Σ_tokens x / Σ_texts n_tokens`` — one per side of :func:`centering_sides`
     (one mean, ``joint``; or the hypotheses' and the references', ``separate``), from
-    :func:`token_sums`. Returns the means, and the arena and share of the last chunk (to be reused:
-    it holds every text of the share)."""
+    :func:`token_sums`, and whether each is one text's own (the only one with a unit). Returns the
+    means, and the arena and share of the last chunk (to be reused: it holds every text of the share)."""
     stats, arena, share = token_sums(scorer, chunks, batch_size, centering_sides(scorer), group=group,
                                      sum_group=sum_group, bar=bar)
-    return tuple((s[:-1] / s[-1].clamp_min(1)).float() for s in stats), arena, share
+    dim = stats.shape[1] - 2
+    vectors = tuple((s[:dim] / s[dim].clamp_min(1)).float() for s in stats)
+    return BatchMeans(vectors, stats[:, dim + 1] == 1), arena, share
 
 
 def token_sums(scorer: nn.Module, chunks: Iterable[tuple[list[str], list[list[str]]]], batch_size: int,
                sides: Sequence[str | None], *, group=None, sum_group=None, bar: PairProgress | None = None,
                weight: float = 1.0) -> tuple[Tensor, TokenArena | None, Share | None]:
-    """``[len(sides), D + 1]`` float64: per side (:func:`side_texts`), the sum of the unit vectors of the
-    distinct texts of every chunk and their number (each distinct text counted once), summed from the
-    arena of each chunk's texts of those sides (never padded to one width).
+    """``[len(sides), D + 2]`` float64: per side (:func:`side_texts`), the sum of the unit vectors of the
+    distinct texts of every chunk and their number (each distinct text counted once; each pair's,
+    repeats included, with ``center_scope="pairs"``), then the number of distinct texts that have a
+    unit, summed from the arena of each chunk's texts of those sides (never padded to one width).
 
     ``group``: the chunks are shared out among its ranks (:func:`chunk_share`); each text is counted
     by its owner (:func:`owned_texts`), and the sums are all-reduced over ``group``. ``sum_group``:
@@ -296,7 +300,7 @@ def token_sums(scorer: nn.Module, chunks: Iterable[tuple[list[str], list[list[st
     ``bar`` is credited ``weight`` × the chunk's pairs for each chunk encoded. Returns the sums, and
     the arena and share of the last chunk."""
     dim, device = scorer.encoder.hidden_size, scorer.encoder.device
-    stats = torch.zeros(len(sides), dim + 1, dtype=torch.float64, device=device)  # per side (Σ x, n)
+    stats = torch.zeros(len(sides), dim + 2, dtype=torch.float64, device=device)  # per side (Σ x, n, texts)
     seen = {side: SeenTexts() for side in sides}
     arena, share = None, None
     for hyps, groups in chunks:
@@ -305,14 +309,16 @@ def token_sums(scorer: nn.Module, chunks: Iterable[tuple[list[str], list[list[st
         encoded = dict.fromkeys(t for side in sides for t in side_texts(mine_h, mine_g, side))
         arena = embed_distinct(scorer, list(encoded), batch_size, credit(bar, len(hyps) * weight))
         for k, side in enumerate(sides):
-            if scorer.config.center_scope == "pairs":  # repeats included: a text's rows are summed once per pair
-                counted = pair_texts(mine_h, mine_g, side)
-            else:
-                texts = side_texts(hyps, groups, side)
-                counted = owned_texts(seen[side].new(texts), texts, side, groups, share) if group else seen[side].new(texts)
+            texts = side_texts(hyps, groups, side)
+            distinct = seen[side].new(texts)
+            if group:
+                distinct = owned_texts(distinct, texts, side, groups, share)
+            # repeats included with center_scope="pairs": a text's rows are summed once per pair
+            counted = pair_texts(mine_h, mine_g, side) if scorer.config.center_scope == "pairs" else distinct
             for units in arena.flat(arena.in_storage_order(counted)):  # in pieces: never a copy of them all
-                stats[k, :-1] += token_sum(units.vectors[None], units.mask[None], torch.float64)
-                stats[k, -1] += units.mask.sum()
+                stats[k, :dim] += token_sum(units.vectors[None], units.mask[None], torch.float64)
+                stats[k, dim] += units.mask.sum()
+            stats[k, dim + 1] += (arena.unit_counts(distinct) > 0).sum()
     if group is not None or sum_group is not None:
         stats = all_reduce_sum(stats, group if group is not None else sum_group)  # one collective for every side
     return stats, arena, share

@@ -24,7 +24,7 @@ from ..functional.family import TokenCloud, pair_similarities, self_similarity, 
 from ..functional.members import get_member, member_term
 from ..functional.transport import warn_if_not_converged
 from ..runtime.devices import resolve_device, resolve_dtype
-from ..runtime.distributed import shard
+from ..runtime.distributed import all_reduce_sum, shard
 from ..runtime.progress import show_progress
 from ..text.documents import encode_documents
 from ..text.encoder import DEFAULT_MODEL, Encoder, weights_digest
@@ -36,7 +36,9 @@ from .inputs import check_references, check_texts, distinct_texts
 from .plan import CallPlan, PairGroup, PairIndex, call_plan
 from .references import combine_pieces, needs_pieces, piece_calls, score_in_pieces, split_references
 from .signature import scorer_signature
-from .units import PRF, Units
+from .units import PRF, BatchMeans, Units
+
+Balanced = tuple[bool | Tensor, bool | Tensor]  # per side (hypotheses, references): see Scorer.token_clouds
 
 
 def baseline_draws(n_texts: int, n_pairs: int, seed: int = 0) -> tuple[list[int], list[int]]:
@@ -384,7 +386,7 @@ class Scorer(nn.Module):
 
     def score_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int,
                     ref_self: Tensor | None = None, *, nonempty: bool = False, unit_vectors: bool = False,
-                    groups: Sequence[PairGroup] | None = None) -> Tensor:
+                    groups: Sequence[PairGroup] | None = None, balanced: Balanced = (False, False)) -> Tensor:
         """Scores ``[n_hyps]`` of centered units: rows ``index.hyp`` of ``hyp`` against rows
         ``index.ref`` of ``ref`` (n-grams, then the family member), several references combined by
         ``multi_ref``, rescaled if ``rescale``. Each text's self-term ``C(X, X)`` is computed once,
@@ -394,18 +396,21 @@ class Scorer(nn.Module):
         both has a unit, as known on the host; ``unit_vectors``: their vectors are unit vectors already
         (see :meth:`token_clouds`). ``groups``: the pairs moved in batches of similar length
         (:func:`~torchmover.scorer.plan.pairs_by_group`; not for the sentence movers), each batch's
-        hypotheses made into clouds cut to its width, and the references' self-terms computed once."""
+        hypotheses made into clouds cut to its width, and the references' self-terms computed once.
+        ``balanced``: whether the units of the hypotheses and of the references sum to 0 text by text
+        (:meth:`token_clouds`)."""
         direction = self.config.direction
         if groups is None:
             scores = self._pair_scores(hyp, ref, index, (direction,), ref_self, nonempty=nonempty,
-                                       unit_vectors=unit_vectors)[direction]
+                                       unit_vectors=unit_vectors, balanced=balanced)[direction]
         else:
             scores = self._grouped_pair_scores(hyp, ref, index, direction, ref_self, groups,
-                                               nonempty=nonempty, unit_vectors=unit_vectors)
+                                               nonempty=nonempty, unit_vectors=unit_vectors, balanced=balanced)
         return self._rescale(self._combine_references(scores, index.owner, n_hyps), direction)
 
     def score_all_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int, *,
-                        nonempty: bool = False, unit_vectors: bool = False) -> PRF:
+                        nonempty: bool = False, unit_vectors: bool = False,
+                        balanced: Balanced = (False, False)) -> PRF:
         """:meth:`score_pairs` in the three directions at once (one encoding, three transports):
         ``PRF`` of ``[n_hyps]`` tensors. Members without directions (wmd, moverscore, sbert, cka, the
         sentence movers) give their one score thrice. With several references and ``multi_ref="max"``
@@ -413,7 +418,8 @@ class Scorer(nn.Module):
         averaged."""
         c = self.config
         directions = PRF._fields if get_member(c.method).directed else (c.direction,)
-        scores = self._pair_scores(hyp, ref, index, directions, nonempty=nonempty, unit_vectors=unit_vectors)
+        scores = self._pair_scores(hyp, ref, index, directions, nonempty=nonempty, unit_vectors=unit_vectors,
+                                   balanced=balanced)
         pairs = PRF(*(scores.get(d, scores[c.direction]) for d in PRF._fields))
         if index.owner is None:  # one reference per hypothesis
             combined = pairs
@@ -429,8 +435,8 @@ class Scorer(nn.Module):
         return PRF(*(self._rescale(s, d) for s, d in zip(combined, PRF._fields)))
 
     def _pair_scores(self, hyp: Units, ref: Units | TokenCloud, index: PairIndex, directions: tuple[str, ...],
-                     ref_self: Tensor | None = None, *, nonempty: bool = False,
-                     unit_vectors: bool = False) -> dict[str, Tensor]:
+                     ref_self: Tensor | None = None, *, nonempty: bool, unit_vectors: bool,
+                     balanced: Balanced) -> dict[str, Tensor]:
         """``[P]`` scores of the pairs of ``index`` in each of ``directions`` (before combining
         references), from one token cloud of each side (:func:`~torchmover.functional.family.pair_similarities`)."""
         c, member = self.config, get_member(self.config.method)
@@ -440,21 +446,23 @@ class Scorer(nn.Module):
             scores = F.sentence_movers(h.vectors, r.vectors, h.mask, r.mask, h.sentence_ids, r.sentence_ids,
                                        variant=c.method, temperature=c.temperature, n_iter=c.n_iter or 1)
             return dict.fromkeys(directions, scores)
-        return pair_similarities(self._member_term(), self.token_clouds(hyp, "hyp", nonempty, unit_vectors),
-                                 ref if isinstance(ref, TokenCloud) else self.token_clouds(ref, "ref", nonempty,
-                                                                                           unit_vectors),
+        hyps = self.token_clouds(hyp, "hyp", nonempty, unit_vectors, balanced[0])
+        refs = ref if isinstance(ref, TokenCloud) else \
+            self.token_clouds(ref, "ref", nonempty, unit_vectors, balanced[1])
+        return pair_similarities(self._member_term(), hyps, refs,
                                  index.hyp, index.ref, normalize=member.normalized,
                                  directions=directions, ref_self=ref_self)
 
     def _grouped_pair_scores(self, hyp: Units, ref: Units | TokenCloud, index: PairIndex, direction: str,
                              ref_self: Tensor | None, groups: Sequence[PairGroup], *, nonempty: bool,
-                             unit_vectors: bool) -> Tensor:
+                             unit_vectors: bool, balanced: Balanced) -> Tensor:
         """``[P]`` scores of the pairs of ``index`` in ``direction``, moved group by group: the pairs
         ``g.pairs`` against their hypotheses, the rows ``g.hyps`` of ``hyp`` cut to ``g.hyp_width``
         columns, and their references cut to ``g.ref_width``. The references' cloud and self-terms
         are made once for every group."""
         member, term = get_member(self.config.method), self._member_term()
-        refs = ref if isinstance(ref, TokenCloud) else self.token_clouds(ref, "ref", nonempty, unit_vectors)
+        refs = ref if isinstance(ref, TokenCloud) else \
+            self.token_clouds(ref, "ref", nonempty, unit_vectors, balanced[1])
         if member.normalized and ref_self is None:
             ref_self = self_similarity(term, refs, direction)
         pieces = []
@@ -462,7 +470,8 @@ class Scorer(nn.Module):
             rows = g.pairs if index.ref is None else index.ref[g.pairs]  # each pair's reference
             pair_self = None if ref_self is None else ref_self[rows] if isinstance(rows, slice) else \
                 ref_self.index_select(0, rows)
-            hyps = self.token_clouds(hyp.select(g.hyps).narrow(g.hyp_width), "hyp", nonempty, unit_vectors)
+            hyps = self.token_clouds(hyp.select(g.hyps).narrow(g.hyp_width), "hyp", nonempty, unit_vectors,
+                                     balanced[0])
             pieces.append(pair_similarities(term, hyps, refs.narrow(g.ref_width).select(rows),
                                             index.hyp[g.pairs] - g.hyps.start, normalize=member.normalized,
                                             directions=(direction,), ref_self=pair_self)[direction])
@@ -477,7 +486,8 @@ class Scorer(nn.Module):
         b = getattr(self.baseline, direction)
         return (scores - b) / (1 - b)
 
-    def token_clouds(self, units: Units, side: str, nonempty: bool = False, unit_vectors: bool = False) -> TokenCloud:
+    def token_clouds(self, units: Units, side: str, nonempty: bool = False, unit_vectors: bool = False,
+                     balanced: bool | Tensor = False) -> TokenCloud:
         """Centered units of one ``side`` (``"hyp"`` / ``"ref"``: whose IDF weights) as the family's
         :class:`~torchmover.functional.family.TokenCloud` (n-grams formed first). ``nonempty``: every text's span
         is non-empty (:meth:`embed_with_spans`, known on the host). With uniform weights (no IDF, no
@@ -486,23 +496,28 @@ class Scorer(nn.Module):
         ignored. The units' padding must be finite, as the encoder's, the centering's and a
         :class:`~torchmover._internal.arena.TokenArena`'s are (``token_cloud(finite_padding=True)``).
         ``unit_vectors``: the vectors are centered unit vectors already, 0 off the mask (no n-grams;
-        ``token_cloud(unit_vectors=True)``)."""
+        ``token_cloud(unit_vectors=True)``). ``balanced`` (a bool, or a bool tensor on the device): every
+        text's units sum to 0, as ``sentence`` centering leaves them, and ``batch`` centering on one
+        text's own mean (:meth:`balanced_sides`); an n-gram that spans all the units of such a text is
+        then exactly 0 (:func:`~torchmover.text.weights.ngrams`)."""
         x, mask, weights = units.vectors, units.mask, units.hyp_weights if side == "hyp" else units.ref_weights
         if self.config.ngram > 1:
-            x, mask, weights = ngrams(x, mask, mask.to(x.dtype) if weights is None else weights, self.config.ngram)
+            x, mask, weights = ngrams(x, mask, mask.to(x.dtype) if weights is None else weights, self.config.ngram,
+                                      balanced=balanced)
         return token_cloud(x, mask, weights, name=f"{side}_weights", validate=False,  # IDF: never negative
                            zero_mass_targets=self.config.special_tokens == "target",
                            nonempty=nonempty and weights is None and self.config.subwords != "mean",
                            finite_padding=True, unit_vectors=unit_vectors)
 
-    def self_similarities(self, units: Units | TokenCloud, side: str = "ref") -> Tensor | None:
-        """``C(X, X)`` ``[N]`` of each text of centered ``units`` (or of their :meth:`token_clouds`), the
-        normaliser of its scores, or None for the members that have none (``moverscore``,
-        ``bertscore`` and the sentence movers)."""
+    def self_similarities(self, units: Units | TokenCloud, side: str = "ref",
+                          balanced: bool | Tensor = False) -> Tensor | None:
+        """``C(X, X)`` ``[N]`` of each text of centered ``units`` (or of their :meth:`token_clouds`, made
+        with ``balanced``), the normaliser of its scores, or None for the members that have none
+        (``moverscore``, ``bertscore`` and the sentence movers)."""
         c = self.config
         if not get_member(c.method).normalized:
             return None
-        cloud = units if isinstance(units, TokenCloud) else self.token_clouds(units, side)
+        cloud = units if isinstance(units, TokenCloud) else self.token_clouds(units, side, balanced=balanced)
         return self_similarity(self._member_term(), cloud, c.direction)
 
     def _member_term(self):
@@ -551,7 +566,7 @@ class Scorer(nn.Module):
         return self._score_texts(hyps, groups, return_all)
 
     def _score_texts(self, hyps: list[str], groups: list[list[str]], return_all: bool,
-                     means: tuple[Tensor, ...] | None = None) -> Tensor | PRF:
+                     means: BatchMeans | None = None) -> Tensor | PRF:
         """Encode the distinct texts of one call and score its pairs (:meth:`score_call`)."""
         texts = distinct_texts(hyps, groups)
         plan = call_plan(hyps, groups, texts).to_device(self.encoder.device)  # before the encoder
@@ -577,7 +592,7 @@ class Scorer(nn.Module):
                                                                                   return_all, means))
 
     def score_call(self, plan: CallPlan, units: Units, *, return_all: bool = False,
-                   means: tuple[Tensor, ...] | None = None, nonempty: bool = False,
+                   means: BatchMeans | None = None, nonempty: bool = False,
                    unit_vectors: bool = False) -> Tensor | PRF:
         """Center ``units`` (one row per distinct text of the call, hypotheses first) and score every
         pair of ``plan`` (``[B]``, or ``PRF``). ``means``: explicit batch-centering means (one, joint;
@@ -586,9 +601,11 @@ class Scorer(nn.Module):
         the units are centered and normalised already (:func:`~torchmover.scorer.corpus.unit_vectors_once`;
         ``means`` is then not used)."""
         hyp_rows = slice(0, plan.n_hyp_texts)
-        if means is None and self.config.center_scope == "pairs":
-            means = self.pair_means(units, plan)
-        hyp_mean, ref_mean = (None, None) if means is None else (means[0], means[-1])
+        balanced = self.balanced_sides(units, plan, means)
+        vectors = None if means is None else means.vectors
+        if vectors is None and self.config.center_scope == "pairs":
+            vectors = self.pair_means(units, plan)
+        hyp_mean, ref_mean = (None, None) if vectors is None else (vectors[0], vectors[-1])
         if unit_vectors:
             hyp_units, ref_units = units.select(hyp_rows), units.select(plan.ref_rows)
         elif self.config.center_scope == "joint":
@@ -598,7 +615,32 @@ class Scorer(nn.Module):
             hyp_units = self.center(units.select(hyp_rows), hyp_mean)
             ref_units = self.center(units.select(plan.ref_rows), ref_mean)
         score = self.score_all_pairs if return_all else self.score_pairs
-        return score(hyp_units, ref_units, plan.index, plan.n_hyps, nonempty=nonempty, unit_vectors=unit_vectors)
+        return score(hyp_units, ref_units, plan.index, plan.n_hyps, nonempty=nonempty, unit_vectors=unit_vectors,
+                     balanced=balanced)
+
+    def balanced_sides(self, units: Units, plan: CallPlan, means: BatchMeans | None = None) -> Balanced:
+        """Whether the centered units of the call's hypotheses, and of its references, sum to 0 text by
+        text (:meth:`token_clouds`' ``balanced``): always under ``sentence`` centering; under a batch
+        mean (``batch``; ``running`` in training) where the mean of a side is one text's own, that of
+        the only text with a unit in the set the mean is taken over — ``means.lone``, or counted in
+        ``units`` (the call's distinct texts; over every rank where the mean is); else never. Only
+        n-grams read it: ``(False, False)`` with ``ngram=1``, and nothing is computed."""
+        mode = self.centering.mode
+        batch_mean = mode == "batch" or (mode == "running" and self.centering.training)
+        if self.config.ngram == 1 or not (batch_mean or mode == "sentence"):
+            return False, False
+        if mode == "sentence":
+            return True, True
+        if means is not None:
+            lone = means.lone
+        else:
+            joint = self.config.center_scope == "joint"
+            sides = (slice(None),) if joint else (slice(0, plan.n_hyp_texts), plan.ref_rows)
+            texts = torch.stack([units.select(rows).mask.any(1).sum() for rows in sides])  # texts with a unit
+            if self.centering._syncs():  # the mean is over every rank's texts
+                texts = all_reduce_sum(texts)
+            lone = texts == 1
+        return lone[0], lone[-1]
 
     def pair_means(self, units: Units, plan: CallPlan) -> tuple[Tensor, Tensor]:
         """``center_scope="pairs"``: the hypotheses' and the references' batch means over the texts of

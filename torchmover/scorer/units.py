@@ -61,6 +61,16 @@ class Units(NamedTuple):
         return Units(*(None if x is None else torch.cat([widen(x), widen(y)]) for x, y in zip(self, other)))
 
 
+class BatchMeans(NamedTuple):
+    """The means that ``batch`` centering subtracts in a call (one, joint; or the hypotheses' and the
+    references'), each ``[D]``, and ``lone`` ``[len(vectors)]`` bool: whether the mean is one text's own
+    (the only text of its set with a unit), whose centered units then sum to 0
+    (:func:`~torchmover.text.weights.ngrams`' ``balanced``)."""
+
+    vectors: tuple[Tensor, ...]
+    lone: Tensor
+
+
 class PRF(NamedTuple):
     """Precision, recall and F1 (each ``Tensor[B]``, or a float for a :attr:`Scorer.baseline
     <torchmover.Scorer.baseline>`), in BERTScore's order and sense (recall: every reference token

@@ -179,10 +179,17 @@ def pool_subwords(x: Tensor, mask: Tensor, word_ids: Tensor, *weights: Tensor, n
     return (pooled, count > 0, *pooled_weights)
 
 
-def ngrams(x: Tensor, mask: Tensor, weights: Tensor, n: int):
+def ngrams(x: Tensor, mask: Tensor, weights: Tensor, n: int, *, balanced: bool | Tensor = False):
     """n-gram units over the real tokens (in order): vector ``Σ w_t x_t``, mass ``Σ w_t`` over each
     window of ``n`` consecutive real tokens (MoverScore's Eq. 1). A text with fewer than ``n`` real
-    tokens gives one unit of all of them. ``[N, L, D]`` -> ``[N, max(L - n + 1, 1), D]``."""
+    tokens gives one unit of all of them. ``[N, L, D]`` -> ``[N, max(L - n + 1, 1), D]``.
+
+    ``balanced`` (a bool, or a 0-dim bool tensor): every text's real tokens sum to 0 in exact
+    arithmetic, ``Σ_t x_t = 0`` (they were centered on their own mean: ``sentence`` centering, or a
+    batch mean that is one text's own). Then a text of at most ``n`` real tokens, all of one weight
+    ``w``, has one unit ``Σ w x_t = w Σ x_t = 0``, which is written as exactly 0 — in float its sum
+    is rounding noise, whose arbitrary direction would be scored — so the text scores as one
+    centered to 0 does."""
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
     if n == 1:
@@ -200,8 +207,21 @@ def ngrams(x: Tensor, mask: Tensor, weights: Tensor, n: int):
     vectors = torch.stack([weighted[:, k:k + units] for k in range(n)]).sum(0)  # [N, U, D]
     masses = torch.stack([w[:, k:k + units] for k in range(n)]).sum(0)  # [N, U]
     start = torch.arange(units, device=x.device)
-    unit_mask = (start.unsqueeze(0) + n <= count.unsqueeze(1)) | ((start.unsqueeze(0) == 0) & (count.unsqueeze(1) > 0))
+    first = start.unsqueeze(0) == 0  # [1, U]
+    unit_mask = (start.unsqueeze(0) + n <= count.unsqueeze(1)) | (first & (count.unsqueeze(1) > 0))
+    if balanced is not False:  # True, or a flag on the device (never read on the host)
+        zero = first & (spans_all_equally(w, count, n) & balanced).unsqueeze(1)  # [N, U]
+        vectors = torch.where(zero.unsqueeze(-1), 0.0, vectors)
     return vectors, unit_mask, torch.where(unit_mask, masses, torch.zeros_like(masses))
+
+
+def spans_all_equally(w: Tensor, count: Tensor, n: int) -> Tensor:
+    """``[N]``: the texts whose first n-gram unit spans all of their real tokens (at most ``n``), each
+    of the same weight. ``w`` ``[N, L]``: the weights of each text's ``count`` real tokens first."""
+    real = torch.arange(w.shape[1], device=w.device).unsqueeze(0) < count.unsqueeze(1)
+    heaviest = torch.where(real, w, -torch.inf).amax(1)
+    lightest = torch.where(real, w, torch.inf).amin(1)
+    return (count <= n) & (heaviest == lightest)
 
 
 def fit_idf_over_ranks(texts: list[str], tokenizer, device: torch.device | str = "cpu", group=None) -> IDF:
