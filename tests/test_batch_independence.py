@@ -179,28 +179,32 @@ def test_a_text_whose_one_ngram_spans_its_own_centered_tokens_scores_zero_with_a
     assert own[0].item() == 0 and own[1].item() > 0.5  # its normaliser: of the zero unit, or of the noise
 
 
+@pytest.mark.parametrize("subwords", ["all", "mean"])
 @pytest.mark.parametrize("scope", ["joint", "separate", "pairs"])
-def test_a_side_whose_batch_mean_is_one_texts_own_gives_its_one_ngram_no_direction(scope, monkeypatch):
+def test_a_side_whose_batch_mean_is_one_texts_own_gives_its_one_ngram_no_direction(scope, subwords, monkeypatch):
     """``batch`` centering, ``ngram=2``: where the only text with a token in the set a mean is taken over
-    is "a" (with its [CLS]: 2 tokens), that mean is its own, its one unit the sum of its centered
-    tokens: 0, and its pairs score 0 — through ``forward``, its pieces, and ``Scorer.score`` (which
-    takes the means over the whole call first). Beside another text the mean is no text's own, and
+    is "a dog" (2 tokens, 2 words), that mean is its own, its one unit the sum of its centered tokens:
+    0, and its pairs score 0 — through ``forward``, its pieces, and ``Scorer.score`` (which takes the
+    means over the whole call first, counting the texts with a unit: pooled words give an empty text
+    encoded beside others a row of masked units). Beside another text the mean is no text's own, and
     the unit is the plain sum."""
     from conftest import tiny_model, tiny_tokenizer
     from torchmover import Encoder
 
-    scorer = Scorer(Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny-bert", special_tokens="cls"),
-                    centering="batch", center_scope=scope, ngram=2)
+    scorer = Scorer(Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny-bert"), centering="batch",
+                    center_scope=scope, ngram=2, subwords=subwords)
     with torch.no_grad():
-        if scope == "joint":  # one text in the call: "a" against itself, and against an empty reference
-            hyps, refs = ["a", "a", " "], [["a", " "], ["a"], ["a"]]
+        if scope == "joint":  # one text in the call: against itself, and against an empty reference
+            hyps, refs = ["a dog", "a dog", " "], [["a dog", " "], ["a dog"], ["a dog"]]
         else:  # one hypothesis with a token on its side: against references with many
-            hyps, refs = ["a", ""], [["the cat sat on the mat", "a dog"], ["a dog"]]
+            hyps, refs = ["a dog", ""], [["the cat sat on the mat", "a cat"], ["a cat"]]
         assert (scorer(hyps, refs) == 0).all()
-        assert (scorer.score(hyps, refs, batch_size=1, progress=False) == 0).all()
+        assert (scorer.score(hyps, refs, batch_size=4, progress=False) == 0).all()
         with monkeypatch.context() as m:  # forward in pieces of one reference, on the means of the whole call
             m.setattr(references, "REFERENCE_CHUNK", 1)
             m.setattr(references, "CALL_REFERENCES", 1)
             assert (scorer(hyps, refs) == 0).all()
-        beside = scorer(["a", "the dog barked"], [["a dog"], ["a cat"]])
+        beside = scorer(["a dog", "the dog barked"], [["a cat"], ["the cat sat"]])
+        if scope == "joint":  # one hypothesis, but two texts in the call
+            beside = torch.cat([beside, scorer(["a dog"], ["the cat sat"])])
     assert (beside != 0).all() and torch.isfinite(beside).all()

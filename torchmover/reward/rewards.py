@@ -405,8 +405,7 @@ class MoverReward:
             return self._scorer.score_pairs(hyp_units.centered(centering), refs,
                                             PairIndex(call.pairs.hyp, None, call.pairs.owner), n_hyps, ref_self,
                                             nonempty=all(b > a for a, b in hyp_spans),
-                                            groups=hyp.pair_groups(hyp_spans, pairs, ref_spans),
-                                            balanced=(sentence_centered(centering),) * 2)  # [B]
+                                            groups=hyp.pair_groups(hyp_spans, pairs, ref_spans))  # [B]
 
     def _score_with_units(self, hyp: _Hypotheses, n_hyps: int, plan: ReferencePlan, pairs: PairIndex,
                           centering: Centering, walk: list[nn.Module], device: torch.device) -> Tensor:
