@@ -209,3 +209,27 @@ def sharded_score_worker(rank: int, world_size: int, hyps, refs, chunk: int) -> 
     except ValueError as error:
         out["mismatch"] = str(error)
     return out
+
+
+REFS_4 = [["the cat sat on the mat"], ["a cat"], ["the dog barked"], ["one bird sang"]]  # none on both ranks
+LONE_CALLS = {  # name -> (hyps, refs): the bigram text "a dog" among hypotheses empty or not
+    "lone": (["a dog", "", " ", ""], REFS_4),
+    "lone, repeated in both shares": (["a dog", "", "a dog", " "], REFS_4),  # counted once, by its owner
+    "not lone": (["a dog", "", "the cat", ""], REFS_4),
+}
+
+
+def lone_score_worker(rank: int, world_size: int) -> dict:
+    """``batch`` centering of each side apart with bigrams, scored over the ranks: every case of
+    ``LONE_CALLS`` with ``distributed=True`` (the same lists on every rank), and with
+    ``centering_group`` (each rank its half of the lists; not where a text is on both ranks, which
+    this mean counts once per rank)."""
+    scorer = sharded_scorer(dict(centering="batch", center_scope="separate", ngram=2))
+    out = {}
+    for name, (hyps, refs) in LONE_CALLS.items():
+        out[name] = scorer.score(hyps, refs, batch_size=2, distributed=True)
+        if "repeated" not in name:
+            half = slice(2 * rank, 2 * rank + 2)
+            out[name + ":group"] = scorer.score(hyps[half], refs[half], batch_size=2,
+                                                centering_group=dist.group.WORLD)
+    return out

@@ -624,7 +624,10 @@ class Scorer(nn.Module):
         mean (``batch``; ``running`` in training) where the mean of a side is one text's own, that of
         the only text with a unit in the set the mean is taken over — ``means.lone``, or counted in
         ``units`` (the call's distinct texts; over every rank where the mean is); else never. Only
-        n-grams read it: ``(False, False)`` with ``ngram=1``, and nothing is computed."""
+        n-grams read it: ``(False, False)`` with ``ngram=1``, and nothing is computed. A text in the
+        calls of several ranks counts once per rank (in a mean over ranks, and with ``Scorer.score``'s
+        ``centering_group``), so a mean that is one text's own only through such repeats is not
+        recognised: that text's n-gram is then moved as it is."""
         mode = self.centering.mode
         batch_mean = mode == "batch" or (mode == "running" and self.centering.training)
         if self.config.ngram == 1 or not (batch_mean or mode == "sentence"):
