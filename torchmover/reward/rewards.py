@@ -420,7 +420,7 @@ class MoverReward:
                 hyp_units, hyp_spans = self._scorer.embed_with_spans(hyp.texts, hyp.tokens)
                 ref_units, ref_spans = self.cache.gather_units(plan, call.rows, host.where, self._encode)
             hyp_units, ref_units = hyp_units.centered(centering), ref_units.centered(centering)
-            balanced = sentence_centered(centering)
+            balanced = centering.mode == "sentence"  # each text on its own mean (a reward's never depends on the batch)
             refs = ref_units if get_member(self._scorer.config.method).documents else \
                 self._scorer.token_clouds(ref_units, "ref", all(b > a for a, b in ref_spans),
                                           balanced=balanced)  # sentence movers: units
@@ -433,13 +433,6 @@ class MoverReward:
                                             nonempty=all(b > a for a, b in hyp_spans),
                                             groups=hyp.pair_groups(hyp_spans, pairs, ref_spans),
                                             balanced=(balanced, balanced))  # [B]
-
-
-def sentence_centered(centering: Centering) -> bool:
-    """Whether ``centering`` centers each text on its own mean (``sentence``), so that every text's
-    centered units sum to 0 (:meth:`Scorer.token_clouds <torchmover.Scorer.token_clouds>`' ``balanced``):
-    a reward's centering never depends on the batch, so no other mode does."""
-    return centering.mode == "sentence"
 
 
 class SelfCriticalReward(MoverReward):
