@@ -12,6 +12,16 @@ def test_max_length_must_be_a_positive_int(tiny_model_dir, max_length):
         Scorer(str(tiny_model_dir), layer=2, max_length=max_length)
 
 
+@pytest.mark.parametrize("option, value, match", [
+    ("layer", -1, "layer must be an int >= 0"), ("layer", 2.0, "layer must be an int >= 0"),
+    ("power_mean_layers", 0, "power_mean_layers must be an int >= 1"),  # was run as 1
+    ("power_mean_layers", True, "power_mean_layers must be an int >= 1"),
+])
+def test_encoder_options_are_checked_before_the_model_is_loaded(option, value, match):
+    with pytest.raises(ValueError, match=match):  # not the FileNotFoundError of the missing model
+        Scorer("/no/such/model", **{option: value})
+
+
 def test_max_length_must_fit_the_special_tokens_and_the_window(tiny_model_dir):
     from conftest import tiny_model, tiny_tokenizer
 

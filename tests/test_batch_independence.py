@@ -208,3 +208,31 @@ def test_a_side_whose_batch_mean_is_one_texts_own_gives_its_one_ngram_no_directi
         if scope == "joint":  # one hypothesis, but two texts in the call
             beside = torch.cat([beside, scorer(["a dog"], ["the cat sat"])])
     assert (beside != 0).all() and torch.isfinite(beside).all()
+
+
+def test_outer_whitespace_makes_no_other_text(tmp_path):
+    """Texts are stripped where they enter, as the encoder tokenizes them: "the cat sat" and "the cat
+    sat " are one distinct text — encoded once, counted once in a batch mean — so no score depends on
+    the outer whitespace of another pair's texts (under ``batch`` centering it moved them by ~1e-2), and
+    a text beside its own spaced copy is still the only text of its mean (its one bigram: 0)."""
+    from conftest import tiny_model, tiny_tokenizer
+    from torchmover import Encoder
+    from torchmover.evaluation.corpus import Column, score_files
+
+    encoder = Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny-bert")
+    hyps, refs = ["a dog", "the cat sat", "the cat sat"], ["the sun", "a cat", "a cat"]
+    spaced_hyps, spaced_refs = ["a dog", "the cat sat ", "\tthe cat sat"], ["the sun", "a cat\u3000", " a cat"]
+    scorer = Scorer(encoder, centering="batch")
+    with torch.no_grad():
+        assert torch.equal(scorer(spaced_hyps, spaced_refs), scorer(hyps, refs))
+    assert torch.equal(scorer.score(spaced_hyps, spaced_refs, progress=False), scorer.score(hyps, refs, progress=False))
+    scored = []
+    for name, (h, r) in {"plain": (hyps, refs), "spaced": (spaced_hyps, spaced_refs)}.items():
+        for side, texts in (("hyps", h), ("refs", r)):
+            (tmp_path / f"{name}-{side}.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+        score_files(scorer, Column(str(tmp_path / f"{name}-hyps.txt")), [Column(str(tmp_path / f"{name}-refs.txt"))],
+                    tmp_path / f"{name}.txt", progress=False)
+        scored.append((tmp_path / f"{name}.txt").read_text())
+    assert scored[0] == scored[1]
+    with torch.no_grad():
+        assert Scorer(encoder, centering="batch", ngram=2)(["cat dog"], ["cat dog "]).tolist() == [0.0]

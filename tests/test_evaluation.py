@@ -127,6 +127,25 @@ def test_return_all_for_a_member_without_directions_repeats_its_score(tiny_encod
     torch.testing.assert_close(f, scorer.score(HYPS, REFS, progress=False))
 
 
+@pytest.mark.parametrize("method", ["bertscore", "twmd", "trwmd"])
+def test_return_all_with_several_references_follows_multi_ref(tiny_encoder, method):
+    """``max``: precision, recall and F1 of the reference of best F1, so F1 lies between the two;
+    ``mean``: each the mean of the references' values — the documented rule, under which a mean of
+    F1s can leave ``[mean P, mean R]`` (here for bertscore: a short reference of high recall beside a
+    long one of high precision)."""
+    hyps = ["the cat sat on the mat"]
+    refs = ["cat", "the cat sat on the mat and the dog barked in the house with a big red car"]
+    per_ref = torch.stack([torch.stack(Scorer(tiny_encoder, method=method, centering="none").score(
+        hyps, [r], return_all=True, progress=False)) for r in refs])  # [refs, 3, 1]
+    best = per_ref[:, 2].argmax()
+    for multi_ref, expected in (("max", per_ref[best]), ("mean", per_ref.mean(0))):
+        got = torch.stack(Scorer(tiny_encoder, method=method, centering="none", multi_ref=multi_ref).score(
+            hyps, [refs], return_all=True, progress=False))
+        torch.testing.assert_close(got, expected)
+    p, r, f = per_ref[best].tolist()
+    assert min(p, r) <= f <= max(p, r)
+
+
 # --- rescaling --------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -159,6 +178,9 @@ def test_rescaling_is_the_linear_map_and_keeps_correlations_and_self_similarity(
         torch.testing.assert_close(rescaled(HYPS, REFS), scaled)
     all_three = rescaled.score(HYPS, REFS, progress=False, return_all=True)
     torch.testing.assert_close(all_three.recall, scaled)
+    raw_all = plain.score(HYPS, REFS, progress=False, return_all=True)
+    for s, r, b in zip(all_three, raw_all, rescaled.baseline):  # each by its own baseline, as bert_score
+        torch.testing.assert_close(s, (r - b) / (1 - b))
 
 
 def test_rescale_is_in_the_signature_and_saved(rescaled, tmp_path):

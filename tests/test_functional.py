@@ -475,6 +475,30 @@ def test_empty_text_scores_exactly_zero_without_nan_gradients(name, length):
         assert out.tolist() == [0.0] * 4
 
 
+@pytest.mark.parametrize("name", [*ALL_NAMES, "moverscore"])
+def test_a_text_without_a_direction_scores_zero_like_an_empty_one(name):
+    """A text whose every real vector is 0 (one token centered on its own mean, an n-gram text's zero
+    unit) has no direction to compare: its pairs score exactly 0 in every member, against a text of
+    zeros too, with finite gradients (moverscore moved zeros onto zeros for free and scored 1). One
+    zero vector beside others leaves a text its direction: item 3 scores as a text."""
+    fn = F.moverscore if name == "moverscore" else ALL[name][0]
+    hyp, ref, hm, rm = random_batch(22, batch=4, l1=4, l2=4, dim=5)
+    hyp, ref = hyp.clone(), ref.clone()
+    for x, mask, items in ((hyp, hm, (0, 2)), (ref, rm, (1, 2))):
+        for k in items:
+            x[k, mask[k]] = 0.0
+    hyp[3, 0] = 0.0
+    hyp.requires_grad_()
+    ref.requires_grad_()
+    out = fn(hyp, ref, hm, rm)
+    out.sum().backward()
+    assert out[:3].tolist() == [0.0, 0.0, 0.0]
+    assert torch.isfinite(out[3]) and out[3] != 0
+    assert torch.isfinite(hyp.grad[hm]).all() and torch.isfinite(ref.grad[rm]).all()
+    zeros = torch.zeros(2, 3, 5, dtype=torch.float64)
+    assert fn(zeros, zeros).tolist() == [0.0, 0.0]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", ALL_NAMES)
 def test_low_precision_inputs_compute_in_float32(name, dtype):

@@ -92,3 +92,34 @@ def test_half_precision_encoder_scores_close_to_float32(default_encoder, options
     assert half.dtype == torch.float32 and not half.isnan().any()
     assert half[2] == 0  # the empty hypothesis
     torch.testing.assert_close(half, reference, rtol=0, atol=TOLERANCE[dtype])
+
+
+def test_the_signature_names_an_encoder_dtype_other_than_float32(tiny_model_dir, tmp_path, monkeypatch):
+    """A bf16 encoder moves scores by ~1e-3, so its signature says ``dtype:bfloat16`` (float32's says
+    nothing, as before), the signature rebuilds it, and a run of ``score_files`` begun in float32 is
+    not resumed in bf16 (its chunks would mix the two)."""
+    import torchmover.evaluation.corpus as job
+    from torchmover.evaluation.corpus import Column, RunError, score_files
+
+    full, half = Scorer(str(tiny_model_dir), layer=2), Scorer(str(tiny_model_dir), layer=2, dtype="bf16")
+    assert "dtype:" not in full.signature
+    assert half.signature.split("|")[2:4] == ["layer:2", "dtype:bfloat16"]
+    assert Scorer.from_signature(half.signature, model=str(tiny_model_dir)).signature == half.signature
+    assert Scorer.from_signature(full.signature, model=str(tiny_model_dir)).signature == full.signature
+    (tmp_path / "hyps.txt").write_text("".join(h + "\n" for h in HYPS), encoding="utf-8")
+    (tmp_path / "refs.txt").write_text("".join((r if isinstance(r, str) else r[0]) + "\n" for r in REFS),
+                                       encoding="utf-8")
+    columns = Column(str(tmp_path / "hyps.txt")), [Column(str(tmp_path / "refs.txt"))]
+    score_chunk, calls = job.score_chunk, []
+
+    def stopping_in_the_second_chunk(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return score_chunk(*args, **kwargs)
+    with monkeypatch.context() as patch:  # the float32 run stops in its second chunk
+        patch.setattr(job, "score_chunk", stopping_in_the_second_chunk)
+        with pytest.raises(KeyboardInterrupt):
+            score_files(full, *columns, tmp_path / "scores.txt", chunk_pairs=2, progress=False)
+    with pytest.raises(RunError, match="dtype"):
+        score_files(half, *columns, tmp_path / "scores.txt", chunk_pairs=2, progress=False)

@@ -4,6 +4,7 @@ import torch
 
 import torchmover.functional as F
 from torchmover import Encoder, Scorer, center
+from torchmover.functional.members import MEMBERS
 from torchmover.scorer.plan import pair_index
 
 HYPS = ["the cat sat on the mat", "a dog barked", "the sun is red", "they ran to the city"]
@@ -37,6 +38,19 @@ def test_empty_and_whitespace_texts_score_zero_with_finite_gradients(tiny_scorer
     assert scores.tolist() == [0.0, 0.0, 0.0, 0.0]
     (scores.sum() + tiny_scorer(["the cat"], ["a cat"]).sum()).backward()
     assert all(torch.isfinite(p.grad).all() for p in tiny_scorer.encoder.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("method", list(MEMBERS))
+def test_one_token_texts_centered_on_their_own_means_score_zero_in_every_member(tiny_encoder, method):
+    """``sentence`` centering makes a one-token text's vector 0 (and, with ``ngram=2``, a two-token
+    text's one unit): no direction, so 0 against anything, itself included — moverscore and the
+    sentence movers scored 1 for any two such texts ("cat" against "dog")."""
+    with torch.no_grad():
+        one_token = Scorer(tiny_encoder, method=method, centering="sentence")(["cat"] * 3, ["dog", "cat", "a dog"])
+        if not MEMBERS[method].documents:  # (the sentence movers take no n-grams)
+            two_tokens = Scorer(tiny_encoder, method=method, centering="sentence", ngram=2)(["cat dog"], ["cat dog"])
+            assert two_tokens.tolist() == [0.0]
+    assert one_token.tolist() == [0.0, 0.0, 0.0]
 
 
 def test_identical_texts_score_one(tiny_scorer):

@@ -325,6 +325,23 @@ def test_empty_text_scores_zero_with_finite_gradients(variant, temperature):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("temperature", [None, 0.2])
+def test_a_text_without_a_direction_scores_zero_like_an_empty_one(variant, temperature):
+    """A text whose every real word vector is 0 (one token centered on its own mean) has no direction:
+    its pairs score 0, against a text of zeros too (whose units cost nothing to move: it scored 1)."""
+    hyp, ref, hm, rm, hi, ri = random_batch(6)
+    hyp, ref = hyp.clone(), ref.clone()
+    hyp[0, hm[0]], ref[1, rm[1]], hyp[2, hm[2]], ref[2, rm[2]] = 0.0, 0.0, 0.0, 0.0
+    hyp, ref = hyp.requires_grad_(), ref.requires_grad_()
+    score = sentence_movers(hyp, ref, hm, rm, hi, ri, variant=variant, temperature=temperature)
+    assert score.tolist() == [0.0, 0.0, 0.0]
+    score.sum().backward()
+    assert torch.isfinite(hyp.grad[hm]).all() and torch.isfinite(ref.grad[rm]).all()
+    zeros = torch.zeros(2, 3, 4, dtype=torch.float64)
+    assert sentence_movers(zeros, zeros, variant=variant, temperature=temperature).tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("temperature,n_iter", [(None, 1), (1e-3, 5)])
 def test_float32_at_small_temperature_has_finite_nonzero_gradients(variant, temperature, n_iter):
     hyp, ref, hm, rm, hi, ri = random_batch(7, dtype=torch.float32)

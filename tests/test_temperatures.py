@@ -12,9 +12,9 @@ import torch
 import torchmover.functional as F
 from torchmover.functional.family import family_similarity
 from torchmover.functional.members import member_term
-from torchmover.functional.transport import MIN_CONVERGED_TEMPERATURE, MIN_TEMPERATURE, sinkhorn
+from torchmover.functional.transport import MAX_TEMPERATURE, MIN_CONVERGED_TEMPERATURE, MIN_TEMPERATURE, sinkhorn
 
-TEMPERATURES = [MIN_TEMPERATURE, 1e-12, 1e-9, 1e-6, 1e-3, 0.1, 1.0, 1e3, 1e6, 1e30]
+TEMPERATURES = [MIN_TEMPERATURE, 1e-12, 1e-9, 1e-6, 1e-3, 0.1, 1.0, 1e3, 1e6, MAX_TEMPERATURE]
 
 
 def clouds(dtype=torch.float32):
@@ -66,6 +66,23 @@ def test_scores_are_bounded_similarities_with_finite_gradients_at_any_temperatur
         torch.testing.assert_close(own, torch.ones_like(own), atol=1e-6, rtol=0, msg=name)
 
 
+@pytest.mark.parametrize("variant", ["sms", "s+wms", "wms"])
+def test_tempered_sentence_movers_score_a_text_below_1_against_itself_and_1_in_the_limit(variant):
+    """``exp(−Σ π C)`` is not normalised: a tempered plan spreads each unit's mass over the other text's
+    units, so a text of several units moved onto itself costs more than 0 (documented); the score
+    rises to the exact one, 1, as ``T`` falls. A one-unit text (ref 2) has one plan: 1 at every ``T``."""
+    _, ref, _, ref_mask = clouds()
+    ids = torch.arange(ref.shape[1]).div(3, rounding_mode="floor").expand(ref.shape[:2])
+    own = [F.sentence_movers(ref, ref, ref_mask, ref_mask, ids, ids, variant=variant, temperature=t)
+           for t in (MAX_TEMPERATURE, 10.0, 1.0, 0.1, 1e-2, 1e-4)]
+    exact = F.sentence_movers(ref, ref, ref_mask, ref_mask, ids, ids, variant=variant)
+    several = ref_mask.sum(-1) > 1
+    torch.testing.assert_close(exact, torch.ones_like(exact), atol=1e-6, rtol=0)
+    assert (own[2][several] < 0.9).all() and (own[2][~several] == 1).all()
+    assert all((hot <= cold + 1e-6).all() for hot, cold in zip(own, own[1:])), [s.tolist() for s in own]
+    torch.testing.assert_close(own[-1], exact, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("exact", ["rows", "columns"])
 @pytest.mark.parametrize("temperature", TEMPERATURES)
 def test_sinkhorn_meets_its_exact_marginal_at_any_temperature(exact, temperature):
@@ -107,16 +124,21 @@ def test_twmd_gradient_passes_gradcheck(temperature):
             h, r, temperature=temperature, direction=direction), (hyp, ref))
 
 
-def test_temperatures_below_float32s_range_are_rejected_by_every_entry_point(tiny_encoder):
+def test_temperatures_outside_the_range_are_rejected_by_every_entry_point(tiny_encoder):
+    """Below float32's smallest normal number, and above 1e30 (infinity included: it gave Sim(X, X) = 0
+    from twmd's one iteration, 0 from wmd and NaN from moverscore), and anything but a real number."""
     from torchmover import Scorer
 
     hyp, ref, _, _ = clouds()
     ids = torch.zeros(hyp.shape[:2], dtype=torch.long), torch.zeros(ref.shape[:2], dtype=torch.long)
-    for bad in (MIN_TEMPERATURE / 10, 0.0, -1.0, float("nan")):
+    for bad, match in [*((t, "temperature must be positive and finite") for t in
+                         (MIN_TEMPERATURE / 10, 0.0, -1.0, float("nan"), MAX_TEMPERATURE * 10, float("inf"))),
+                       *((t, "temperature must be a positive number") for t in ("0.1", True, torch.tensor(0.1)))]:
         for call in (lambda: F.tempered_wmd(hyp, ref, temperature=bad), lambda: F.tempered_rwmd(hyp, ref, temperature=bad),
+                     lambda: F.wmd(hyp, ref, temperature=bad), lambda: F.moverscore(hyp, ref, temperature=bad),
                      lambda: F.sentence_movers(hyp, ref, None, None, *ids, temperature=bad),
                      lambda: Scorer(tiny_encoder, temperature=bad)):
-            with pytest.raises(ValueError, match="temperature must be positive"):
+            with pytest.raises(ValueError, match=match):
                 call()
 
 

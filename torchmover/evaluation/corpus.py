@@ -53,6 +53,7 @@ from ..runtime.progress import PairProgress
 from ..scorer import Scorer
 from ..scorer.corpus import (SCORE_CHUNK, SeenTexts, call_means, check_batch_size, eval_mode, score_chunk,
                              sharding_group, token_sums)
+from ..scorer.inputs import stripped
 from ..scorer.module import baseline_draws
 from ..scorer.serialization import sha256_file
 from ..scorer.units import BatchMeans
@@ -208,11 +209,13 @@ def check_inputs(hyps: Column, refs: Sequence[Column]) -> int:
 
 def read_chunks(hyps: Column, refs: Sequence[Column], chunk_pairs: int) -> Iterator[tuple[list[str], list[list[str]]]]:
     """The pairs, ``chunk_pairs`` at a time: ``(hypotheses, references of each)``; a hypothesis's
-    references are its row of every reference column, in order (a list row gives several)."""
+    references are its row of every reference column, in order (a list row gives several). Texts are
+    :func:`~torchmover.scorer.inputs.stripped`, as every entry point's are."""
     rows = zip(read_column(hyps), *(read_column(c, references=True) for c in refs))
     while chunk := list(itertools.islice(rows, chunk_pairs)):
-        yield ([row[0] for row in chunk],
-               [[r for value in row[1:] for r in ([value] if isinstance(value, str) else value)] for row in chunk])
+        yield (stripped([row[0] for row in chunk]),
+               [stripped([r for value in row[1:] for r in ([value] if isinstance(value, str) else value)])
+                for row in chunk])
 
 
 # --- every rank: what rank 0 reads ----------------------------------------------------------------

@@ -34,9 +34,9 @@ text whose vectors are all 0 (e.g. one token centered on its own mean), or sbert
 vector is 0, has ``C(X, X) = 0``: the ratio is then undefined, and so is it, up to rounding, wherever
 ``sqrt(C(X1, X1) C(X2, X2)) ≤ 64 ε`` (ε the dtype's machine epsilon; the cross term's rounding error is
 of order ε, and by Cauchy–Schwarz the exact cross term is then below ``64 ε`` for sbert and cka): the
-score is 0 there. Scores bounded by 1 can exceed it by float rounding only (≤ 1e-6 in float32, asserted in
-``tests/test_properties.py``: an identical pair whose self-term was computed in another batch, a unit
-vector's cosine with itself).
+score is 0 there, as it is in the members without normalisers (:func:`has_direction`). Scores bounded
+by 1 can exceed it by float rounding only (≤ 1e-6 in float32, asserted in ``tests/test_properties.py``:
+an identical pair whose self-term was computed in another batch, a unit vector's cosine with itself).
 :func:`family_similarity` is :func:`token_cloud` and :func:`pair_similarity` in one for aligned
 ``[B, L, D]`` batches.
 
@@ -155,6 +155,16 @@ def _divisors(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.unsqueeze(-1) & (norm > 0), norm, torch.inf)
 
 
+def has_direction(x: Tensor, mask: Tensor) -> Tensor:
+    """``[N]``: whether each text of ``x`` ``[N, L, D]`` has a unit on ``mask`` whose vector is not 0. A
+    text without one (e.g. one token centered on its own mean, or :func:`~torchmover.text.weights.ngrams`'
+    zero unit) has no direction to compare: every member scores its pairs 0, like an empty text's —
+    the normalised ones because ``C(X, X) = 0`` (module docs), bertscore because every ``S_ij`` is 0,
+    and moverscore and the sentence movers, whose zero vectors would cost nothing to move onto each
+    other, by this test."""
+    return ((x != 0).any(-1) & mask).any(-1)
+
+
 def _placeholder_for_empty(x: Tensor, mask: Tensor, w: Tensor, empty: Tensor):
     """Replace the texts where ``empty`` ``[B]`` by one placeholder unit token (e₀, mass 1) so that all
     arithmetic stays finite; their pairs' scores are set to 0 afterwards. ``x`` must be a fresh
@@ -224,6 +234,8 @@ def token_cloud(x: Tensor, mask: Tensor, weights: Tensor | None = None, *, dtype
     weight drops are zeroed. ``x`` is not modified (it is copied where an empty text needs its
     placeholder).
     """
+    if weights is not None and not isinstance(weights, Tensor):
+        raise TypeError(f"{name} must be a Tensor of shape {tuple(mask.shape)} or None, got {type(weights).__name__}")
     dtype = dtype or torch.promote_types(x.dtype, torch.float32)
     mass, massive = _masses(mask, None if weights is None else weights.to(dtype), name, dtype, validate, nonempty)
     mask = mask if zero_mass_targets else massive

@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from .family import DIRECTIONS, WMD_TEMPERATURE, TransportTerm, signed_f1, _log_masses, _sim
+from .family import DIRECTIONS, WMD_TEMPERATURE, TransportTerm, has_direction, signed_f1, _log_masses, _sim
 from .transport import (TransportPlan, converged_sinkhorn, cost_matrix, log_pair_mask, plan_value, real_sides,
                         sinkhorn, sinkhorn_value, tempered_residual)
 
@@ -138,9 +138,15 @@ def moverscore_transport(temperature: float) -> Transport:
 
 
 def _moverscore_term(temperature: float) -> TransportTerm:
-    """``C = 1 − min_π Σ π_ij ‖x_i − y_j‖`` (MoverScore v2: Euclidean cost on unit vectors)."""
+    """``C = 1 − min_π Σ π_ij ‖x_i − y_j‖`` (MoverScore v2: Euclidean cost on unit vectors), and 0 where
+    a text has no direction (:func:`~torchmover.functional.family.has_direction`): its units at 0
+    would cost nothing to move onto each other, and score 1."""
     solve = moverscore_transport(temperature)
-    return lambda *cloud_pair: 1.0 + solve(*cloud_pair).value
+
+    def term(x, y, rows, cols, a, b):
+        score = 1.0 + solve(x, y, rows, cols, a, b).value
+        return torch.where(has_direction(x, rows) & has_direction(y, cols), score, 0.0)
+    return term
 
 
 def _twmd_term(temperature: float, n_iter: int | None, exact: str) -> TransportTerm:

@@ -89,8 +89,9 @@ def moverscore(
     """MoverScore v2's score: ``1 − min_π Σ π_ij ‖x_i − y_j‖`` over plans with both marginals, the
     Euclidean distance between unit token vectors as the cost (Zhao et al., 2019, Eq. 2).
 
-    Not normalised (``Sim(X, X) = 1`` because the identity plan costs 0). Solved like :func:`wmd`
-    (entropic at ``temperature``, converged); the gradient is the envelope gradient. MoverScore's
+    Not normalised (``Sim(X, X) = 1`` because the identity plan costs 0; a text of no direction, whose
+    every vector is 0, scores 0: :func:`~torchmover.functional.family.has_direction`). Solved like
+    :func:`wmd` (entropic at ``temperature``, converged); the gradient is the envelope gradient. MoverScore's
     other choices (IDF weights, dropped pieces and punctuation, [CLS]/[SEP] kept) are token-level
     options of :class:`~torchmover.Scorer`; the ``moverscore`` preset sets them all.
     """

@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 from ..runtime.devices import autocast_off
-from .family import WMD_TEMPERATURE, _check_inputs, _log_masses, _placeholder_for_empty, _unit_vectors
+from .family import (WMD_TEMPERATURE, _check_inputs, _log_masses, _placeholder_for_empty, _unit_vectors,
+                     has_direction)
 from .transport import check_temperature, converged_sinkhorn, cost_matrix, sinkhorn
 
 __all__ = ["sentence_movers", "VARIANTS"]
@@ -68,8 +69,13 @@ def sentence_movers(
       unrolled, so the gradient is exact.
 
     A single-sentence text has one SMS unit: its score is ``exp(−‖mean(x) − mean(y)‖)``.
-    ``Sim(X, X) = 1`` up to the solver's accuracy. A pair with an empty text (no real token on
-    either side) scores exactly 0, with zero (finite) gradient. Computed in at least float32.
+    ``Sim(X, X) = 1`` up to the solver's accuracy with ``temperature=None``. The score is not
+    normalised: a tempered plan spreads each unit's mass over the other text's units, so a text of
+    several units scores below 1 against itself, the more so the higher ``T`` (about 0.5–0.8 at
+    ``T = 1``), and 1 in the limit ``T → 0``. A pair with an empty text (no real token on either
+    side), or with a text of no direction (every word vector 0,
+    :func:`~torchmover.functional.family.has_direction`), scores exactly 0, with zero (finite)
+    gradient. Computed in at least float32.
 
     Example:
         >>> _ = torch.manual_seed(0)
@@ -87,8 +93,6 @@ def _sentence_movers(hyp, ref, hyp_mask, ref_mask, hyp_sentence_ids, ref_sentenc
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if temperature is not None:
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-            raise ValueError(f"temperature must be a positive float or None (exact), got {temperature!r}")
         check_temperature(temperature)
         if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
             raise ValueError(f"n_iter must be a positive int, got {n_iter!r}")
@@ -96,8 +100,9 @@ def _sentence_movers(hyp, ref, hyp_mask, ref_mask, hyp_sentence_ids, ref_sentenc
     dtype = torch.promote_types(torch.promote_types(hyp.dtype, ref.dtype), torch.float32)
     x, mx, a = _units(ref.to(dtype), ref_mask, ref_sentence_ids, variant, "ref_sentence_ids")  # [B, U1, D]
     y, my, b = _units(hyp.to(dtype), hyp_mask, hyp_sentence_ids, variant, "hyp_sentence_ids")  # [B, U2, D]
-    empty = ~(mx.any(-1) & my.any(-1))  # [B]  pairs with an empty text: one placeholder unit a side, mass 1
-    keep = ~empty.unsqueeze(-1)  # (not 1 + the other text's mass: a balanced problem, which converges at once)
+    empty = ~(has_direction(x, mx) & has_direction(y, my))  # [B]  pairs with an empty (or directionless) text:
+    keep = ~empty.unsqueeze(-1)  # one placeholder unit a side, mass 1 (not 1 + the other text's mass: a balanced
+    # problem, which converges at once)
     mx, a, my, b = mx & keep, a * keep, my & keep, b * keep
     x, mx, a = _placeholder_for_empty(x, mx, a, empty)
     y, my, b = _placeholder_for_empty(y, my, b, empty)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import numbers
 import warnings
 from typing import Iterator, NamedTuple
 
@@ -342,11 +343,21 @@ def cost_matrix(x: Tensor, y: Tensor, cost: str) -> Tensor:
 MIN_TEMPERATURE = torch.finfo(torch.float32).tiny
 
 
+# The largest temperature. At ``T = 1e30`` every ``|S / T|`` is below ``1e-30``: the plan is the product
+# of the masses to float precision, as it is at any larger ``T``; and from about ``1e36`` on, the
+# converged solver's ε-scaling overflows float32 (its schedule starts above ``T``).
+MAX_TEMPERATURE = 1e30
+
+
 def check_temperature(temperature: float) -> None:
-    """Raise ``ValueError`` naming ``temperature`` unless it is at least ``MIN_TEMPERATURE`` (~1.2e-38)."""
-    if not temperature >= MIN_TEMPERATURE:
-        raise ValueError(f"temperature must be positive (at least {MIN_TEMPERATURE:.3g}, float32's smallest normal "
-                         f"number), got {temperature!r}")
+    """Raise ``ValueError`` naming ``temperature`` unless it is a real number from ``MIN_TEMPERATURE``
+    (~1.2e-38) to ``MAX_TEMPERATURE`` (1e30): zero, negative, NaN and infinite temperatures included."""
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+    if not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+        raise ValueError(f"temperature must be positive and finite, from {MIN_TEMPERATURE:.3g} (float32's smallest "
+                         f"normal number) to {MAX_TEMPERATURE:g} (where the plan is the product of the masses), "
+                         f"got {temperature!r}")
 
 
 def check_converged_temperature(temperature: float) -> None:
@@ -406,7 +417,8 @@ def converged_sinkhorn(
     the column marginal within ``tolerance`` (L1); a marginal error δ moves ``⟨π, M⟩`` by at most
     δ·max|M|. The plan carries no graph; ``value`` is differentiable w.r.t. ``sim`` through the
     envelope theorem (``∂/∂M max_π ⟨π, M⟩ + T·H(π) = π*``). ``temperature`` must be at least
-    ``MIN_CONVERGED_TEMPERATURE`` (1e-5); the unrolled :func:`sinkhorn` takes any ``T > 0``.
+    ``MIN_CONVERGED_TEMPERATURE`` (1e-5); the unrolled :func:`sinkhorn` takes any ``T`` that
+    :func:`check_temperature` does.
     """
     check_converged_temperature(temperature)
     max_iter = MAX_ITER if max_iter is None else max_iter

@@ -66,8 +66,8 @@ class ScorerConfig:
     - ``model``: hub name or local path; ``layer``: hidden layer (0 = embeddings); ``max_length``: the
       encoder window; ``revision``: the hub revision.
     - ``method``: ``twmd``, ``trwmd``, ``wmd``, ``moverscore``, ``bertscore``, ``sbert``, ``cka``, ``sms``,
-      ``s+wms``, ``wms``; ``direction``: ``recall``, ``precision``, ``f1``; ``temperature``: ``T > 0``;
-      ``n_iter``: a positive int or ``None`` (converged).
+      ``s+wms``, ``wms``; ``direction``: ``recall``, ``precision``, ``f1``; ``temperature``:
+      ``1.2e-38 ≤ T ≤ 1e30``; ``n_iter``: a positive int or ``None`` (converged).
     - ``centering``: ``batch``, ``running``, ``fixed``, ``sentence``, ``dimension``, ``none``;
       ``center_scope``: ``joint`` centers hypotheses and references together (the paper), ``separate``
       each side on the mean of its own distinct texts, ``pairs`` each side on the mean of its texts as
@@ -134,9 +134,12 @@ class ScorerConfig:
         _check_choice("special_tokens", self.special_tokens, (None, *SPECIAL_TOKEN_POLICIES))
         _check_choice("subwords", self.subwords, SUBWORD_POLICIES)
         _check_choice("punctuation", self.punctuation, PUNCTUATION_POLICIES)
+        for name, least, default in (("layer", 0, "the model's recorded layer"),
+                                     ("power_mean_layers", 1, "the layer alone")):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < least):
+                raise ValueError(f"{name} must be an int >= {least} or None ({default}), got {value!r}")
         if self.temperature is not None:
-            if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
-                raise ValueError(f"temperature must be a positive number, got {self.temperature!r}")
             check_temperature(self.temperature)
         if self.n_iter is not None and (type(self.n_iter) is not int or self.n_iter < 1):
             raise ValueError(f"n_iter must be a positive int or None (converged), got {self.n_iter!r}")

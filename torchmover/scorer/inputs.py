@@ -30,13 +30,22 @@ def as_list(name: str, values, what: str, ndim: int = 1) -> list:
 
 
 def check_texts(name: str, texts) -> list[str]:
-    """``texts`` (any sequence of str, or a 1-D array of them) as a list of valid Unicode str."""
+    """``texts`` (any sequence of str, or a 1-D array of them) as a list of valid Unicode str, each
+    stripped of its leading and trailing whitespace (:func:`stripped`)."""
     texts = as_list(name, texts, "strings")
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             raise TypeError(f"{name}[{i}] must be a str, got {type(t).__name__}")
     check_unicode(name, texts)
-    return texts
+    return stripped(texts)
+
+
+def stripped(texts: list[str]) -> list[str]:
+    """Each text without its leading and trailing whitespace: the text the encoder tokenizes (as
+    bert_score does), and the one a call knows it by, so that ``"a b"`` and ``"a b "`` are one
+    distinct text (encoded once, counted once in a batch mean). A text with nothing to strip is
+    kept as the same object."""
+    return [t.strip() for t in texts]
 
 
 def check_unicode(name: str, texts: list[str]) -> None:
@@ -60,20 +69,20 @@ def check_text(label: str, text: str) -> None:
 
 def check_references(hyps: list[str], refs, names: tuple[str, str] = ("hyps", "refs")) -> list[list[str]]:
     """``refs`` as one list of references per hypothesis (a plain list = one reference each; a 2-D
-    array = one row of references each). ``names``: the caller's names of the two arguments, for the
-    errors."""
+    array = one row of references each), each reference :func:`stripped`. ``names``: the caller's names
+    of the two arguments, for the errors."""
     hyps_name, refs_name = names
     refs = as_list(refs_name, refs, "strings or of lists of strings", ndim=2)
     if len(refs) != len(hyps):
         raise ValueError(f"{hyps_name} and {refs_name} must have the same length, got {len(hyps)} and {len(refs)}")
     if all(map(isinstance, refs, itertools.repeat(str))):  # one reference each, checked without a loop
         check_unicode(refs_name, refs)
-        return [[r] for r in refs]
+        return [[r] for r in stripped(refs)]
     groups = []
     for i, group in enumerate(refs):
         if isinstance(group, str):
             check_text(f"{refs_name}[{i}]", group)
-            group = [group]
+            group = [group.strip()]
         else:
             group = check_texts(f"{refs_name}[{i}]", group)
         if not group:

@@ -67,9 +67,9 @@ class Scorer(nn.Module):
             documents, split into sentences; ``temperature=None`` = exact, a float = tempered).
         direction: ``recall`` (default), ``precision`` or ``f1`` (twmd, trwmd, bertscore).
         temperature: for twmd / trwmd, and the tempered sentence movers (default: the model's
-            measured value in ``MODEL_DEFAULTS``, else the member's). Any ``T > 0``: the
-            unrolled iterations are exact down to the ``T → 0`` limit; ``n_iter=None`` needs
-            ``T >= 1e-5`` (``transport.MIN_CONVERGED_TEMPERATURE``).
+            measured value in ``MODEL_DEFAULTS``, else the member's). Any ``T`` from ``1.2e-38`` to
+            ``1e30``: the unrolled iterations are exact down to the ``T → 0`` limit; ``n_iter=None``
+            needs ``T >= 1e-5`` (``transport.MIN_CONVERGED_TEMPERATURE``).
         n_iter: Sinkhorn iterations for twmd (1 = the paper's default; ``None`` = converged).
         centering: ``batch``, ``running``, ``fixed`` (call :meth:`fit_centering`), ``sentence``,
             ``dimension`` or ``none``; default: the model's measured choice in ``MODEL_DEFAULTS``
@@ -203,9 +203,11 @@ class Scorer(nn.Module):
 
     @property
     def signature(self) -> str:
-        """One line pinning model, revision, layer, token policy, method, direction, T, iterations,
-        centering, weights, reference pooling, window and library versions (:mod:`torchmover.scorer.signature`)."""
-        return scorer_signature(self.config, self.idf, self.centering, self.baseline, self.finetuned)
+        """One line pinning model, revision, layer, the encoder's dtype (where not float32), token policy,
+        method, direction, T, iterations, centering, weights, reference pooling, window and library versions
+        (:mod:`torchmover.scorer.signature`)."""
+        return scorer_signature(self.config, self.idf, self.centering, self.baseline, self.finetuned,
+                                self.encoder.dtype)
 
     @property
     def finetuned(self) -> str | None:

@@ -106,7 +106,7 @@ def signature_options(signature: str, stopwords=None) -> dict:
                    multi_ref=f.get("refs", "max"), max_length=int(f["maxlen"]) if "maxlen" in f else None,
                    power_mean_layers=int(f.get("pmeans", 1)), special_tokens=f.get("special", "drop"),
                    subwords=f.get("subwords", "all"), punctuation=f.get("punct", "keep"),
-                   ngram=int(f.get("ngram", 1)))
+                   ngram=int(f.get("ngram", 1)), dtype=f.get("dtype", "float32"))
     stop = f.get("stop", "none")
     if stop.startswith("custom-") and stopwords is None:
         raise ValueError(f"the signature uses a custom stopword list ({stop}); pass it as stopwords=[...]")

@@ -35,13 +35,15 @@ def tensor_digest(t: torch.Tensor) -> str:
     return hashlib.sha256(data).hexdigest()[:10]
 
 
-def scorer_signature(config: ScorerConfig, idf: dict, centering, baseline, finetuned: str | None = None) -> str:
+def scorer_signature(config: ScorerConfig, idf: dict, centering, baseline, finetuned: str | None = None,
+                     dtype: torch.dtype = torch.float32) -> str:
     """The signature of a scorer of (resolved) ``config``, with its fitted statistics: the ``idf``
     dictionaries (``{"hyp": IDF, "ref": IDF}`` or empty), its ``centering`` module (a fitted mean is
     pinned by a digest), its rescaling ``baseline`` (``PRF`` or None) and, for an encoder fine-tuned
     after loading, what it was fine-tuned on and the digest of its weights (``finetuned``, the field
-    after ``model``, which then names the model it started from). A member's traits decide which of
-    ``direction``, ``T`` and ``iter`` it has."""
+    after ``model``, which then names the model it started from). ``dtype``: the encoder's, named
+    after the layer where it is not float32 (a bf16 encoder's vectors move scores by ~1e-3). A
+    member's traits decide which of ``direction``, ``T`` and ``iter`` it has."""
     c, member = config, get_member(config.method)
     fields = {"model": c.model + (f"@{c.revision}" if c.revision else "")}
     if finetuned is not None:
@@ -49,6 +51,8 @@ def scorer_signature(config: ScorerConfig, idf: dict, centering, baseline, finet
     fields["layer"] = c.layer
     if c.power_mean_layers > 1:
         fields["pmeans"] = c.power_mean_layers
+    if dtype != torch.float32:
+        fields["dtype"] = str(dtype).removeprefix("torch.")
     stop = "none" if not c.stopwords else next(
         (name for name, words in NAMED_STOPWORDS.items() if words == c.stopwords),
         f"custom-{hashlib.sha256(' '.join(c.stopwords).encode()).hexdigest()[:10]}")
