@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -179,3 +180,96 @@ def test_a_server_timeout_must_be_a_finite_positive_number(value, capsys):
     assert done.value.code == 2
     assert f"--header-timeout: must be a finite number > 0, got '{value}'" in capsys.readouterr().err
     assert build_parser().parse_args(["serve", "--header-timeout", "2.5"]).header_timeout == 2.5
+
+
+def literal_score(tiny_model_dir, *extra):
+    return main(["score", "--hyp", "the cat sat", "--ref", "a cat sat", "--model", str(tiny_model_dir), "--layer", "2",
+                 "--no-progress", *extra])
+
+
+def test_a_literal_pair_replaces_an_existing_output_only_with_overwrite(tmp_path, tiny_model_dir, capsys,
+                                                                         monkeypatch):
+    """Before, ``--hyp ... --output FILE`` replaced a FILE that no run wrote, which ``--hyps`` refuses."""
+    import torchmover.cli as cli
+
+    output = write(tmp_path / "notes.txt", ["my notes"])
+    with monkeypatch.context() as m:
+        m.setattr(cli, "scorer_from_args", lambda *a, **k: pytest.fail("scored before the output was checked"))
+        with pytest.raises(SystemExit) as done:
+            literal_score(tiny_model_dir, "--output", output)
+    assert done.value.code == 2 and f"{output} exists: give --overwrite to replace it" in capsys.readouterr().err
+    assert (tmp_path / "notes.txt").read_text() == "my notes\n"
+    assert literal_score(tiny_model_dir, "--output", output, "--overwrite") == 0
+    assert 0 < float((tmp_path / "notes.txt").read_text()) <= 1
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_a_directory_as_output_is_a_clear_error_on_both_paths(tmp_path, tiny_model_dir, capsys, overwrite):
+    """Before, ``--hyps`` suggested ``--overwrite``, which then failed with "[Errno 21] Is a directory"."""
+    folder = tmp_path / "scores"
+    folder.mkdir()
+    for literal in (True, False):
+        with pytest.raises(SystemExit) as done:
+            if literal:
+                literal_score(tiny_model_dir, "--output", str(folder), *overwrite)
+            else:
+                run(tmp_path, tiny_model_dir, "--output", str(folder), *overwrite)
+        assert done.value.code == 2 and capsys.readouterr().err == (
+            f"torchmover: error: --output {folder} is a directory: give the path of a file\n")
+    assert folder.is_dir() and not any(folder.iterdir())
+
+
+@pytest.mark.parametrize("option", ["--hyps", "--stopwords", "--baseline-corpus"])
+def test_an_output_naming_an_input_is_refused_before_anything_is_touched(tmp_path, tiny_model_dir, capsys, option):
+    """Before, with ``--overwrite`` the input was removed (``--hyps``: before it was read) or replaced."""
+    stop = write(tmp_path / "stop.txt", ["the", "a"])
+    corpus = write(tmp_path / "corpus.txt", ["the red car", "a small child runs"])
+    given = {"--hyps": str(tmp_path / "hyps.txt"), "--stopwords": stop, "--baseline-corpus": corpus}[option]
+    extra = {"--hyps": [], "--stopwords": ["--stopwords", stop], "--baseline-corpus": ["--rescale", option, corpus]}
+    with pytest.raises(SystemExit) as done:
+        run(tmp_path, tiny_model_dir, *extra[option], "--output", given, "--overwrite")
+    assert done.value.code == 2
+    assert f"--output {given} is also an input ({option} {given})" in capsys.readouterr().err
+    if option == "--stopwords":  # a literal pair's output too
+        with pytest.raises(SystemExit):
+            literal_score(tiny_model_dir, "--stopwords", stop, "--output", stop, "--overwrite")
+        assert "is also an input (--stopwords" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "hyps.txt", "refs.txt", "stop.txt"]
+    texts = {"hyps.txt": "the cat sat\n\na dog barked\n", "stop.txt": "the\na\n",
+             "corpus.txt": "the red car\na small child runs\n"}
+    assert {name: (tmp_path / name).read_text() for name in texts} == texts
+
+
+def test_stress_splits_its_files_into_lines_as_score_does(tmp_path, tiny_model_dir, capsys):
+    """Only ``\\n`` or ``\\r\\n`` ends a line: before, ``stress`` also split at a form feed or U+2028."""
+    hyps = tmp_path / "hyps.txt"
+    hyps.write_bytes(b"the cat sat on the mat\x0cand slept\na dog barked\n")
+    refs = tmp_path / "refs.txt"
+    refs.write_bytes("a cat sat on a mat\na dog barked\u2028loudly\r\n".encode())
+    report = tmp_path / "stress.json"
+    assert main(["stress", "--hyps", str(hyps), "--refs", str(refs), "--model", str(tiny_model_dir), "--layer", "2",
+                 "--no-progress", "--json", str(report)]) == 0
+    capsys.readouterr()
+    assert json.loads(report.read_text())["n_pairs"] == 2
+
+
+def test_every_file_of_lines_names_an_undecodable_line_as_score_does(tmp_path, tiny_model_dir, capsys):
+    """Before, ``stress``, ``--stopwords``, ``--baseline-corpus`` and ``--fit-references`` failed with
+    Python's codec message, naming neither the file nor the line."""
+    from torchmover.evaluation.corpus import InputError
+    from torchmover.integrations.config import RewardConfig, build_reward
+
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"the cat sat\na d\xffog\n")
+    ok = write(tmp_path / "ok.txt", ["the cat sat", "a dog"])
+    message = f"{bad} line 2: not valid UTF-8 (byte 0xff at column 4)"
+    model = ["--model", str(tiny_model_dir), "--layer", "2", "--no-progress"]
+    for argv in (["stress", "--hyps", str(bad), "--refs", ok, *model],
+                 ["score", "--hyps", ok, "--refs", ok, "--stopwords", str(bad), *model],
+                 ["score", "--hyps", ok, "--refs", ok, "--rescale", "--baseline-corpus", str(bad), *model]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert capsys.readouterr().err == f"torchmover: error: {message}\n"
+    config = RewardConfig(model=str(tiny_model_dir), fit_references=str(bad), options={"layer": 2, "centering": "none"})
+    with pytest.raises(InputError, match=re.escape(message)):
+        build_reward(config)

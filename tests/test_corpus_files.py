@@ -251,3 +251,78 @@ def test_a_baseline_corpus_is_used_as_given(tmp_path):
     score_files(scorer, hyps, refs, tmp_path / "s.txt", baseline_corpus=corpus, progress=False)
     reference = tiny_scorer(centering="none", rescale=True).fit_baseline(corpus, progress=False)
     assert scorer.baseline == reference.baseline
+
+
+def input_among_run_files(tmp_path, case):
+    """Inputs, and an output one of whose run files (itself, its manifest, its parts directory) is one
+    of them: ``(hyps, refs, output, the input's option)``."""
+    hyps, refs = text_inputs(tmp_path)
+    out = tmp_path / "scores.txt"
+    if case == "output":
+        return hyps, refs, refs[1].path, "--refs"
+    if case == "manifest":
+        return Column(write_lines(tmp_path / "scores.txt.manifest.json", HYPS)), refs, out, "--hyps"
+    (tmp_path / "scores.txt.parts").mkdir()
+    inside = Column(write_lines(tmp_path / "scores.txt.parts" / "refs1.txt", [g[1] for g in REFS]))
+    return hyps, [refs[0], inside], out, "--refs"
+
+
+@pytest.mark.parametrize("case", ["output", "manifest", "parts"])
+def test_an_output_that_is_an_input_is_refused_before_anything_is_touched(tmp_path, case):
+    """Before, ``overwrite=True`` removed the input (or the directory holding it) before reading it."""
+    hyps, refs, out, option = input_among_run_files(tmp_path, case)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(RunError, match=f"^--output {out} is also an input \\({option} "):
+        score_files(tiny_scorer(centering="none"), hyps, refs, out, overwrite=True, progress=False)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_directory_as_output_is_refused_whatever_overwrite_says(tmp_path):
+    hyps, refs = text_inputs(tmp_path)
+    (tmp_path / "out").mkdir()
+    for overwrite in (False, True):
+        with pytest.raises(RunError, match="out is a directory: give the path of a file$"):
+            score_files(tiny_scorer(centering="none"), hyps, refs, tmp_path / "out", overwrite=overwrite,
+                        progress=False)
+    assert (tmp_path / "out").is_dir()
+
+
+@pytest.mark.parametrize("change", ["deleted", "rewritten"])
+def test_a_finished_run_whose_output_is_gone_or_changed_is_refused(tmp_path, change):
+    """Before, such a run was reported complete, with nothing to do, and its output stayed gone or wrong."""
+    hyps, refs = text_inputs(tmp_path)
+    out = tmp_path / "scores.txt"
+    score_files(tiny_scorer(centering="none"), hyps, refs, out, chunk_pairs=4, progress=False)
+    first = out.read_text()
+    out.unlink() if change == "deleted" else out.write_text("garbage\n")
+    message = "is missing, though the run" if change == "deleted" else "changed since the run"
+    with pytest.raises(RunError, match=f"scores.txt {message} recorded in .*finished.*give --overwrite"):
+        score_files(tiny_scorer(centering="none"), hyps, refs, out, chunk_pairs=4, progress=False)
+    result = score_files(tiny_scorer(centering="none"), hyps, refs, out, chunk_pairs=4, progress=False, overwrite=True)
+    assert not result.already_finished and out.read_text() == first
+
+
+def test_a_run_killed_before_its_manifest_was_written_starts_afresh(tmp_path, monkeypatch):
+    """Before, the run made its parts directory before its manifest: killed in between, it left the
+    directory, and rerunning the command was refused ("scores.txt exists", though it did not)."""
+    hyps, refs = text_inputs(tmp_path)
+    out = tmp_path / "scores.txt"
+    write = job.atomic_write_text
+
+    def killed_at_the_manifest(path, text):
+        if str(path).endswith(".manifest.json"):
+            raise Crash
+        return write(path, text)
+    with monkeypatch.context() as m:
+        m.setattr(job, "atomic_write_text", killed_at_the_manifest)
+        with pytest.raises(Crash):
+            score_files(tiny_scorer(centering="none"), hyps, refs, out, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hyps.txt", "refs0.txt", "refs1.txt"]
+    (tmp_path / "scores.txt.parts").mkdir()  # what the run left when it made the directory first
+    result = score_files(tiny_scorer(centering="none"), hyps, refs, out, progress=False)
+    assert result.rows == len(HYPS) and not result.resumed and out.is_file()
+    out.unlink()
+    (tmp_path / "scores.txt.manifest.json").unlink()
+    (tmp_path / "scores.txt.parts").write_text("not a directory\n")
+    with pytest.raises(RunError, match="scores.txt.parts exists and is not a run's parts directory"):
+        score_files(tiny_scorer(centering="none"), hyps, refs, out, progress=False)

@@ -39,7 +39,7 @@ from pathlib import Path
 from ._version import __version__
 import torch
 
-from .evaluation.corpus import Column, format_rows, score_files
+from .evaluation.corpus import Column, check_output, format_rows, read_lines, score_files
 from .evaluation.correlation import score_and_correlate
 from .evaluation.data import read_ratings
 from .evaluation.scoring import fit_to_call
@@ -58,14 +58,6 @@ from .scorer.presets import preset_options, signature_options
 
 class CLIError(Exception):
     """A user error: printed as ``torchmover: error: ...`` with exit status 2."""
-
-
-def read_lines(path: str) -> list[str]:
-    """One text per line (line ends stripped; an empty line is an empty text)."""
-    p = Path(path)
-    if not p.is_file():
-        raise CLIError(f"no such file: {path}")
-    return p.read_text(encoding="utf-8").splitlines()
 
 
 def positive_int(value: str) -> int:
@@ -153,9 +145,16 @@ def given_scorer_options(args: argparse.Namespace) -> dict:
     if args.preset and args.signature:
         raise CLIError("give --preset or --signature, not both")
     given = {k: getattr(args, k) for k in SCORER_OPTIONS if hasattr(args, k)}
-    if isinstance(given.get("stopwords"), str) and given["stopwords"] != "english":
-        given["stopwords"] = [w.strip() for w in read_lines(given["stopwords"]) if w.strip()]
+    path = stopword_file(args)
+    if path is not None:
+        given["stopwords"] = [w.strip() for w in read_lines(path) if w.strip()]
     return given
+
+
+def stopword_file(args: argparse.Namespace) -> str | None:
+    """The file ``--stopwords`` names (None: no ``--stopwords``, or a named list such as ``english``)."""
+    stopwords = getattr(args, "stopwords", None)
+    return stopwords if isinstance(stopwords, str) and stopwords != "english" else None
 
 
 def scorer_from_args(args: argparse.Namespace, references: list[str], hypotheses: list[str]):
@@ -200,21 +199,23 @@ def literal_texts(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]
     return [args.hyp], [list(args.ref)]
 
 
+def score_inputs(args: argparse.Namespace) -> dict[str, list[str]]:
+    """The files ``score`` reads, by option: ``--hyps``, ``--refs``, a ``--stopwords`` file and
+    ``--baseline-corpus``."""
+    options = {"--hyps": [args.hyps], "--refs": args.refs, "--stopwords": [stopword_file(args)],
+               "--baseline-corpus": [getattr(args, "baseline_corpus", None)]}
+    return {option: [path for path in paths if path is not None] for option, paths in options.items()}
+
+
 def run_score(args: argparse.Namespace) -> None:
-    """``--hyp``: one literal pair, scored in memory. ``--hyps FILE``: the files, streamed, sharded
-    under ``torchrun`` and resumable with ``--output`` (:func:`torchmover.evaluation.corpus.score_files`)."""
+    """``--hyp``: one literal pair, scored in memory (:func:`run_literal_score`). ``--hyps FILE``: the
+    files, streamed, sharded under ``torchrun`` and resumable with ``--output``
+    (:func:`torchmover.evaluation.corpus.score_files`). An ``--output`` that is a directory or one of
+    the inputs is refused first."""
+    if args.output:
+        check_output(args.output, score_inputs(args))
     if args.hyp is not None:
-        hyps, refs = literal_texts(args)
-        scorer = scorer_from_args(args, refs[0], hyps)
-        scores = scorer.score(hyps, refs, batch_size=args.batch_size, progress=progress_of(args), return_all=args.all)
-        columns = list(scores._fields) if args.all else ["score"]
-        scores = torch.stack(list(scores) if args.all else [scores]).double()
-        text = format_rows(scores, 0, args.format, columns)
-        if args.output:
-            atomic_write_text(args.output, text)
-        else:
-            sys.stdout.write(text)
-        print_summary(1, dict(zip(columns, scores.mean(1).tolist())), scorer.signature)
+        run_literal_score(args)
         return
     if args.ref:
         raise CLIError("--hyps FILE takes reference files as --refs FILE (one or more), not --ref TEXT")
@@ -242,6 +243,24 @@ def run_score(args: argparse.Namespace) -> None:
         raise
     if launched:
         destroy_distributed()
+
+
+def run_literal_score(args: argparse.Namespace) -> None:
+    """Score one literal pair (``--hyp``, ``--ref``) in memory; an existing ``--output`` is replaced
+    only with ``--overwrite`` (checked before scoring)."""
+    hyps, refs = literal_texts(args)
+    if args.output and Path(args.output).exists() and not args.overwrite:
+        raise CLIError(f"{args.output} exists: give --overwrite to replace it, or another --output")
+    scorer = scorer_from_args(args, refs[0], hyps)
+    scores = scorer.score(hyps, refs, batch_size=args.batch_size, progress=progress_of(args), return_all=args.all)
+    columns = list(scores._fields) if args.all else ["score"]
+    scores = torch.stack(list(scores) if args.all else [scores]).double()
+    text = format_rows(scores, 0, args.format, columns)
+    if args.output:
+        atomic_write_text(args.output, text)
+    else:
+        sys.stdout.write(text)
+    print_summary(1, dict(zip(columns, scores.mean(1).tolist())), scorer.signature)
 
 
 def print_summary(rows: int, means: dict[str, float], signature: str) -> None:

@@ -26,7 +26,9 @@ pairs and writes each chunk's scores as soon as it is scored:
   refused, naming what differs (``overwrite=True`` starts over), and so is finishing a run whose
   input changed while it ran (each input is hashed again at the end: :func:`check_unchanged`, and
   on resume against the manifest); rerunning a finished run does
-  nothing.
+  nothing while its output is the file it wrote (its SHA-256 is recorded), and is refused once that
+  file is gone or changed. An output that is one of the inputs, or a directory, is refused before
+  anything is read or written.
 
 The statistics a scorer fits on the call's texts (:func:`~torchmover.evaluation.scoring.fit_to_call`:
 IDF, a ``fixed`` / ``running`` centering mean, the rescaling baseline) are fitted on the streamed
@@ -112,6 +114,15 @@ def _checked(value, column: Column, number: int, references: bool) -> str | list
         raise InputError(f"{where}: the {column.field!r} value is null")
     expected = "a text or a non-empty list of texts" if references else "a text"
     raise InputError(f"{where}: the {column.field!r} value must be {expected}, got {json.dumps(value)[:80]}")
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """The texts of the text file ``path``, one a line, read as a text column is (:func:`read_column`,
+    whatever the suffix): ``\\n`` or ``\\r\\n`` ends a line, strictly UTF-8. Raises :class:`InputError`
+    naming the file (and the line of an undecodable one)."""
+    if not Path(path).is_file():
+        raise InputError(f"no such file: {path}")
+    return list(_text_rows(Column(str(path))))
 
 
 def _text_rows(column: Column) -> Iterator[str]:
@@ -318,7 +329,30 @@ def drawn_references(chunks: Iterator, positions: set[int]) -> dict[int, str]:
 # --- the run's files ------------------------------------------------------------------------------
 
 class RunError(ValueError):
-    """An output that another run wrote, or is writing."""
+    """An output that another run wrote, or is writing, or that the run must not write."""
+
+
+def same_path(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether ``a`` and ``b`` name one file: the same file where both exist (links included), else the
+    same resolved path."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def check_output(output: str | os.PathLike, inputs: dict[str, Sequence[str]]) -> None:
+    """Refuse (:class:`RunError`), before anything is read or written, an ``output`` that is a
+    directory, or whose run files (:class:`RunFiles`) would replace or remove one of the ``inputs``
+    (the paths of each input option, by the option's name)."""
+    files = RunFiles(output)
+    if files.output.is_dir():
+        raise RunError(f"--output {output} is a directory: give the path of a file")
+    for option, paths in inputs.items():
+        for path in paths:
+            if files.holds(path):
+                raise RunError(f"--output {output} is also an input ({option} {path}): the run would replace or "
+                               "remove it; give another --output")
 
 
 class RunFiles:
@@ -336,6 +370,12 @@ class RunFiles:
     def part(self, chunk: int) -> Path:
         return self.parts / f"{chunk:08d}.part"
 
+    def holds(self, path: str | os.PathLike) -> bool:
+        """Whether ``path`` is one of the run's files: the output, the manifest, the parts directory or
+        a file in it."""
+        inside_parts = self.parts.resolve() in Path(path).resolve().parents
+        return inside_parts or any(same_path(path, own) for own in (self.output, self.manifest, self.parts))
+
     def recorded(self) -> dict | None:
         if not self.manifest.is_file():
             return None
@@ -347,8 +387,8 @@ class RunFiles:
     def begin(self, run: dict, overwrite: bool) -> dict:
         """Start the run ``run`` (its manifest, without a signature yet) or resume it: returns the
         recorded manifest (``finished``, ``signature``) and the chunks already written (``done``).
-        Refuses (:class:`RunError`) to resume another run, or to replace files no run recorded,
-        unless ``overwrite``."""
+        Refuses (:class:`RunError`) to resume another run, to replace files no run recorded, or to
+        take a finished run whose output is gone or changed as done, unless ``overwrite``."""
         recorded = self.recorded()
         if recorded is not None and not overwrite:
             differ = [key for key in ("inputs", "options", "output", "baseline_corpus")
@@ -358,16 +398,36 @@ class RunFiles:
                                "resuming it would mix two runs' scores. Give --overwrite to start over, or "
                                "another --output")
             if recorded["finished"]:
+                self.check_finished(recorded)
                 shutil.rmtree(self.parts, ignore_errors=True)  # left by a run stopped as it was finishing
             done = sorted(int(p.stem) for p in self.parts.glob("*.part")) if self.parts.is_dir() else []
             return {**recorded, "done": done}
-        if recorded is None and not overwrite and (self.output.exists() or self.parts.exists()):
-            raise RunError(f"{self.output} exists and no torchmover run recorded it: give --overwrite to replace "
-                           "it, or another --output")
-        self.clear()
-        self.parts.mkdir(parents=True)
+        if recorded is None and not overwrite:
+            self.check_unrecorded()
+        self.clear()  # and a parts directory left by a run killed before it wrote its manifest
         atomic_write_text(self.manifest, json.dumps({**run, "finished": False}, indent=1) + "\n")
+        self.parts.mkdir()  # after the manifest: no parts directory without a run that recorded it
         return {**run, "finished": False, "done": []}
+
+    def check_finished(self, recorded: dict) -> None:
+        """Refuse (:class:`RunError`) to take the finished run ``recorded`` as done when its output is
+        gone, or is no longer the file it wrote (the SHA-256 recorded when it finished)."""
+        if not self.output.is_file():
+            raise RunError(f"{self.output} is missing, though the run recorded in {self.manifest} finished: "
+                           "give --overwrite to score it again")
+        if sha256_file(str(self.output)) != recorded.get("output_sha256"):
+            raise RunError(f"{self.output} changed since the run recorded in {self.manifest} finished (its SHA-256 "
+                           "is not the recorded one): give --overwrite to score it again")
+
+    def check_unrecorded(self) -> None:
+        """Refuse (:class:`RunError`) to replace an output, or a file where the parts directory goes,
+        that no run recorded (there is no manifest)."""
+        if self.output.exists():
+            raise RunError(f"{self.output} exists and no torchmover run recorded it ({self.manifest} is missing): "
+                           "give --overwrite to replace it, or another --output")
+        if self.parts.exists() and not self.parts.is_dir():
+            raise RunError(f"{self.parts} exists and is not a run's parts directory: remove it, or give another "
+                           "--output")
 
     def clear(self) -> None:
         for path in (self.output, self.manifest):
@@ -438,6 +498,9 @@ def score_files(scorer: Scorer, hyps: Column, refs: Sequence[Column], output: st
     check_batch_size(batch_size)
     group, device = sharding_group(scorer, distributed), scorer.encoder.device
     refs = list(refs)
+    if output is not None:
+        inputs = {"--hyps": [hyps.path], "--refs": [column.path for column in refs]}
+        on_rank0(lambda: check_output(output, inputs), device, group)
     run = on_rank0(lambda: describe_run(scorer, hyps, refs, format, return_all, chunk_pairs, baseline_corpus),
                    device, group)
     files = None if output is None else RunFiles(output)

@@ -28,6 +28,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..evaluation.corpus import read_lines
 from ..evaluation.scoring import fit_to_call
 from ..reward.rewards import MoverReward
 from ..scorer import Scorer
@@ -250,8 +251,9 @@ def build_parser(config: RewardConfig) -> Parser | None:
 
 
 def _read_references(path: str) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        references = [line.rstrip("\n") for line in f if line.strip()]
+    """The non-blank lines of ``path``, read as ``torchmover score`` reads a text file
+    (:func:`~torchmover.evaluation.corpus.read_lines`: an undecodable line is named)."""
+    references = [line for line in read_lines(path) if line.strip()]
     if not references:
         raise ValueError(f"{setting_names('fit_references')}: {path} has no reference")
     return references
