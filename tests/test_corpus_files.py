@@ -1,6 +1,7 @@
 """Scoring files (torchmover.evaluation.corpus.score_files, ``torchmover score --hyps ... --output ...``):
 every input format, bad input named before any work, resuming an interrupted run without loss or
 duplicates, refusing to resume another run, statistics fitted on the stream."""
+import codecs
 import json
 
 import pytest
@@ -326,3 +327,17 @@ def test_a_run_killed_before_its_manifest_was_written_starts_afresh(tmp_path, mo
     (tmp_path / "scores.txt.parts").write_text("not a directory\n")
     with pytest.raises(RunError, match="scores.txt.parts exists and is not a run's parts directory"):
         score_files(tiny_scorer(centering="none"), hyps, refs, out, progress=False)
+
+
+def test_a_byte_order_mark_that_starts_a_file_is_not_text(tmp_path):
+    """Some Windows editors start a UTF-8 file with U+FEFF. A JSON lines file's reader dropped it
+    already; a text file's kept it in the first text (one more token for a byte-level BPE tokenizer,
+    which ``strip`` leaves: U+FEFF is no whitespace). Only the file's start is a mark."""
+    from torchmover.evaluation.corpus import read_column, read_lines
+
+    marked = tmp_path / "marked.txt"
+    marked.write_bytes(codecs.BOM_UTF8 + "the cat\r\n\ufeffa dog\n".encode())
+    assert read_lines(marked) == list(read_column(Column(str(marked)))) == ["the cat", "\ufeffa dog"]
+    records = tmp_path / "marked.jsonl"
+    records.write_bytes(codecs.BOM_UTF8 + b'{"text": "the cat"}\n')
+    assert list(read_column(Column(str(records), "text"))) == ["the cat"]

@@ -36,6 +36,7 @@ corpus (:func:`fit_to_corpus`), equal to ``fit_to_call`` on the whole lists.
 """
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import hashlib
 import itertools
@@ -126,9 +127,11 @@ def read_lines(path: str | os.PathLike) -> list[str]:
 
 
 def _text_rows(column: Column) -> Iterator[str]:
-    """One text per line (``\\n`` or ``\\r\\n`` ends), strictly UTF-8."""
+    """One text per line (``\\n`` or ``\\r\\n`` ends), strictly UTF-8; a byte-order mark that starts the
+    file (as some Windows editors write) is not part of its first text, as it is not of a JSON file's."""
     with open(column.path, "rb") as f:
         for number, line in enumerate(f, 1):
+            line = line.removeprefix(codecs.BOM_UTF8) if number == 1 else line
             line = line[:-1] if line.endswith(b"\n") else line
             line = line[:-1] if line.endswith(b"\r") else line
             try:
