@@ -222,14 +222,11 @@ LONE_CALLS = {  # name -> (hyps, refs): the bigram text "a dog" among hypotheses
 def lone_score_worker(rank: int, world_size: int) -> dict:
     """``batch`` centering of each side apart with bigrams, scored over the ranks: every case of
     ``LONE_CALLS`` with ``distributed=True`` (the same lists on every rank), and with
-    ``centering_group`` (each rank its half of the lists; not where a text is on both ranks, which
-    this mean counts once per rank)."""
+    ``centering_group`` (each rank its half of the lists: a text on both ranks is counted once)."""
     scorer = sharded_scorer(dict(centering="batch", center_scope="separate", ngram=2))
     out = {}
     for name, (hyps, refs) in LONE_CALLS.items():
         out[name] = scorer.score(hyps, refs, batch_size=2, distributed=True)
-        if "repeated" not in name:
-            half = slice(2 * rank, 2 * rank + 2)
-            out[name + ":group"] = scorer.score(hyps[half], refs[half], batch_size=2,
-                                                centering_group=dist.group.WORLD)
+        half = slice(2 * rank, 2 * rank + 2)
+        out[name + ":group"] = scorer.score(hyps[half], refs[half], batch_size=2, centering_group=dist.group.WORLD)
     return out

@@ -219,6 +219,20 @@ def test_ddp_batch_centering_compute_equals_one_process_on_the_union(tiny_encode
     assert [out["n_local"] for out in ranks] == [3, 2]  # each rank keeps only its own texts
 
 
+def test_ddp_batch_centering_counts_a_text_on_both_ranks_once(tiny_encoder, tmp_path):
+    """Texts on both ranks (a reference of several systems' outputs, a sampler's padding repeats): the
+    mean over the ranks counts each distinct text once, as one process on the union does (it counted
+    them once per rank: ~6e-3 off on the default model)."""
+    hyps = ["the cat sat on the mat", "the cat sat on the mat", "the sun is red", "a dog", "the sun is red"]
+    refs = ["a cat was on the mat", "a cat was on the mat", "the moon is blue", ["the moon is blue", "a dog runs"],
+            "we ran to the old house"]
+    ranks = _ddp.run(_ddp.batch_metric_worker, 2, tmp_path, hyps, refs, timeout=90)
+    with torch.no_grad():
+        single = Scorer(tiny_encoder, centering="batch")(hyps, refs)
+    for out in ranks:
+        torch.testing.assert_close(out["per_sample"], torch.cat([single[0::2], single[1::2]]))
+
+
 @pytest.mark.parametrize("centering", ["fixed", "batch"])
 def test_errors_name_preds_and_target(fixed_scorer, tiny_encoder, centering):
     metric = MoverMetric(fixed_scorer if centering == "fixed" else Scorer(tiny_encoder, centering="batch"))

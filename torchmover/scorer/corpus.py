@@ -43,7 +43,9 @@ vary tenfold in length, so equal pair counts would leave ranks idle), each rank 
 share, and the shares are gathered in rank order, so every rank returns the scores of the whole list
 in input order. The ``batch`` centering mean is that of one process: each distinct text is counted
 by one rank, the one whose share holds its first pair (:func:`owned_texts`), and the sums are
-all-reduced once.
+all-reduced once. With ``centering_group`` each rank passes a list of its own and the mean is over
+every rank's texts: a text on several ranks is counted once too, by the first rank that holds it
+(:func:`lower_ranks_texts`), so the mean is that of one process on every rank's lists.
 """
 from __future__ import annotations
 
@@ -296,12 +298,17 @@ def token_sums(scorer: nn.Module, chunks: Iterable[tuple[list[str], list[list[st
 
     ``group``: the chunks are shared out among its ranks (:func:`chunk_share`); each text is counted
     by its owner (:func:`owned_texts`), and the sums are all-reduced over ``group``. ``sum_group``:
-    each rank has chunks of its own, and the sums of every rank's texts are all-reduced over it.
+    each rank has chunks of its own, each distinct text of them all is counted by the first rank
+    that holds it (:func:`lower_ranks_texts`), and the sums are all-reduced over it.
     ``bar`` is credited ``weight`` × the chunk's pairs for each chunk encoded. Returns the sums, and
     the arena and share of the last chunk."""
     dim, device = scorer.encoder.hidden_size, scorer.encoder.device
     stats = torch.zeros(len(sides), dim + 2, dtype=torch.float64, device=device)  # per side (Σ x, n, texts)
-    seen = {side: SeenTexts() for side in sides}
+    if sum_group is not None and is_distributed(sum_group):
+        chunks = list(chunks)
+        seen = lower_ranks_texts(chunks, sides, sum_group)  # counted by the first rank that holds them
+    else:
+        seen = {side: SeenTexts() for side in sides}
     arena, share = None, None
     for hyps, groups in chunks:
         share = chunk_share(scorer, hyps, groups, group)
@@ -322,6 +329,23 @@ def token_sums(scorer: nn.Module, chunks: Iterable[tuple[list[str], list[list[st
     if group is not None or sum_group is not None:
         stats = all_reduce_sum(stats, group if group is not None else sum_group)  # one collective for every side
     return stats, arena, share
+
+
+def lower_ranks_texts(chunks: list[tuple[list[str], list[list[str]]]], sides: Sequence[str | None],
+                      group) -> dict[str | None, "SeenTexts"]:
+    """Per side, the texts of the ``chunks`` of every rank of ``group`` before this one, as met
+    (:class:`SeenTexts`): a pass that starts from them counts a text held by several ranks on the
+    first of them only. One ``all_gather_object`` of each rank's distinct digests (8 bytes a text)."""
+    mine = {side: np.unique(np.fromiter((text_digest(t) for hyps, groups in chunks
+                                         for t in side_texts(hyps, groups, side)), dtype=np.uint64))
+            for side in sides}
+    every = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, mine, group=group)
+    lower = every[:dist.get_rank(group)]
+    seen = {side: SeenTexts() for side in sides}
+    for side in sides:
+        seen[side].digests = np.unique(np.concatenate([np.zeros(0, dtype=np.uint64)] + [d[side] for d in lower]))
+    return seen
 
 
 def owned_texts(new: list[str], texts: list[str], side: str | None, groups: list[list[str]], share: Share) -> list[str]:

@@ -627,9 +627,10 @@ class Scorer(nn.Module):
         the only text with a unit in the set the mean is taken over — ``means.lone``, or counted in
         ``units`` (the call's distinct texts; over every rank where the mean is); else never. Only
         n-grams read it: ``(False, False)`` with ``ngram=1``, and nothing is computed. A text in the
-        calls of several ranks counts once per rank (in a mean over ranks, and with ``Scorer.score``'s
-        ``centering_group``), so a mean that is one text's own only through such repeats is not
-        recognised: that text's n-gram is then moved as it is."""
+        calls of several ranks counts once per rank in a mean over the ranks' calls (training), as that
+        mean counts it, so a mean that is one text's own only through such repeats is not recognised
+        there: that text's n-gram is then moved as it is. (``Scorer.score``'s ``centering_group``
+        counts each distinct text once: :func:`~torchmover.scorer.corpus.lower_ranks_texts`.)"""
         mode = self.centering.mode
         batch_mean = mode == "batch" or (mode == "running" and self.centering.training)
         if self.config.ngram == 1 or not (batch_mean or mode == "sentence"):
@@ -694,8 +695,9 @@ class Scorer(nn.Module):
         in input order, equal to one process's (the ``batch`` centering mean is over the whole call's
         distinct texts, each counted once). A collective: every rank must call it.
         ``centering_group``: a ``torch.distributed`` process group whose ranks all call ``score`` on
-        lists of their own: the mean is then over every rank's texts (one all-reduce of token sums
-        and counts).
+        lists of their own: the mean is then over every rank's distinct texts, a text on several ranks
+        counted once, as one process on all the lists counts it (one all-gather of 8-byte text
+        digests, then one all-reduce of token sums and counts).
         """
         hyps = check_texts("hyps", hyps)
         groups = check_references(hyps, refs)
