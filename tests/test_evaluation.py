@@ -179,8 +179,10 @@ def test_rescaling_is_the_linear_map_and_keeps_correlations_and_self_similarity(
     all_three = rescaled.score(HYPS, REFS, progress=False, return_all=True)
     torch.testing.assert_close(all_three.recall, scaled)
     raw_all = plain.score(HYPS, REFS, progress=False, return_all=True)
-    for s, r, b in zip(all_three, raw_all, rescaled.baseline):  # each by its own baseline, as bert_score
-        torch.testing.assert_close(s, (r - b) / (1 - b))
+    for s, r, base in zip(all_three, raw_all, rescaled.baseline):  # each by its own baseline, as bert_score
+        torch.testing.assert_close(s, (r - base) / (1 - base))
+    empty = rescaled.score(["", "the cat"], ["the cat", " "], progress=False)  # the rescaled 0 (documented)
+    torch.testing.assert_close(empty, torch.full((2,), -b / (1 - b)))
 
 
 def test_rescale_is_in_the_signature_and_saved(rescaled, tmp_path):

@@ -55,8 +55,8 @@ turn many concurrent small calls into few large ones, wrap the reward in a
 centering included, without its reference cache, which the copy refills.
 
 Degenerate generations. A text with no real token (empty or whitespace-only) scores exactly 0 (as
-does a pair with an empty reference); punctuation-only or repetitive texts get their ordinary,
-finite score. No length or repetition penalty is applied implicitly; pass ``shaping`` to apply one
+does a pair with an empty reference; with ``rescale=True`` the rescaled 0, ``−b / (1 − b)``);
+punctuation-only or repetitive texts get their ordinary, finite score. No length or repetition penalty is applied implicitly; pass ``shaping`` to apply one
 explicitly.
 """
 from __future__ import annotations
@@ -158,7 +158,7 @@ class MoverReward:
 
     Rewards are float tensors on the encoder's device, ``requires_grad=False``, and not inference
     tensors, so they can multiply log-probabilities in a loss. A hypothesis or reference with no real
-    token (empty, whitespace) scores exactly 0; no NaN comes out.
+    token (empty, whitespace) scores exactly 0 (``rescale=True``: ``−b / (1 − b)``); no NaN comes out.
     """
 
     def __init__(self, scorer: Scorer, *, cache_size: int = 1024, shaping: Shaping | None = None):
