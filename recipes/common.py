@@ -48,6 +48,22 @@ class JsonLog:
         kept = [line for line in lines if line.strip() and json.loads(line).get("step", -1) <= step]
         atomic_write(self.path, lambda fh: fh.write("".join(line + "\n" for line in kept).encode()))
 
+    def count(self) -> int:
+        """How many events the log holds (0 before the first): what a checkpoint records, so that a
+        resume from it keeps those events and no others (:meth:`truncate_to`)."""
+        if not self.path.is_file():
+            return 0
+        return len(self.path.read_text(encoding="utf-8").splitlines())
+
+    def truncate_to(self, count: int) -> None:
+        """Keep the first ``count`` events, those logged before the checkpoint that recorded
+        :meth:`count`; drop what an interrupted run logged after it (redone on resume, so logged
+        again), including a line that a kill cut short."""
+        if not (self.enabled and self.path.is_file()):
+            return
+        kept = self.path.read_text(encoding="utf-8").splitlines()[:count]
+        atomic_write(self.path, lambda fh: fh.write("".join(line + "\n" for line in kept).encode()))
+
     def events(self, kind: str) -> list[dict]:
         """Every logged event of type ``kind``, in order."""
         if not self.path.is_file():

@@ -64,13 +64,15 @@ Outputs (``--output DIR``)
 --------------------------
 - ``log.jsonl``: one JSON object per line — ``config``, ``calibration_fit``, ``step`` (loss, lr,
   a, b, pairs/s every ``--log-every`` optimiser steps), ``epoch`` (mean train loss, dev correlations),
-  ``eval`` (test correlations before / after), ``done``.
+  ``eval`` (test correlations before / after), ``done``; after ``--resume``, ``resume``. Each event
+  is logged once: a resume drops what the interrupted run logged after its checkpoint, which is
+  logged again as it is redone.
 - ``curves.png``: training loss per step and dev Pearson r / Kendall τ per epoch (epoch 0 = untuned).
 - ``checkpoints/step-XXXXXXX.pt`` and ``checkpoints/latest``: written atomically (temporary file,
   then ``os.replace``) at the end of every epoch and every ``--save-every`` steps; model, optimiser,
-  scheduler, grad scaler, calibration, every rank's RNG states, epoch and step. ``--resume``
-  continues exactly (same data order, dropout masks, optimiser state), read with
-  ``torch.load(weights_only=True)``.
+  scheduler, grad scaler, calibration, every rank's RNG states, epoch and step, and how many events
+  the log held. ``--resume`` continues exactly (same data order, dropout masks, optimiser state, and
+  a run that had stopped early stays stopped), read with ``torch.load(weights_only=True)``.
 - A directory that already holds a run (any of these outputs) is never overwritten silently: run
   again without ``--resume`` and the recipe refuses before writing anything, naming the two choices,
   ``--resume`` (continue it) and ``--overwrite`` (delete these outputs, other files stay, and start
@@ -570,13 +572,13 @@ def train(args: argparse.Namespace) -> dict:
     train, evaluate on dev and checkpoint, until the last epoch, ``--patience`` or ``--stop-after``;
     then the best dev epoch is saved and tested."""
     run = setup(args)
-    while run.epoch < args.epochs:
+    stopped_early = patience_exhausted(run)  # resumed from the checkpoint of the epoch it stopped after
+    while run.epoch < args.epochs and not stopped_early:
         if not train_epoch(run):
             return stop(run)  # --stop-after, mid-epoch (after a checkpoint)
         end_epoch(run)
-        if patience_exhausted(run):
-            break
-        if args.stop_after and args.stop_after <= run.global_step < run.total_steps:
+        stopped_early = patience_exhausted(run)
+        if not stopped_early and args.stop_after and args.stop_after <= run.global_step < run.total_steps:
             return stop(run)
     return finish(run)
 
@@ -874,6 +876,7 @@ def checkpoint(run: Run) -> Path | None:
             "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
             "scaler": run.scaler.state_dict(), "rng": rngs, "baseline": run.baseline,
             "dev_history": run.dev_history, "epoch_losses": list(run.epoch_losses), "best": run.best,
+            "log_events": run.log.count(),
         }
         path = save_checkpoint(run.output / "checkpoints", state, run.global_step, run.args.keep_checkpoints)
     common.barrier()
@@ -881,9 +884,10 @@ def checkpoint(run: Run) -> Path | None:
 
 
 def resume(run: Run) -> None:
-    """Continue from the checkpoint ``--resume`` names: trained objects, this rank's RNG state, and
-    where the run was; refused if it was written by another number of processes or with other
-    :data:`RESUME_FIXED` options."""
+    """Continue from the checkpoint ``--resume`` names: trained objects, this rank's RNG state, where
+    the run was, and the log as it was then (what an interrupted run logged after the checkpoint is
+    dropped, to be logged again as it is redone); refused if it was written by another number of
+    processes or with other :data:`RESUME_FIXED` options."""
     args = run.args
     path = common.resume_path(args.resume, run.output / "checkpoints")
     state = load_checkpoint(path)
@@ -906,6 +910,10 @@ def resume(run: Run) -> None:
     run.epoch, run.step_in_epoch, run.global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
     run.baseline, run.dev_history, run.best = state.get("baseline"), state.get("dev_history", {}), state.get("best")
     run.epoch_losses = list(state.get("epoch_losses", []))  # this epoch's losses before the stop
+    if "log_events" in state:  # what was logged after the checkpoint is redone from here: logged again
+        run.log.truncate_to(state["log_events"])
+    else:  # a checkpoint of an earlier version of the recipe: the events of later steps
+        run.log.truncate_after(run.global_step)
     run.say(f"resumed from {path}: epoch {run.epoch + 1}, step {run.step_in_epoch} of {run.steps_per_epoch}")
     run.log("resume", checkpoint=str(path), epoch=run.epoch, step=run.global_step)
 

@@ -44,7 +44,10 @@ Outputs (``--output-dir DIR``):
   of the phase, written atomically (temporary file, fsync, ``os.replace``): model, optimiser and
   scheduler state dicts, the step, and the Python and torch RNG states (read back with
   ``torch.load(weights_only=True)``). ``--resume`` continues each unfinished phase from its latest
-  checkpoint exactly: same data order, samples, dropout masks and optimiser state;
+  checkpoint with the same data order, RNG states and optimiser state; its rewards match the
+  uninterrupted run's to float32 rounding only (the reward's reference cache starts empty, and a
+  self-term computed beside other batch-mates rounds differently), so the resumed run agrees with it
+  to rounding, not to the bit;
 - ``DIR/<phase>/final/``: the trained model and tokenizer (``save_pretrained``);
 - ``DIR/summary.json`` and ``DIR/reward_curves.png`` (matplotlib, if installed): the sampled and greedy
   rewards of every run over training.

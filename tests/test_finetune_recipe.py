@@ -117,6 +117,67 @@ def test_resume_continues_exactly(setup, full_run, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+class Killed(BaseException):
+    """A hard kill of the recipe: nothing of it runs after this is raised."""
+
+
+def events(out: Path) -> list[tuple]:
+    """The log's events (but ``resume``), each by its kind, epoch, step and evaluation time."""
+    logged = map(json.loads, (out / "log.jsonl").read_text().splitlines())
+    return [(e["event"], e.get("epoch"), e.get("step"), e.get("when")) for e in logged if e["event"] != "resume"]
+
+
+def killed_then_resumed(setup, out: Path, monkeypatch, kind: str, at, *extra: str,
+                        earlier_checkpoint: bool = False) -> dict:
+    """Run the recipe in ``out`` until it logs the event ``kind`` of step (or evaluation time) ``at``,
+    kill it there, then resume it (``earlier_checkpoint``: from a checkpoint of an earlier version of
+    the recipe, without the log's event count); the resumed run's result."""
+    log = recipe.common.JsonLog.__call__
+
+    def killed_after(self, event, **fields):
+        log(self, event, **fields)
+        if event == kind and at in (fields.get("step"), fields.get("when"), "any"):
+            raise Killed
+
+    monkeypatch.setattr(recipe.common.JsonLog, "__call__", killed_after)
+    with pytest.raises(Killed):
+        recipe.main(argv(setup, out, *extra))
+    monkeypatch.undo()
+    if earlier_checkpoint:
+        path = out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip()
+        state = torch.load(path, weights_only=True)
+        del state["log_events"]
+        torch.save(state, path)
+    resumed = recipe.main(argv(setup, out, *extra, "--resume"))
+    assert [e["event"] for e in map(json.loads, (out / "log.jsonl").read_text().splitlines())].count("resume") == 1
+    return resumed
+
+
+@pytest.mark.parametrize("kind, at, earlier_checkpoint", [("step", 3, False), ("eval", "after", False),
+                                                         ("step", 3, True)])
+def test_a_resumed_log_holds_each_event_once(setup, full_run, tmp_path, monkeypatch, kind, at, earlier_checkpoint):
+    """Killed just after logging step 3 (its checkpoint is step 2's) or the final test evaluation
+    (after the last checkpoint), then resumed: the log holds the uninterrupted run's events, each
+    once. Before, what was logged after the checkpoint stayed in the log and was logged again. A
+    checkpoint of an earlier version of the recipe, which has no event count, keeps the events up to
+    its step."""
+    resumed = killed_then_resumed(setup, tmp_path / "run", monkeypatch, kind, at, "--save-every", "2",
+                                  earlier_checkpoint=earlier_checkpoint)
+    assert resumed["calibration"] == full_run[1]["calibration"]
+    assert events(tmp_path / "run") == events(full_run[0])
+
+
+def test_a_run_resumed_after_its_early_stop_trains_no_further(setup, tmp_path, monkeypatch):
+    """Killed after stopping early (while it saved and tested the final model), then resumed: it
+    finishes as the uninterrupted run did. Before, it trained the epochs that early stopping had cut."""
+    extra = ("--epochs", "4", "--patience", "1", "--lr", "3e-2", "--max-train-pairs", "12")
+    full = recipe.main(argv(setup, tmp_path / "full", *extra))
+    assert full["global_step"] < 12  # stopped early (3 steps an epoch)
+    resumed = killed_then_resumed(setup, tmp_path / "run", monkeypatch, "early_stop", "any", *extra)
+    assert resumed["global_step"] == full["global_step"] and resumed["after"] == full["after"]
+    assert events(tmp_path / "run") == events(tmp_path / "full")
+
+
 def files(root: Path) -> dict:
     return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 

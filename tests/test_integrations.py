@@ -289,10 +289,30 @@ def test_config_file_then_environment(tmp_path, tiny_model_dir):
     ({"TORCHMOVER_CACHE_SIZE": "0"}, r"cache_size \(TORCHMOVER_CACHE_SIZE, --cache-size\) must be a positive int"),
     ({"TORCHMOVER_SPECIAL_TOKENS": "<s>"}, r"unknown variable\(s\) \['TORCHMOVER_SPECIAL_TOKENS'\]"),
     ({"TORCHMOVER_QUERY_SPECIAL_TOKENS": "[<s>"}, "query_special_tokens .*JSON list"),
+    # a reward is never NaN or infinite, and a batch never waits forever
+    ({"TORCHMOVER_MISSING_SCORE": "nan"}, r"missing_score \(TORCHMOVER_MISSING_SCORE, --missing-score\) must be"),
+    ({"TORCHMOVER_MISSING_SCORE": "-inf"}, "missing_score .*must be a finite number"),
+    ({"TORCHMOVER_MAX_WAIT_MS": "inf"}, r"max_wait_ms \(TORCHMOVER_MAX_WAIT_MS, --max-wait-ms\) must be a finite"),
+    ({"TORCHMOVER_MAX_WAIT_MS": "nan"}, "max_wait_ms .*must be a finite number >= 0"),
 ])
 def test_config_errors(environ, error):
     with pytest.raises((ValueError, FileNotFoundError), match=error):
         RewardConfig.from_env(environ)
+
+
+def test_non_finite_numbers_are_refused_from_every_source(tmp_path):
+    """Before, missing_score nan was taken (a NaN reward, sent by the server as the non-JSON token NaN),
+    and max_wait_ms inf was refused only by BatchedReward, after the model was loaded."""
+    path = tmp_path / "reward.json"
+    path.write_text('{"missing_score": NaN}')
+    with pytest.raises(ValueError, match="missing_score .*must be a finite number"):
+        RewardConfig.from_env({"TORCHMOVER_CONFIG": str(path)})
+    with pytest.raises(ValueError, match="missing_score .*must be a finite number"):
+        RewardConfig.from_env({}, flags={"missing_score": "inf"})
+    with pytest.raises(ValueError, match="max_wait_ms .*must be a finite number"):
+        RewardConfig(max_wait_ms=float("inf"))
+    config = RewardConfig.from_env({"TORCHMOVER_MISSING_SCORE": "-1e3", "TORCHMOVER_MAX_WAIT_MS": "0"})
+    assert (config.missing_score, config.max_wait_ms) == (-1e3, 0.0)
 
 
 def test_config_unknown_file_key(tmp_path):

@@ -38,10 +38,30 @@ def test_json_log_appends_reads_and_truncates(tmp_path):
     assert [e["loss"] for e in log.events("step")] == [1.0, 0.25]
 
 
+def test_json_log_truncates_to_the_events_a_checkpoint_counted(tmp_path):
+    """What was logged after a checkpoint is dropped on resume whatever its step (an evaluation after
+    the last checkpoint has that checkpoint's step, or none), and so is a line that a kill cut short."""
+    log = common.JsonLog(tmp_path / "log.jsonl")
+    assert log.count() == 0  # no file yet
+    log("step", step=1)
+    log("epoch", epoch=1, step=1)
+    saved = log.count()  # the checkpoint at the end of epoch 1
+    log("early_stop", epoch=1)
+    log("eval", when="after")
+    log("done", step=1)
+    with open(log.path, "a", encoding="utf-8") as fh:
+        fh.write('{"event": "st')
+    log.truncate_to(saved)
+    assert saved == 2 and [e["event"] for e in map(json.loads, log.path.read_text().splitlines())] == ["step", "epoch"]
+    log("eval", when="after")
+    assert log.count() == 3 and log.events("eval")[0]["when"] == "after"
+
+
 def test_disabled_json_log_writes_nothing(tmp_path):
     log = common.JsonLog(tmp_path / "log.jsonl", enabled=False)  # a rank other than 0
     log("step", step=1)
     log.truncate_after(0)
+    log.truncate_to(0)
     assert not (tmp_path / "log.jsonl").exists()
 
 

@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,6 +96,17 @@ def test_openrlhf_protocol_equals_reward(server, reward, path):
     assert body["scores"] == body["rewards"]
 
 
+def test_the_guide_documents_the_answer_and_openrlhfs_flag_as_they_are(server):
+    """docs/guide/server.md names the extra_logs keys the server answers with, and OpenRLHF 0.11's
+    flag (before: "torchmover_reward", which no answer holds, and --remote_rm_url, which it refuses)."""
+    guide = (Path(__file__).parents[1] / "docs" / "guide" / "server.md").read_text(encoding="utf-8")
+    status, body = post(server.url + "/get_reward", openrlhf_body([(HYPS[0], REFS[0])]))
+    assert status == 200 and set(body["extra_logs"]) == {"torchmover_twmd_recall", FAILURES_LOG}
+    assert all(f"`{key}`" in guide or f'"{key}"' in guide for key in body["extra_logs"])
+    assert "torchmover_reward" not in guide and "--remote_rm_url http" not in guide
+    assert "--reward.remote_url http://HOST:8000/get_reward" in guide
+
+
 def test_health(server, reward):
     status, body = get(server.url + "/health")
     assert status == 200 and body["status"] == "ok" and body["signature"] == reward.signature
@@ -145,6 +157,29 @@ def test_failed_requests_are_counted(server):
     assert get(server.url + "/health")[1]["failures"] == 1
     status, body = post(server.url + "/get_reward", {"query": ["Q: a"], "prompts": ["Q:"], "labels": ["a"]})
     assert status == 200 and body["extra_logs"][FAILURES_LOG] == [1.0]
+
+
+@pytest.mark.parametrize("body, refused, failures", [
+    # refused as a whole, before any sample is read: lengths, types, Unicode
+    ({"query": ["Q: a", "Q: b"], "prompts": ["Q:", "Q:"], "labels": ["a"]}, 1, 0),
+    ({"query": [1], "prompts": ["Q:"], "labels": ["a"]}, 1, 0),
+    ({"query": ["Q: a\ud800"], "prompts": ["Q:"], "labels": ["a"]}, 1, 0),
+    # samples read and failed: the whole call fails, each of its samples counts
+    ({"query": ["Q: a"], "prompts": ["P:"], "labels": ["a"]}, 0, 1),
+    ({"query": ["Q: a", "Q: b"], "prompts": ["Q:", "Q:"], "labels": ["a", None]}, 0, 2),
+])
+def test_a_request_is_counted_refused_or_failed_never_both(server, caplog, body, refused, failures):
+    """Before, a /get_reward whose labels were fewer than its queries, or whose query was not a str,
+    was counted both as refused and as failed samples (in /health and OpenRLHF's extra_logs)."""
+    caplog.set_level(logging.WARNING, logger="torchmover")
+    status, answer = post(server.url + "/get_reward", body)
+    health = get(server.url + "/health")[1]
+    assert status == 400 and answer["error"] and (health["refused"], health["failures"]) == (refused, failures)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len([line for line in lines if "refused a request" in line]) == refused
+    assert len([line for line in lines if "sample(s) failed" in line]) == (failures > 0)
+    status, answer = post(server.url + "/get_reward", {"query": ["Q: a"], "prompts": ["Q:"], "labels": ["a"]})
+    assert status == 200 and answer["extra_logs"][FAILURES_LOG] == [float(failures)]
 
 
 def test_the_server_reads_the_shared_settings(reward):
@@ -540,7 +575,8 @@ def test_sigterm_finishes_the_requests_in_flight_then_exits_0(tiny_model_dir):
 @pytest.mark.parametrize("option, value", [("--batch-size", "0"), ("--max-batch-size", "-3"), ("--max-wait-ms", "-1"),
                                            ("--cache-size", "-1"), ("--max-request-bytes", "0"), ("--port", "70000"),
                                            ("--max-pairs-per-request", "0"), ("--max-connections", "x"),
-                                           ("--header-timeout", "0"), ("--drain-timeout", "nan")])
+                                           ("--header-timeout", "0"), ("--drain-timeout", "nan"),
+                                           ("--max-wait-ms", "inf"), ("--missing-score", "nan")])
 def test_cli_serve_refuses_bad_sizes_at_start(tiny_model_dir, tmp_path, capsys, option, value):
     from torchmover.cli import main
 

@@ -16,14 +16,16 @@ a command. All three therefore read their settings from, in increasing precedenc
 A value given as a string (a variable, a flag) is read the same way whatever its source; ``options``
 are merged key by key across the sources, every other field is replaced. The fields, with the
 variable and the flag of each, are listed by :func:`settings_table` (the user guide prints it).
-An unknown key, an unparseable value or contradictory fields raise a ``ValueError`` naming the
-setting and where it came from, when the settings are read: before any sample is scored.
+An unknown key, an unparseable value, a value out of range (a size below 1, a number that is not
+finite) or contradictory fields raise a ``ValueError`` naming the setting, and where it came from if
+it could not be read, when the settings are read: before any model is loaded or sample scored.
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -100,8 +102,11 @@ class RewardConfig:
         for name in ("cache_size", "max_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{setting_names(name)} must be a positive int, got {getattr(self, name)}")
-        if not self.max_wait_ms >= 0:
-            raise ValueError(f"{setting_names('max_wait_ms')} must be >= 0, got {self.max_wait_ms}")
+        if not 0 <= self.max_wait_ms < math.inf:
+            raise ValueError(f"{setting_names('max_wait_ms')} must be a finite number >= 0, got {self.max_wait_ms}")
+        if self.missing_score is not None and not math.isfinite(self.missing_score):
+            raise ValueError(f"{setting_names('missing_score')} must be a finite number (a reward is never NaN or "
+                             f"infinite), got {self.missing_score}")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object], source: str = "config") -> "RewardConfig":

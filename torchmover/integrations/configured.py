@@ -131,10 +131,10 @@ class ConfiguredReward:
                 todo_refs.append(ref)
         return Pending(values, todo_texts, todo_refs)
 
-    def openrlhf_pending(self, queries: Sequence[str], prompts: Sequence[str], labels: Sequence) -> Pending:
-        """OpenRLHF's ``(queries, prompts, labels)``: each response cut out of its query
-        (:func:`~torchmover.integrations.parsing.response_from_query` with ``query_special_tokens`` and
-        ``on_prompt_mismatch``), its references read from its label."""
+    def check_openrlhf(self, queries: Sequence[str], prompts: Sequence[str], labels: Sequence) -> None:
+        """The checks of OpenRLHF's call as a whole, before any of its samples is read: a ValueError if
+        the three lengths differ (or ``reference_field`` reads ``extra_info``), a TypeError if a query
+        or a prompt is not a str. The server refuses such a request without counting failed samples."""
         self.check_labels_only()
         n = len(queries)
         for name, values in (("prompts", prompts), ("labels", labels)):
@@ -144,6 +144,12 @@ class ConfiguredReward:
             if not isinstance(query, str) or not isinstance(prompt, str):
                 raise TypeError(f"queries[{i}] and prompts[{i}] must be strings, got "
                                 f"{type(query).__name__} and {type(prompt).__name__}")
+
+    def openrlhf_pending(self, queries: Sequence[str], prompts: Sequence[str], labels: Sequence) -> Pending:
+        """OpenRLHF's ``(queries, prompts, labels)``, checked by :meth:`check_openrlhf`: each response cut
+        out of its query (:func:`~torchmover.integrations.parsing.response_from_query` with
+        ``query_special_tokens`` and ``on_prompt_mismatch``), its references read from its label."""
+        self.check_openrlhf(queries, prompts, labels)
         responses = [response_from_query(query, prompt, special_tokens=self.config.query_special_tokens,
                                          on_mismatch=self.config.on_prompt_mismatch)
                      for query, prompt in zip(queries, prompts)]

@@ -11,8 +11,11 @@ Endpoints (JSON in, JSON out):
   tokens, prompt-mismatch policy, missing-reference score). Answer ``{"rewards": [...], "scores":
   [...], "extra_logs": {"torchmover_<method>[_<direction>]": [...], "torchmover_failures": [...]}}``
   (``scores`` = ``rewards``, as OpenRLHF's own server); a sample that cannot be scored fails its
-  request with 400, logged at WARNING with the running count of failed samples (a request refused
-  by a limit counts no failed sample: it is counted in ``/health``'s ``refused``).
+  request with 400, logged at WARNING with the running count of failed samples, which ``/health``
+  reports as ``failures``. A request refused as a whole before its samples are read (malformed: a
+  missing field, a wrong type, lengths that differ, a text that is not valid Unicode; or over a limit)
+  counts no failed sample: it is counted in ``/health``'s ``refused``, and a request in one count is
+  never in the other.
 - ``POST /score``: ``{"hyps": [...], "refs": [...]}`` (a str or a list of str per hypothesis) ->
   ``{"rewards": [...]}``.
 - ``GET /health``: ``{"status": "ok", "signature": ..., "device": ..., "limits": {...}, "failures": ...,
@@ -149,6 +152,11 @@ class _ClientError(ValueError):
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
         self.status = status
+
+
+class _FailedSamples(_ClientError):
+    """A request whose samples were read and failed (400): counted and logged as failed samples by
+    :meth:`~torchmover.integrations.configured.ConfiguredReward.counting`, not as a refused request."""
 
 
 class _OverLimit(_ClientError, Refused):
@@ -364,7 +372,7 @@ class RewardServer:
         self.batched, self.host, self.port, self.limits = batched, host, port, ServerLimits(**limits)
         self.in_flight = 0  # requests being scored
         self.abandoned = 0  # requests whose client left before their answer
-        self.refused = 0  # requests (and connections) answered 4xx or 503 without being scored
+        self.refused = 0  # requests (and connections) answered 4xx or 503 before their samples were read
         self._refusals = _RefusalLog()
         self._active = 0  # requests being handled (event loop thread only)
         self._tickets = itertools.count()  # arrival order of the requests being scored
@@ -412,6 +420,8 @@ class RewardServer:
                 if error.status < 400:
                     raise
                 return refuse(request, error.status, error.reason if error.text is None else error.text)
+            except _FailedSamples as error:  # counted (and logged) as failed samples, not refused
+                return web.json_response({"error": str(error)}, status=error.status)
             except _ClientError as error:
                 response = refuse(request, error.status, str(error),
                                   {"Retry-After": "1"} if error.status == 503 else None)
@@ -454,17 +464,18 @@ class RewardServer:
                 raise _OverLimit(f"the request has {total} references; this server takes at most "
                                  f"{limits.max_references_per_request} per request (max_references_per_request)")
 
-        async def rewards(hyps: Sequence, refs: Sequence) -> list[float]:
-            """Validated, then scored in slices of the batcher's ``max_batch_size`` pairs, one after
-            the other (see the module docs); a client that leaves cancels the slices not yet scored.
-            While the server drains, the requests take turns in arrival order."""
+        async def rewards(hyps: Sequence, refs: Sequence, invalid: type[_ClientError] = _ClientError) -> list[float]:
+            """Validated (a failed check raises ``invalid``), then scored in slices of the batcher's
+            ``max_batch_size`` pairs, one after the other (see the module docs); a client that leaves
+            cancels the slices not yet scored. While the server drains, the requests take turns in
+            arrival order."""
             check_size(len(hyps))
             try:
                 hyps = check_texts("hyps", hyps)
                 groups = check_references(hyps, refs)
                 self.batched.reward.centering  # raises here if the reward's centering would depend on the batch
             except (TypeError, ValueError) as error:
-                raise _ClientError(str(error)) from None
+                raise invalid(str(error)) from None
             check_size(len(hyps), groups)
             size, values = self.batched.max_batch_size, []
             ticket = next(self._tickets)
@@ -487,16 +498,23 @@ class RewardServer:
             return values
 
         async def openrlhf(request):
+            """The request checked as a whole (else refused), then its samples read and scored,
+            counted by the reward (a sample that fails fails the request: its samples are failures)."""
             body = await read_body(request)
             queries, prompts, labels = _field(body, "query"), _field(body, "prompts"), _field(body, "labels")
             check_size(len(queries))
+            try:
+                self.reward.check_openrlhf(queries, prompts, labels)
+                _check_openrlhf_unicode(queries, prompts, labels)
+            except (TypeError, ValueError) as error:
+                raise _ClientError(str(error)) from None
             with self.reward.counting(len(queries)):
                 try:
                     pending = self.reward.openrlhf_pending(queries, prompts, labels)
-                    _check_openrlhf_unicode(queries, prompts, labels)
                 except (TypeError, ValueError) as error:
-                    raise _ClientError(str(error)) from None
-                values = pending.fill(await rewards(pending.texts, pending.refs) if pending.texts else [])
+                    raise _FailedSamples(str(error)) from None
+                scored = await rewards(pending.texts, pending.refs, _FailedSamples) if pending.texts else []
+                values = pending.fill(scored)
             return web.json_response(self.reward.openrlhf_answer(values))
 
         async def score(request):
