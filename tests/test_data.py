@@ -1,3 +1,4 @@
+import codecs
 import contextlib
 import dataclasses
 import shutil
@@ -224,6 +225,39 @@ def test_read_wmt17_missing_reference_system_line_and_header(tmp_path):
     table.unlink()
     with pytest.raises(FileNotFoundError, match="DA-seglevel.csv"):
         read_wmt17(d)
+
+
+def test_read_wmt17_a_lone_carriage_return_inside_a_line_keeps_the_alignment(tmp_path):
+    """Only ``\\n`` or ``\\r\\n`` ends a line: a lone ``\\r`` inside an output line was read as a line
+    end, and every later SID silently paired with the line before its own."""
+    d = copy_wmt17(tmp_path)
+    output = d / "cs-en" / "newstest2017.online-A.0.cs-en"
+    lines = output.read_text(encoding="utf-8").split("\n")
+    output.write_bytes(("\n".join([lines[0] + "\rstill line one", *lines[1:]])).encode())
+    assert read_wmt17(d)[0].hyp == "The police search for witnesses."  # SID 2, as before
+
+
+def test_every_reader_names_an_undecodable_line_and_drops_a_byte_order_mark(tmp_path):
+    """A byte-order mark that starts a file (as some Windows editors write) is not text: it made a
+    TSV's header lack ``lp`` and stayed in a text file's first line. An undecodable byte is a
+    DataError naming the file and its line (it was the codec's message alone)."""
+    tsv = write(tmp_path / "r.tsv", HEADER + "de-en\t2016\tthe cat\tthe cat\t0.5\n")
+    tsv.write_bytes(codecs.BOM_UTF8 + tsv.read_bytes())
+    assert read_tsv(tsv)[0].lp == "de-en"
+    jsonl = tmp_path / "r.jsonl"
+    jsonl.write_bytes(codecs.BOM_UTF8 + b'{"lang": "de-en", "candidate": "a", "reference": "b", "score": 1}\n')
+    assert read_jsonl(jsonl, year=2016)[0].hyp == "a"
+    d = copy_daseg(tmp_path)
+    reference = d / "DAseg.newstest2016.reference.cs-en"
+    first = read_wmt_daseg(d, 2016, "cs-en")[0].ref
+    reference.write_bytes(codecs.BOM_UTF8 + reference.read_bytes())
+    assert read_wmt_daseg(d, 2016, "cs-en")[0].ref == first
+    readers = ((tsv, lambda: read_tsv(tsv)), (jsonl, lambda: read_jsonl(jsonl, year=2016)),
+               (reference, lambda: read_wmt_daseg(d, 2016, "cs-en")))
+    for path, read in readers:
+        path.write_bytes(path.read_bytes().replace(b"\n", b"\n\xfc", 1))
+        with error_at(path, 2, "not valid UTF-8 \\(byte 0xfc\\)"):
+            read()
 
 
 # --- read_ratings --------------------------------------------------------------------------------

@@ -90,6 +90,18 @@ def test_show_without_matplotlib_names_the_extra(tmp_path, tiny_model_dir, tiny_
         draw_token_match(token_match(Scorer(tiny_encoder), HYP, REF), tmp_path / "p.png")
 
 
+@pytest.mark.parametrize("name", ["p.txt", "p.jpg", "plan"])
+def test_the_python_show_refuses_a_path_it_would_not_write_before_scoring(tmp_path, tiny_encoder, monkeypatch, name):
+    """matplotlib writes ``plan`` as ``plan.png`` (the returned path did not exist) and fails on
+    ``.txt`` only after the pair was scored."""
+    import torchmover.evaluation.show as show_module
+
+    monkeypatch.setattr(show_module, "token_match", lambda *a: pytest.fail("scored before the path was checked"))
+    with pytest.raises(ValueError, match="path must end in .png, .svg or .pdf"):
+        show_module.show(Scorer(tiny_encoder), HYP, REF, tmp_path / name)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_show_refuses_an_unknown_picture_format(tmp_path, tiny_model_dir, capsys):
     with pytest.raises(SystemExit):
         main(["show", "--hyp", HYP, "--ref", REF, "--output", str(tmp_path / "p.txt"),

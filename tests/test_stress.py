@@ -50,6 +50,13 @@ def test_fixes_depend_on_the_direction():
     assert fix_for("shuffled", recall) is None
 
 
+@pytest.mark.parametrize("method", ["sbert", "cka", "wmd", "moverscore"])
+def test_a_member_without_directions_gets_no_direction_to_try(method):
+    """These members ignore ``direction``: suggesting ``direction='f1'`` (as it was) changed nothing."""
+    assert fix_for("pad-own", ScorerConfig(method=method)) is None
+    assert fix_for("truncated", ScorerConfig(method=method, direction="precision")) is None
+
+
 def test_a_scorer_report_is_consistent_with_its_scores(tiny_encoder):
     scorer = Scorer(tiny_encoder, centering="none")
     hyps, refs = [HYP, "a man plays a guitar", "the sun"], ["a cat sat on a mat", "a man plays", "the moon"]

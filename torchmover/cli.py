@@ -399,10 +399,10 @@ def add_show_arguments(parser: argparse.ArgumentParser) -> None:
 def run_show(args: argparse.Namespace) -> None:
     """Draw the pair's token match (:func:`torchmover.evaluation.show.show`) and print its score, the
     path written and the signature."""
-    from .evaluation.show import show
+    from .evaluation.show import PICTURE_SUFFIXES, show
 
     require("matplotlib", "plot", "show")
-    if Path(args.output).suffix.lower() not in (".png", ".svg", ".pdf"):
+    if Path(args.output).suffix.lower() not in PICTURE_SUFFIXES:
         raise CLIError(f"--output must end in .png, .svg or .pdf, got {args.output!r}")
     prepare_outputs(args.output)
     scorer = scorer_from_args(args, [args.ref], [args.hyp])

@@ -28,8 +28,10 @@ Example:
 """
 from __future__ import annotations
 
+import codecs
 import csv
 import dataclasses
+import io
 import json
 import math
 import random
@@ -133,12 +135,22 @@ def _text(value, path, line: int, what: str) -> str:
     return value
 
 
+def _decoded(path: Path) -> str:
+    """The text of ``path``: strict UTF-8, without a byte-order mark that starts it (as some Windows
+    editors write). An undecodable byte is a :class:`DataError` naming the file and its line."""
+    data = path.read_bytes().removeprefix(codecs.BOM_UTF8)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise DataError(path, line, f"not valid UTF-8 (byte 0x{data[error.start]:02x})") from None
+
+
 def _read_lines(path: Path) -> list[str]:
-    """Line-aligned text: split on ``\\n`` only (``\\r\\n`` too), so U+2028 and friends inside a
-    sentence do not shift the alignment; a final newline does not add an empty line."""
-    with open(path, encoding="utf-8", newline=None) as f:
-        text = f.read()
-    lines = text.split("\n")
+    """Line-aligned text (:func:`_decoded`): ``\\n`` or ``\\r\\n`` ends a line, nothing else, so a lone
+    ``\\r``, U+2028 and friends inside a sentence do not shift the alignment; a final newline does not
+    add an empty line."""
+    lines = [line.removesuffix("\r") for line in _decoded(path).split("\n")]
     if lines and lines[-1] == "":
         lines.pop()
     return lines
@@ -163,7 +175,7 @@ def read_tsv(path: str | Path) -> list[Rating]:
     if path.is_dir():
         return read_tsv_dir(path)
     _require_file(path, "ratings file")
-    with open(path, encoding="utf-8", newline="") as f:
+    with io.StringIO(_decoded(path), newline="") as f:
         rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         header = next(rows, None)
         if header is None:
@@ -215,35 +227,34 @@ def read_jsonl(path: str | Path, year: int | None = None) -> list[Rating]:
     """
     path = _require_file(Path(path), "ratings file")
     records = []
-    with open(path, encoding="utf-8") as f:
-        for line, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise DataError(path, line, f"invalid JSON ({error.msg} at column {error.colno})") from None
-            if not isinstance(obj, dict):
-                raise DataError(path, line, f"expected a JSON object, got {type(obj).__name__}")
-            missing = [k for k in JSONL_KEYS if k not in obj]
-            if missing:
-                raise DataError(path, line, f"missing keys {missing} (expected {list(JSONL_KEYS)})")
-            if "year" in obj:
-                y = _year(obj["year"], path, line)
-            elif year is not None:
-                y = _year(year, path, line)
-            else:
-                raise DataError(path, line, "no 'year' key: pass read_jsonl(path, year=...)")
-            segment_id = obj.get("segment_id")
-            if segment_id is not None and (isinstance(segment_id, bool) or not isinstance(segment_id, int)):
-                raise DataError(path, line, f"segment_id must be an integer, got {segment_id!r}")
-            records.append(Rating(
-                lp=_lp(obj["lang"], path, line), year=y,
-                ref=_text(obj["reference"], path, line, "reference"),
-                hyp=_text(obj["candidate"], path, line, "candidate"),
-                score=_score(obj["score"], path, line), system=obj.get("system"), segment_id=segment_id,
-                src=obj.get("source"),
-            ))
+    for line, text in enumerate(_decoded(path).split("\n"), start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise DataError(path, line, f"invalid JSON ({error.msg} at column {error.colno})") from None
+        if not isinstance(obj, dict):
+            raise DataError(path, line, f"expected a JSON object, got {type(obj).__name__}")
+        missing = [k for k in JSONL_KEYS if k not in obj]
+        if missing:
+            raise DataError(path, line, f"missing keys {missing} (expected {list(JSONL_KEYS)})")
+        if "year" in obj:
+            y = _year(obj["year"], path, line)
+        elif year is not None:
+            y = _year(year, path, line)
+        else:
+            raise DataError(path, line, "no 'year' key: pass read_jsonl(path, year=...)")
+        segment_id = obj.get("segment_id")
+        if segment_id is not None and (isinstance(segment_id, bool) or not isinstance(segment_id, int)):
+            raise DataError(path, line, f"segment_id must be an integer, got {segment_id!r}")
+        records.append(Rating(
+            lp=_lp(obj["lang"], path, line), year=y,
+            ref=_text(obj["reference"], path, line, "reference"),
+            hyp=_text(obj["candidate"], path, line, "candidate"),
+            score=_score(obj["score"], path, line), system=obj.get("system"), segment_id=segment_id,
+            src=obj.get("source"),
+        ))
     return records
 
 
@@ -319,40 +330,40 @@ def read_wmt17(directory: str | Path) -> list[Rating]:
         return cache[file][sid - 1]
 
     records = []
-    with open(table, encoding="utf-8") as f:
-        header = f.readline().split()
-        if tuple(header) != WMT17_COLUMNS:
-            raise DataError(table, 1, f"header must be {' '.join(WMT17_COLUMNS)!r}, got {' '.join(header)!r}")
-        for line, text in enumerate(f, start=2):
-            fields = text.split()
-            if not fields:
-                continue
-            if len(fields) != len(WMT17_COLUMNS):
-                raise DataError(table, line,
-                                f"expected {len(WMT17_COLUMNS)} space-separated columns, got {len(fields)}")
-            lp, data, system, sid, human = fields
-            lp = _lp(lp, table, line)
-            if not sid.isdigit() or int(sid) < 1:
-                raise DataError(table, line, f"SID must be a positive integer, got {sid!r}")
-            sid = int(sid)
-            year = re.search(r"\d{4}", data)
-            if year is None:
-                raise DataError(table, line, f"DATA must name a test set with its year (newstest2017), got {data!r}")
-            src, tgt = lp.split("-")
-            output = _system_file(directory, lp, data, system)
-            if output is None:
-                raise DataError(table, line, f"system output not found: {directory / lp / f'{data}.{system}.{lp}'}")
-            ref_name = f"{data}-{src}{tgt}-ref.{tgt}"
-            candidates = (directory / "references" / ref_name, directory / ref_name)
-            reference = next((p for p in candidates if p.is_file()), None)
-            if reference is None:
-                raise DataError(table, line, f"reference not found: {directory / 'references' / ref_name} "
-                                             f"(nor {directory / ref_name})")
-            records.append(Rating(
-                lp=lp, year=int(year[0]), ref=line_of(reference, sid, line, "reference"),
-                hyp=line_of(output, sid, line, "system output"), score=_score(human, table, line, "HUMAN"),
-                system=system, segment_id=sid,
-            ))
+    rows = _read_lines(table)
+    header = rows[0].split() if rows else []
+    if tuple(header) != WMT17_COLUMNS:
+        raise DataError(table, 1, f"header must be {' '.join(WMT17_COLUMNS)!r}, got {' '.join(header)!r}")
+    for line, text in enumerate(rows[1:], start=2):
+        fields = text.split()
+        if not fields:
+            continue
+        if len(fields) != len(WMT17_COLUMNS):
+            raise DataError(table, line,
+                            f"expected {len(WMT17_COLUMNS)} space-separated columns, got {len(fields)}")
+        lp, data, system, sid, human = fields
+        lp = _lp(lp, table, line)
+        if not sid.isdigit() or int(sid) < 1:
+            raise DataError(table, line, f"SID must be a positive integer, got {sid!r}")
+        sid = int(sid)
+        year = re.search(r"\d{4}", data)
+        if year is None:
+            raise DataError(table, line, f"DATA must name a test set with its year (newstest2017), got {data!r}")
+        src, tgt = lp.split("-")
+        output = _system_file(directory, lp, data, system)
+        if output is None:
+            raise DataError(table, line, f"system output not found: {directory / lp / f'{data}.{system}.{lp}'}")
+        ref_name = f"{data}-{src}{tgt}-ref.{tgt}"
+        candidates = (directory / "references" / ref_name, directory / ref_name)
+        reference = next((p for p in candidates if p.is_file()), None)
+        if reference is None:
+            raise DataError(table, line, f"reference not found: {directory / 'references' / ref_name} "
+                                         f"(nor {directory / ref_name})")
+        records.append(Rating(
+            lp=lp, year=int(year[0]), ref=line_of(reference, sid, line, "reference"),
+            hyp=line_of(output, sid, line, "system output"), score=_score(human, table, line, "HUMAN"),
+            system=system, segment_id=sid,
+        ))
     return records
 
 

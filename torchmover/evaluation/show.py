@@ -198,11 +198,25 @@ def clean_token(token: str) -> str:
     return token.replace("Ġ", "").replace("▁", "") or token
 
 
+PICTURE_SUFFIXES = (".png", ".svg", ".pdf")  # the formats a token match is drawn in, by the path's suffix
+
+
+def picture_path(path: str | Path) -> Path:
+    """``path`` as a ``Path``; a ``ValueError`` naming it unless its suffix is one of
+    :data:`PICTURE_SUFFIXES` (matplotlib would write another suffix's format, or add ``.png`` to a
+    path without one and leave ``path`` unwritten)."""
+    path = Path(path)
+    if path.suffix.lower() not in PICTURE_SUFFIXES:
+        raise ValueError(f"path must end in .png, .svg or .pdf, got {str(path)!r}")
+    return path
+
+
 def draw_token_match(match: TokenMatch, path: str | Path) -> Path:
     """Draw ``match`` as a heatmap (reference tokens down, hypothesis tokens across) with each token's
     contribution as bars in the margins and the score with its signature in the title; write it to
     ``path`` (the format from its suffix: ``.png``, ``.svg``, ``.pdf``). Needs matplotlib
     (``pip install "torchmover[plot]"``)."""
+    path = picture_path(path)
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -257,7 +271,6 @@ def draw_token_match(match: TokenMatch, path: str | Path) -> Path:
     signature = "\n".join(textwrap.wrap(match.signature.replace("|", " | "), 110))
     fig.suptitle(f"{match.method}{direction} = {match.score:.4f}{rescaled}", fontsize=12, fontweight="bold")
     fig.supxlabel(signature, fontsize=6, family="monospace")
-    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -265,7 +278,9 @@ def draw_token_match(match: TokenMatch, path: str | Path) -> Path:
 
 
 def show(scorer, hyp: str, ref: str, path: str | Path) -> TokenMatch:
-    """:func:`token_match` of the pair, drawn to ``path`` (:func:`draw_token_match`)."""
+    """:func:`token_match` of the pair, drawn to ``path`` (:func:`draw_token_match`; a path of another
+    suffix is a ``ValueError`` before the pair is scored)."""
+    picture_path(path)
     match = token_match(scorer, hyp, ref)
     draw_token_match(match, path)
     return match

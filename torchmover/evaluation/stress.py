@@ -34,6 +34,8 @@ import json
 import random
 from typing import Callable, Sequence
 
+from ..functional.members import get_member
+
 __all__ = ["VARIANTS", "RARELY", "StressRow", "StressReport", "make_variant", "stress_test", "fix_for"]
 
 VARIANTS = ("pad-own", "pad-unrelated", "twice", "shuffled", "truncated", "doubled", "empty")
@@ -113,7 +115,11 @@ def fix_for(variant: str, config=None) -> str | None:
 
     Longer outputs (padding) gain under recall, which lets every reference token find a counterpart
     among more hypothesis tokens; precision charges the extra tokens, and ``f1`` weighs both. A
-    truncated output gains under precision alone; recall charges what is missing."""
+    truncated output gains under precision alone; recall charges what is missing. A member without
+    directions (sbert, cka, wmd, moverscore, the sentence movers) ignores ``direction``: nothing to
+    suggest."""
+    if config is not None and not get_member(config.method).directed:
+        return None
     direction = getattr(config, "direction", None)
     if variant in ("pad-own", "pad-unrelated") and direction in (None, "recall"):
         return "direction='f1' (--direction f1): precision charges the added words"
