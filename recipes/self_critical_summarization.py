@@ -39,12 +39,14 @@ touch the training RNG, and logs their mean reward and the greedy summaries' mea
 Outputs (``--output-dir DIR``):
 
 - ``DIR/<phase>/log.jsonl``: ``config``, ``step`` (loss, L_RL, L_MLE, batch rewards, advantage, lr,
-  gradient norm), ``eval`` and ``done`` events, one JSON object per line;
+  gradient norm), ``eval`` and ``done`` events, one JSON object per line; after ``--resume``, ``resume``.
+  Each event is logged once: a resume drops what the interrupted run logged after its checkpoint,
+  which is logged again as it is redone;
 - ``DIR/<phase>/checkpoints/step-XXXXXXX.pt`` and ``latest``: every ``--save-every`` steps and at the end
   of the phase, written atomically (temporary file, fsync, ``os.replace``): model, optimiser and
-  scheduler state dicts, the step, and the Python and torch RNG states (read back with
-  ``torch.load(weights_only=True)``). ``--resume`` continues each unfinished phase from its latest
-  checkpoint with the same data order, RNG states and optimiser state; its rewards match the
+  scheduler state dicts, the step, the Python and torch RNG states, and how many events the log held
+  (read back with ``torch.load(weights_only=True)``). ``--resume`` continues each unfinished phase from
+  its latest checkpoint with the same data order, RNG states and optimiser state; its rewards match the
   uninterrupted run's to float32 rounding only (the reward's reference cache starts empty, and a
   self-term computed beside other batch-mates rounds differently), so the resumed run agrees with it
   to rounding, not to the bit;
@@ -393,6 +395,7 @@ def run_phase(name: str, model, tokenizer, train, evaluation, reward, args, gamm
         save_checkpoint(run_dir / "checkpoints", {
             "step": step, "total_steps": total, "gamma": gamma, "model": model.state_dict(),
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
+            "log_events": log.count(),
         }, step, args.keep_checkpoints)
 
     def run_eval() -> None:
@@ -437,8 +440,10 @@ def run_phase(name: str, model, tokenizer, train, evaluation, reward, args, gamm
 def start_phase(name: str, gamma: float, total: int, run_dir: Path, log: common.JsonLog, model,
                 optimizer, scheduler, args) -> int:
     """The step the phase starts at. With ``--resume`` and a checkpoint: its step, with the model,
-    optimiser, schedule and RNG states restored and the log cut back to it (refused if the checkpoint
-    was written for another length or γ). Otherwise 0: a fresh log, the RNGs seeded with ``--seed``."""
+    optimiser, schedule and RNG states restored and the log cut back to the events it held then (what
+    an interrupted run logged after the checkpoint is dropped, to be logged again as it is redone;
+    refused if the checkpoint was written for another length or γ). Otherwise 0: a fresh log, the RNGs
+    seeded with ``--seed``."""
     path = latest_checkpoint(run_dir / "checkpoints") if args.resume else None
     if path is None:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -456,7 +461,10 @@ def start_phase(name: str, gamma: float, total: int, run_dir: Path, log: common.
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
-    log.truncate_after(state["step"])
+    if "log_events" in state:  # what was logged after the checkpoint is redone from here: logged again
+        log.truncate_to(state["log_events"])
+    else:  # a checkpoint of an earlier version of the recipe: the events of later steps
+        log.truncate_after(state["step"])
     log("resume", step=state["step"], checkpoint=path.name)
     return state["step"]
 

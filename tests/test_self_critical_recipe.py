@@ -103,6 +103,69 @@ def test_runs_checkpoints_and_resumes_exactly(recipe, scorer, tmp_path):
     assert resumed["runs"] == straight["runs"]
 
 
+
+class Killed(BaseException):
+    """A hard kill of the recipe: nothing of it runs after this is raised."""
+
+
+def events(run_dir: Path) -> list[tuple]:
+    """A phase's logged events (but ``resume``), each by its kind, step and split."""
+    logged = map(json.loads, (run_dir / "log.jsonl").read_text().splitlines())
+    return [(e["event"], e.get("step"), e.get("split")) for e in logged if e["event"] != "resume"]
+
+
+@pytest.fixture(scope="module")
+def straight_run(recipe, scorer, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("straight")
+    recipe.main(args(out), scorer=scorer)
+    return out
+
+
+@pytest.mark.parametrize("kind, step, kills, cut_short, earlier_checkpoint", [
+    ("done", 4, 1, False, False),  # after the phase's last checkpoint (step 4), before done.json
+    ("step", 4, 1, True, False),  # after the checkpoint of step 3, a last line cut short
+    ("step", 4, 2, False, False),  # killed twice after the checkpoint of step 3
+    ("step", 4, 1, False, True),  # a checkpoint of an earlier version of the recipe
+])
+def test_a_resumed_log_holds_each_event_once(recipe, scorer, straight_run, tmp_path, monkeypatch, kind, step,
+                                             kills, cut_short, earlier_checkpoint):
+    """Killed in the MLE run just after logging the event ``kind`` of ``step`` (``kills`` times, the
+    last line cut short if ``cut_short``), then resumed: every phase's log holds the uninterrupted
+    run's events, each once, and one ``resume`` for the one resume that continued. Before, the
+    ``done`` of a run killed after it was logged twice, a line cut short stopped the resume with a
+    JSONDecodeError, and a resume killed before the next checkpoint left its ``resume`` in the log. A
+    checkpoint of an earlier version of the recipe, without the log's event count, keeps the events
+    up to its step."""
+    out = tmp_path / "run"
+    log = recipe.common.JsonLog.__call__
+
+    def killed_after(self, event, **fields):
+        log(self, event, **fields)
+        if self.path.parent.name == "mle" and event == kind and fields.get("step") == step:
+            if cut_short:
+                with open(self.path, "a", encoding="utf-8") as fh:
+                    fh.write('{"event": "st')
+            raise Killed
+
+    for kill in range(kills):
+        monkeypatch.setattr(recipe.common.JsonLog, "__call__", killed_after)
+        with pytest.raises(Killed):
+            recipe.main(args(out, *(("--resume",) if kill else ())), scorer=scorer)
+        monkeypatch.undo()
+    if earlier_checkpoint:
+        checkpoints = out / "mle" / "checkpoints"
+        path = checkpoints / (checkpoints / "latest").read_text().strip()
+        state = torch.load(path, weights_only=True)
+        del state["log_events"]
+        torch.save(state, path)
+    resumed = recipe.main(args(out, "--resume"), scorer=scorer)
+    assert "runs" in resumed
+    for name in ("warmstart", *RUNS):
+        assert events(out / name) == events(straight_run / name), name
+    kinds = [json.loads(line)["event"] for line in (out / "mle" / "log.jsonl").read_text().splitlines()]
+    assert kinds.count("resume") == 1
+
+
 def test_a_run_directory_is_never_overwritten_silently(recipe, scorer, tmp_path):
     """Issue 32: run again without --resume over a run's directory, the recipe refuses, naming --resume
     and --overwrite, and leaves the run as it was; --overwrite deletes the run's outputs (all of them:
