@@ -42,11 +42,7 @@ class JsonLog:
 
     def truncate_after(self, step: int) -> None:
         """Drop events logged after ``step`` (written before an interruption, then redone on resume)."""
-        if not (self.enabled and self.path.is_file()):
-            return
-        lines = self.path.read_text(encoding="utf-8").splitlines()
-        kept = [line for line in lines if line.strip() and json.loads(line).get("step", -1) <= step]
-        atomic_write(self.path, lambda fh: fh.write("".join(line + "\n" for line in kept).encode()))
+        self._keep(lambda lines: [line for line in lines if line.strip() and json.loads(line).get("step", -1) <= step])
 
     def count(self) -> int:
         """How many events the log holds (0 before the first): what a checkpoint records, so that a
@@ -59,9 +55,14 @@ class JsonLog:
         """Keep the first ``count`` events, those logged before the checkpoint that recorded
         :meth:`count`; drop what an interrupted run logged after it (redone on resume, so logged
         again), including a line that a kill cut short."""
+        self._keep(lambda lines: lines[:count])
+
+    def _keep(self, select) -> None:
+        """Rewrite the log, atomically, with the lines ``select(lines)`` keeps (nothing to do where the
+        log is off or not written yet)."""
         if not (self.enabled and self.path.is_file()):
             return
-        kept = self.path.read_text(encoding="utf-8").splitlines()[:count]
+        kept = select(self.path.read_text(encoding="utf-8").splitlines())
         atomic_write(self.path, lambda fh: fh.write("".join(line + "\n" for line in kept).encode()))
 
     def events(self, kind: str) -> list[dict]:

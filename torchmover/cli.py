@@ -399,11 +399,13 @@ def add_show_arguments(parser: argparse.ArgumentParser) -> None:
 def run_show(args: argparse.Namespace) -> None:
     """Draw the pair's token match (:func:`torchmover.evaluation.show.show`) and print its score, the
     path written and the signature."""
-    from .evaluation.show import PICTURE_SUFFIXES, show
+    from .evaluation.show import picture_path, show
 
     require("matplotlib", "plot", "show")
-    if Path(args.output).suffix.lower() not in PICTURE_SUFFIXES:
-        raise CLIError(f"--output must end in .png, .svg or .pdf, got {args.output!r}")
+    try:
+        picture_path(args.output)
+    except ValueError:
+        raise CLIError(f"--output must end in .png, .svg or .pdf, got {args.output!r}") from None
     prepare_outputs(args.output)
     scorer = scorer_from_args(args, [args.ref], [args.hyp])
     match = show(scorer, args.hyp, args.ref, args.output)

@@ -14,8 +14,9 @@ Centering, and why results do not depend on how the data is cut into ``update`` 
 - with ``batch`` centering, ``update`` only keeps the texts (``preds``, ``targets``: local list states,
   never gathered) and ``compute`` scores them all with :meth:`Scorer.score <torchmover.Scorer.score>`,
   which centers on the mean of every distinct text seen (under DDP: of every rank's, a text on several
-  ranks counted once, through one all-reduce of token sums and counts), then gathers the scores. ``s_i`` therefore equals what the
-  scorer's ``forward`` gives on the whole corpus at once, however the updates were cut.
+  ranks counted once, through one all-reduce of token sums and counts), then gathers the scores.
+  ``s_i`` therefore equals what the scorer's ``forward`` gives on the whole corpus at once, however
+  the updates were cut.
 
 The scorer scores in eval mode (no dropout) even when the module that holds the metric is training,
 unless ``train_scorer=True``.

@@ -56,8 +56,8 @@ centering included, without its reference cache, which the copy refills.
 
 Degenerate generations. A text with no real token (empty or whitespace-only) scores exactly 0 (as
 does a pair with an empty reference; with ``rescale=True`` the rescaled 0, ``−b / (1 − b)``);
-punctuation-only or repetitive texts get their ordinary, finite score. No length or repetition penalty is applied implicitly; pass ``shaping`` to apply one
-explicitly.
+punctuation-only or repetitive texts get their ordinary, finite score. No length or repetition
+penalty is applied implicitly; pass ``shaping`` to apply one explicitly.
 """
 from __future__ import annotations
 
