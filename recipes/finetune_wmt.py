@@ -141,6 +141,7 @@ import torchmover as tm
 from torchmover.evaluation.correlation import Report, correlate
 from torchmover.evaluation.data import Rating, read_ratings, split_dev
 from torchmover.functional.centering import Centering
+from torchmover.functional.members import get_member
 from torchmover.runtime.checkpoint import (
     atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state,
 )
@@ -185,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hidden layer read (default: the model's top layer, so every block is fine-tuned)")
     m.add_argument("--method", default="twmd", choices=("twmd", "trwmd", "bertscore", "sbert", "cka"))
     m.add_argument("--direction", default="recall", choices=("recall", "precision", "f1"))
-    m.add_argument("--temperature", type=float, default=0.15, help="T of twmd / trwmd (the other methods ignore it)")
+    m.add_argument("--temperature", type=float, default=0.15,
+                   help="T of twmd / trwmd (the other methods have none: not passed to them)")
     m.add_argument("--centering", default="batch", choices=("batch", "fixed", "running", "sentence", "dimension", "none"),
                    help="centering while training. batch: the paper's protocol (synchronised over processes); "
                         "fixed: the mean of the training texts under the untuned encoder, kept. Evaluation "
@@ -239,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="delete the outputs of the run already in --output, then start over (without "
                             "--resume or --overwrite, a directory that holds a run is refused)")
     r.add_argument("--save-every", type=int, default=0, help="also checkpoint every N optimiser steps")
-    r.add_argument("--keep-checkpoints", type=int, default=2, help="checkpoints kept (the newest)")
+    r.add_argument("--keep-checkpoints", type=int, default=2, help="checkpoints of this run kept (its highest steps)")
     r.add_argument("--stop-after", type=int, default=0, metavar="STEPS",
                    help="checkpoint and stop after this many optimiser steps (time-limited jobs); 0: never")
     r.add_argument("--eval-batch-size", type=int, default=64, help="batch size of evaluation scoring")
@@ -712,8 +714,9 @@ def build_scorer(args: argparse.Namespace, device: torch.device, eval_texts: lis
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     layer = top_layer(args.model) if args.layer is None else args.layer
+    tuned = get_member(args.method).temperature == "tuned"
     scorer = tm.Scorer(args.model, layer=layer, method=args.method, direction=args.direction,
-                       temperature=args.temperature, centering=args.centering, max_length=args.max_length,
+                       temperature=args.temperature if tuned else None, centering=args.centering, max_length=args.max_length,
                        device=device)
     if args.centering == "fixed":
         scorer.fit_centering(eval_texts, batch_size=args.eval_batch_size, progress=progress)

@@ -52,9 +52,11 @@ def test_fixes_depend_on_the_direction():
 
 @pytest.mark.parametrize("method", ["sbert", "cka", "wmd", "moverscore"])
 def test_a_member_without_directions_gets_no_direction_to_try(method):
-    """These members ignore ``direction``: suggesting ``direction='f1'`` (as it was) changed nothing."""
+    """These members have no ``direction`` (a config refuses one): suggesting ``direction='f1'`` (as it
+    was) would name an option they refuse."""
     assert fix_for("pad-own", ScorerConfig(method=method)) is None
-    assert fix_for("truncated", ScorerConfig(method=method, direction="precision")) is None
+    with pytest.raises(ValueError, match="has no directions"):
+        ScorerConfig(method=method, direction="precision")
 
 
 def test_a_scorer_report_is_consistent_with_its_scores(tiny_encoder):

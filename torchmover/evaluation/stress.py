@@ -116,7 +116,7 @@ def fix_for(variant: str, config=None) -> str | None:
     Longer outputs (padding) gain under recall, which lets every reference token find a counterpart
     among more hypothesis tokens; precision charges the extra tokens, and ``f1`` weighs both. A
     truncated output gains under precision alone; recall charges what is missing. A member without
-    directions (sbert, cka, wmd, moverscore, the sentence movers) ignores ``direction``: nothing to
+    directions (sbert, cka, wmd, moverscore, the sentence movers) takes no ``direction``: nothing to
     suggest."""
     if config is not None and not get_member(config.method).directed:
         return None

@@ -139,8 +139,10 @@ class ScorerConfig:
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < least):
                 raise ValueError(f"{name} must be an int >= {least} or None ({default}), got {value!r}")
+        _check_member_options(self.method, self.direction, self.temperature, self.n_iter)
         if self.temperature is not None:
             check_temperature(self.temperature)
+            object.__setattr__(self, "temperature", float(self.temperature))  # as the signature prints it
         if self.n_iter is not None and (type(self.n_iter) is not int or self.n_iter < 1):
             raise ValueError(f"n_iter must be a positive int or None (converged), got {self.n_iter!r}")
         if member.temperature == "tuned" and member.iterations and self.n_iter is None and self.temperature is not None:
@@ -155,6 +157,10 @@ class ScorerConfig:
         if member.documents and not (self.token_policy_is_identity and not self.idf and self.ngram == 1):
             raise ValueError(f"method={self.method!r} moves words and sentences of whole documents: it takes no "
                              "subwords/stopwords/punctuation/idf/ngram options")
+        if self.special_tokens in ("cls", "keep") and (self.subwords == "mean" or member.documents):
+            dropper = "the sentence movers drop" if member.documents else "subwords='mean' drops"
+            raise ValueError(f"special_tokens={self.special_tokens!r} keeps special tokens as units, but {dropper} "
+                             "them (special tokens belong to no word or sentence): use special_tokens='drop'")
         if self.special_tokens == "target" and (not member.matching or self.subwords == "mean" or self.ngram > 1):
             matching = tuple(name for name, m in MEMBERS.items() if m.matching)
             raise ValueError(f"special_tokens='target' (zero-mass matching targets) is defined for the methods "
@@ -222,7 +228,33 @@ def stopword_tuple(stopwords) -> tuple[str, ...]:
     words = list(stopwords)
     if not all(isinstance(w, str) for w in words):
         raise TypeError("stopwords must be strings")
+    spaced = [w for w in words if any(c.isspace() for c in w)]
+    if spaced:
+        raise ValueError(f"a stopword is one word, matched whole (no whitespace in it), got {spaced!r}")
     return tuple(sorted({w.lower() for w in words}))
+
+
+def _check_member_options(method: str, direction: str, temperature, n_iter) -> None:
+    """Raise ``ValueError`` for a ``direction``, ``temperature`` or ``n_iter`` that ``method`` has no use
+    for (it would be ignored, and the signature would not show it): a direction other than ``recall``
+    for a member without directions, a temperature for a member without one (or with the exact
+    solver's fixed one), and Sinkhorn iterations other than the default 1 for a member that runs none
+    (a sentence mover runs them only when tempered)."""
+    member = get_member(method)
+    if direction != "recall" and not member.directed:
+        directed = tuple(name for name, m in MEMBERS.items() if m.directed)
+        raise ValueError(f"method={method!r} has no directions (its score is one value), got "
+                         f"direction={direction!r}; directions are defined for {directed}")
+    if temperature is not None and member.temperature in (None, "fixed"):
+        tempered = tuple(name for name, m in MEMBERS.items() if m.temperature in ("tuned", "optional"))
+        why = "it runs the exact solver at its fixed T" if member.temperature == "fixed" else "it has none"
+        raise ValueError(f"method={method!r} takes no temperature ({why}), got temperature={temperature!r}; "
+                         f"a temperature is a parameter of {tempered}")
+    iterates = member.iterations and (member.temperature == "tuned" or temperature is not None)
+    if n_iter != 1 and not iterates:
+        iterating = tuple(name for name, m in MEMBERS.items() if m.iterations)
+        raise ValueError(f"method={method!r} runs no Sinkhorn iterations here, got n_iter={n_iter!r}; n_iter is a "
+                         f"parameter of {iterating} (the sentence movers' when tempered)")
 
 
 def _check_choice(name: str, value, choices) -> None:
