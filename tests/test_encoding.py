@@ -337,3 +337,38 @@ def test_texts_tokenized_beforehand_encode_as_the_texts_do(tiny_encoder, with_wo
     if not with_word_ids:
         with pytest.raises(ValueError, match="word ids"):
             tiny_encoder(texts, tokenized=tokens, with_word_ids=True)
+
+
+def _modernbert(vocab_size: int):
+    """A tiny random ModernBERT: a final norm (``final_norm``) after its last block."""
+    from transformers import ModernBertConfig, ModernBertModel
+
+    torch.manual_seed(0)
+    config = ModernBertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                              intermediate_size=64, max_position_embeddings=64, pad_token_id=0, bos_token_id=2,
+                              eos_token_id=3, cls_token_id=2, sep_token_id=3)
+    return ModernBertModel(config).eval()
+
+
+@pytest.mark.parametrize("architecture", ["bert", "modernbert"])
+def test_every_layer_is_the_whole_models_hidden_state(architecture):
+    """The cut model's vectors are ``hidden_states[layer]`` of the whole model at every layer, also for a
+    model with a final norm, which belongs to the top layer alone (on the first call, which reads every
+    hidden state, and on the next, which may read the last state alone)."""
+    import copy
+
+    tokenizer = tiny_tokenizer()
+    model = tiny_model() if architecture == "bert" else _modernbert(len(tokenizer))
+    batch = tokenizer(PADDED, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = copy.deepcopy(model)(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                      output_hidden_states=True).hidden_states
+    if architecture == "modernbert":  # the top state is normed, the ones below are not
+        torch.testing.assert_close(hidden[3], model.final_norm(hidden[3]))
+        assert not torch.allclose(hidden[2], model.final_norm(hidden[2]), atol=1e-3)
+    for layer in range(4):
+        encoder = Encoder(copy.deepcopy(model), tokenizer, layer=layer, name="tiny", pass_cost=None)
+        with torch.no_grad():
+            for got in (encoder(PADDED), encoder(PADDED)):
+                real = batch["attention_mask"].bool()
+                torch.testing.assert_close(got.embeddings[real], hidden[layer][real], atol=1e-5, rtol=1e-5)

@@ -135,15 +135,15 @@ def test_a_text_longer_than_the_window_is_never_truncated():
 
 
 def test_chunks_are_whole_words_within_the_window():
-    tokenizer = tiny_tokenizer()
+    tokenizer, enc = tiny_tokenizer(), encoder(max_length=8)
     sentence = "the zebra ran over the quokka road and a cat sat on a mat by the red car"
-    chunks = _chunks(tokenizer, sentence, 8)
+    chunks = _chunks(enc, sentence)
     assert len(chunks) > 2 and " ".join(chunks) == sentence  # cut between words only
     assert all(len(tokenizer(c)["input_ids"]) <= 8 for c in chunks)
     assert sum((piece_ids(c) for c in chunks), []) == piece_ids(sentence)
-    assert _chunks(tokenizer, "the cat", 8) == ["the cat"]
+    assert _chunks(enc, "the cat") == ["the cat"]
     long_word = "x" * 20  # 20 word pieces, more than a window: cut inside the word, no character lost
-    chunks = _chunks(tokenizer, f"the {long_word} sat", 8)
+    chunks = _chunks(enc, f"the {long_word} sat")
     assert chunks == ["the", "xxxxxx", "xxxxxx", "xxxxxx", "xx sat"]
     assert all(len(tokenizer(c)["input_ids"]) <= 8 for c in chunks)
 
@@ -404,3 +404,98 @@ def test_bad_sentence_ids_are_rejected():
         sentence_movers(x, x, ref_sentence_ids=torch.zeros(2, 3))
     with pytest.raises(ValueError, match="ref_sentence_ids"):
         sentence_movers(x, x, ref_sentence_ids=[[0, 0, 0]] * 2)
+
+
+# --- encoding: the encoder's own tokenization -----------------------------------------------------
+
+def _tiny_bert_for(tokenizer, seed: int = 0):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    return BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=64, max_position_embeddings=64)).eval()
+
+
+def _assert_same_documents(got, expected):
+    for name in ("mask", "sentence_ids", "input_ids"):
+        assert torch.equal(getattr(got, name), getattr(expected, name)), name
+    torch.testing.assert_close(got.embeddings, expected.embeddings)
+
+
+@pytest.mark.parametrize("max_length", [None, 12])  # whole texts; sentence by sentence
+@pytest.mark.parametrize("tokenizer", ["padding on the left", "no pad token"])
+def test_documents_are_padded_as_the_encoder_pads_whatever_the_tokenizer(tokenizer, max_length):
+    """The encoder pads on the right whatever the tokenizer's padding side, with id 0 where it has no
+    pad token: so do the documents, to the same vectors as a tokenizer padding on the right."""
+    texts = ["The cat sat on the mat. A dog barked on the road!\nThe sun is red.", "a man eats", "",
+             "The quick brown fox. It ran."]
+    if tokenizer == "padding on the left":
+        tok = tiny_tokenizer()
+        tok.padding_side = "left"
+    else:
+        tok = tiny_tokenizer(pad_token=None)
+    with torch.no_grad():
+        expected = encode_documents(encoder(max_length), texts)
+        got = encode_documents(Encoder(tiny_model(), tok, layer=2, name="tiny-bert", max_length=max_length), texts)
+    _assert_same_documents(got, expected)
+
+
+def test_chunks_of_a_byte_level_bpe_sentence_are_the_encoders_windows():
+    """A byte-level BPE tokenizer reads a leading space as a token: each chunk is encoded as the encoder
+    encodes it alone (stripped), and the chunks hold the whole sentence."""
+    from conftest import chat_tokenizer
+
+    tok = chat_tokenizer()
+    enc = Encoder(_tiny_bert_for(tok), tok, layer=2, name="tiny-bpe", max_length=8)
+    sentence = "the cat sat on the mat and the dog barked all day long while we ate food"
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error")  # no truncation warning
+        docs = encode_documents(enc, [sentence])
+        chunks = _chunks(enc, sentence)
+        alone = enc(chunks)
+    assert len(chunks) > 2 and " ".join(chunks) == sentence and all(enc.fits(chunks))
+    assert docs.input_ids[0, docs.mask[0]].tolist() == alone.input_ids[alone.mask].tolist()
+    torch.testing.assert_close(docs.embeddings[0, docs.mask[0]], alone.embeddings[alone.mask])
+
+
+def _wordpiece_with_long_pieces():
+    """A WordPiece tokenizer whose vocabulary has the pieces ``gi ##raf ##fe ##s`` of "giraffes" but not
+    ``raf`` or ``fe`` as words: alone, a piece is spelled out letter by letter."""
+    import string
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+    letters = list(string.ascii_lowercase)
+    vocab = {t: i for i, t in enumerate(specials + ["gi", "##raf", "##fe"] + letters + ["##" + c for c in letters])}
+    backend = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]",
+                                                           special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]",
+                                   cls_token="[CLS]", sep_token="[SEP]", model_max_length=64)
+
+
+def test_a_piece_longer_than_the_window_alone_is_cut_between_characters():
+    """Nothing is truncated: a one-token chunk that takes more tokens alone (``##raf`` alone is
+    ``r ##a ##f``) is cut further, between characters, so every letter is encoded."""
+    tok = _wordpiece_with_long_pieces()
+    assert tok.tokenize("giraffes") == ["gi", "##raf", "##fe", "##s"]
+    enc = Encoder(_tiny_bert_for(tok), tok, layer=2, name="tiny", max_length=3)  # one token of text a window
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error")  # no truncation warning
+        docs = encode_documents(enc, ["giraffes run", "fe"])
+    spelled = [tok.convert_ids_to_tokens(docs.input_ids[n, docs.mask[n]].tolist()) for n in range(2)]
+    assert spelled == [["gi", "r", "a", "f", "f", "e", "s", "r", "u", "n"], ["f", "e"]]
+    assert docs.sentence_ids[0, docs.mask[0]].tolist() == [0] * 10
+
+
+def test_a_character_longer_than_the_window_is_refused_by_name():
+    from conftest import chat_tokenizer
+
+    tok = chat_tokenizer()
+    assert len(tok("é")["input_ids"]) == 2  # two bytes, not merged
+    enc = Encoder(_tiny_bert_for(tok), tok, layer=2, name="tiny-bpe", max_length=1)
+    with pytest.raises(ValueError, match="character 'é' takes more tokens alone than encoder.max_length=1"):
+        encode_documents(enc, ["the café"])

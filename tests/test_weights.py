@@ -4,7 +4,10 @@ import pytest
 import torch
 
 from torchmover import functional as F
-from torchmover.text.weights import IDF, _is_punctuation, keep_mask, ngrams, pool_subwords
+from torchmover import Encoder, Scorer
+from torchmover.evaluation.corpus import fit_to_corpus
+from torchmover.text.weights import (IDF, _is_punctuation, frequency_counts, idf_of_counts, keep_mask, ngrams,
+                                     pool_subwords)
 
 
 def test_idf_formula_and_unseen_tokens(tiny_encoder):
@@ -19,6 +22,59 @@ def test_idf_formula_and_unseen_tokens(tiny_encoder):
     ids = torch.tensor([[the, cat, moon]])
     torch.testing.assert_close(idf(ids), torch.tensor([[math.log(4 / 3), math.log(4 / 3), math.log(4)]]))
     assert IDF.from_dict(idf.to_dict()).digest() == idf.digest() != IDF.fit(corpus[:2], tok).digest()
+
+
+LONG = "the cat sat on the mat with the dog"  # 9 words: an encoder of max_length=6 keeps [CLS] + 4 + [SEP]
+
+
+def cut_encoder(max_length: int = 6) -> Encoder:
+    from conftest import tiny_model, tiny_tokenizer
+
+    return Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny-bert", max_length=max_length)
+
+
+def kept_text(encoder, text):
+    """``text`` as far as the encoder reads it."""
+    with pytest.warns(UserWarning, match="truncated"):
+        return encoder.tokenizer.decode(encoder.tokenize([text])["input_ids"][0], skip_special_tokens=True)
+
+
+def test_idf_counts_only_the_tokens_the_encoder_keeps():
+    encoder = cut_encoder()
+    tok = encoder.tokenizer
+    assert kept_text(encoder, LONG) == "the cat sat on"
+    corpus = [LONG, "dog", "a mat"]
+    as_read = IDF.fit(["the cat sat on", "dog", "a mat"], tok)
+    fitted = IDF.fit(corpus, tok, encoder.max_length)
+    counted = idf_of_counts(frequency_counts(corpus, tok, encoder.max_length))  # the distributed / streamed path
+    assert fitted.document_frequency == counted.document_frequency == as_read.document_frequency
+    dog, mat = tok.convert_tokens_to_ids("dog"), tok.convert_tokens_to_ids("mat")
+    assert fitted.value(dog) == pytest.approx(math.log(4 / 2))  # only "dog" itself holds a dog the encoder sees
+    assert fitted.value(mat) == pytest.approx(math.log(4 / 2))
+    with pytest.raises(ValueError, match="max_length"):
+        IDF.fit(corpus, tok, 0)
+
+
+def test_idf_fitted_on_a_corpus_stream_counts_only_the_tokens_the_encoder_keeps():
+    scorer = Scorer(cut_encoder(), idf=True, centering="none")
+    fit_to_corpus(scorer, lambda: iter([(["a mat", "dog"], [[LONG], ["dog"]])]))
+    tok = scorer.encoder.tokenizer
+    assert scorer.idf["ref"].document_frequency == IDF.fit(["the cat sat on", "dog"], tok).document_frequency
+    assert scorer.idf["hyp"].document_frequency == IDF.fit(["a mat", "dog"], tok).document_frequency
+
+
+def test_fit_idf_counts_only_the_tokens_the_encoder_keeps():
+    scorer = Scorer(cut_encoder(), idf=True, centering="none").fit_idf([LONG, "dog"], ["a mat", "dog"])
+    tokenizer = scorer.encoder.tokenizer
+    assert scorer.idf["ref"].document_frequency == IDF.fit(["the cat sat on", "dog"], tokenizer).document_frequency
+    assert scorer.idf["hyp"].document_frequency == IDF.fit(["a mat", "dog"], tokenizer).document_frequency
+
+
+@pytest.mark.parametrize("stopwords", [["cat the"], [" the"], ["the", "new\tline"]])
+def test_a_stopword_with_whitespace_is_refused(stopwords):
+    """A stopword is matched against whole words: one holding whitespace could never match."""
+    with pytest.raises(ValueError, match="a stopword is one word"):
+        Scorer("/no/such/model", stopwords=stopwords)
 
 
 def test_idf_rejects_an_empty_corpus(tiny_encoder):

@@ -314,7 +314,8 @@ def text_counts(scorer: Scorer, chunks: Iterator, group, idf: bool) -> tuple[dic
         seen["nonempty"].new(r for r in references if r.strip())
         if idf:
             for side, texts in (("ref", references), ("hyp", hyps)):
-                counts[side] += frequency_counts(seen[side].new(texts)[rank::world], tokenizer)
+                mine = seen[side].new(texts)[rank::world]
+                counts[side] += frequency_counts(mine, tokenizer, scorer.encoder.max_length)
     return counts, len(seen["nonempty"])
 
 

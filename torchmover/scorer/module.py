@@ -149,7 +149,8 @@ class Scorer(nn.Module):
             idf=idf, ngram=ngram, rescale=rescale)
         if isinstance(model, Encoder):
             for option, value in (("layer", layer), ("special_tokens", special_tokens),
-                                  ("power_mean_layers", power_mean_layers), ("max_length", max_length), ("name", name)):
+                                  ("power_mean_layers", power_mean_layers), ("max_length", max_length), ("name", name),
+                                  ("revision", revision)):
                 if value is not None and value != getattr(model, option):
                     raise ValueError(f"{option}={value!r} differs from the given encoder's {getattr(model, option)!r}")
             encoder = model
@@ -261,10 +262,12 @@ class Scorer(nn.Module):
             raise ValueError("fit_idf needs a scorer built with idf=True")
         references = check_texts("references", references)
         hypotheses = None if hypotheses is None else check_texts("hypotheses", hypotheses)
-        tokenizer, device = self.encoder.tokenizer, self.encoder.device
+        tokenizer, device, max_length = self.encoder.tokenizer, self.encoder.device, self.encoder.max_length
 
-        def fit(texts):
-            return fit_idf_over_ranks(texts, tokenizer, device) if distributed else IDF.fit(texts, tokenizer)
+        def fit(texts):  # each text as far as the encoder reads it (its first max_length tokens)
+            if distributed:
+                return fit_idf_over_ranks(texts, tokenizer, device, max_length=max_length)
+            return IDF.fit(texts, tokenizer, max_length)
         ref = fit(references)  # one dictionary serves both sides when no hypotheses are given
         self.idf = {"ref": ref, "hyp": ref if hypotheses is None else fit(hypotheses)}
         return self

@@ -179,6 +179,20 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+def check_package_revision(name: str, model: nn.Module, revision: str | None) -> None:
+    """Raise ``ValueError`` unless ``revision`` is None or ``weights-<hash>`` of ``model``'s weights
+    (:func:`weights_digest`), where ``model`` was read from the package that stands in for the hub
+    model ``name`` (:func:`resolve_model_path`): the package holds one revision, checked as a local
+    directory's is; any other (a branch, a commit) is not what it holds, and would be signed in vain."""
+    if revision is None:
+        return
+    digest = f"weights-{weights_digest(model)}"
+    if revision != digest:
+        raise ValueError(f"revision={revision!r} for {name!r}: the local package {LOCAL_MODEL_PACKAGES[name]!r} "
+                         f"stands in for the hub model and holds revision {digest!r} (a hash of its weights); pass "
+                         "that or none (other revisions load from the hub only where the package is not installed)")
+
+
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 _CARD_ID = re.compile(r"""(?:from_pretrained|SentenceTransformer)\(\s*['"]([A-Za-z0-9][\w.-]*/[\w.-]+)['"]""")
 
@@ -266,6 +280,14 @@ def check_hub_model_available(name: str, revision: str | None = None) -> None:
                       f"cannot be reached ({reason}): {how}") from None
 
 
+def check_model_name(name) -> None:
+    """Raise ``ValueError`` unless ``name`` can be the ``model`` field of a signature: a non-empty string
+    without ``|`` (which separates the signature's fields) or ``@`` (which separates the revision)."""
+    if not isinstance(name, str) or not name or "|" in name or "@" in name:
+        raise ValueError(f"name must be a non-empty model name without '|' or '@' (the signature's separators), "
+                         f"got {name!r}")
+
+
 def check_max_length(max_length) -> None:
     """Raise ``ValueError`` naming ``max_length`` unless it is ``None`` or a positive int."""
     if max_length is not None and (type(max_length) is not int or max_length < 1):
@@ -289,6 +311,11 @@ def _truncate_layers(model: nn.Module, layer: int) -> None:
 
     Finds the block list (the ``nn.ModuleList`` with ``config.num_hidden_layers`` entries: BERT's
     ``encoder.layer``, DistilBERT's ``transformer.layer``, ...) and keeps its first ``layer`` blocks.
+
+    A model cut below its top has ``config.tie_last_hidden_states = False``: transformers (>= 5)
+    otherwise replaces the last hidden state it returns by the model's output, which a final norm
+    (ModernBERT's ``final_norm``) has gone through, and that norm belongs to the top layer alone:
+    ``hidden_states[layer]`` of the whole model is the block's output itself.
     """
     n_layers = model.config.num_hidden_layers
     for module in model.modules():
@@ -296,6 +323,8 @@ def _truncate_layers(model: nn.Module, layer: int) -> None:
             if isinstance(child, nn.ModuleList) and len(child) == n_layers:
                 setattr(module, name, child[:layer])
                 model.config.num_hidden_layers = layer
+                if layer < n_layers:
+                    model.config.tie_last_hidden_states = False
                 return
     warnings.warn(f"could not find the layer list of {type(model).__name__}; computing all layers")
 
@@ -363,6 +392,7 @@ class Encoder(nn.Module):
                  max_length: int | None = None, special_tokens: str = "drop", power_mean_layers: int = 1,
                  source: str | None = None, pass_cost: int | str | None = "auto"):
         super().__init__()
+        check_model_name(name)
         self.pass_cost = pass_cost  # checked by its setter
         n_layers = model.config.num_hidden_layers
         if not isinstance(layer, int) or not 0 <= layer <= n_layers:
@@ -415,9 +445,12 @@ class Encoder(nn.Module):
         A local directory ``name`` is recorded as ``model_name`` if given, else as the hub id the
         directory records (:func:`local_model_name`), with ``revision="weights-<hash>"`` of all its
         weights (:func:`weights_digest`, whatever the layer); a ``revision`` given for a directory must
-        equal it (e.g. from a printed signature: the weights are checked).
+        equal it (e.g. from a printed signature: the weights are checked). So must a ``revision`` given
+        for a hub id that an installed package stands in for (:func:`check_package_revision`).
         """
         check_max_length(max_length)
+        if model_name is not None:
+            check_model_name(model_name)
         path = resolve_model_path(name)
         if looks_like_path(path):
             path = os.path.expanduser(path)
@@ -432,9 +465,10 @@ class Encoder(nn.Module):
             check_hub_model_available(path, revision)
         from transformers import AutoModel, AutoTokenizer  # here: a slow import, after the checks
 
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=None if local else revision, use_fast=True)
+        hub_revision = None if os.path.isdir(path) else revision
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=hub_revision, use_fast=True)
         with quiet_loading():  # transformers' "Loading weights" bar follows the progress rule
-            model = AutoModel.from_pretrained(path, revision=None if local else revision, **model_kwargs)
+            model = AutoModel.from_pretrained(path, revision=hub_revision, **model_kwargs)
         recorded = (model_name or local_model_name(path, model.config.model_type)) if local else name
         layer = default_layer(recorded, model.config.num_hidden_layers) if layer is None else layer
         if local:
@@ -443,6 +477,8 @@ class Encoder(nn.Module):
                 raise ValueError(f"the weights in {name!r} hash to {digest}, not the given revision {revision!r}")
             revision = digest
         else:
+            if path != name:  # the offline package stands in for the hub id
+                check_package_revision(name, model, revision)
             revision = revision or getattr(model.config, "_commit_hash", None)
         return cls(model.eval(), tokenizer, layer, name=recorded, revision=revision, max_length=max_length,
                    special_tokens=special_tokens, power_mean_layers=power_mean_layers, source=name)
@@ -528,6 +564,16 @@ class Encoder(nn.Module):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return list(map(len, self.tokenize(texts, word_ids=False)["input_ids"]))
+
+    def fits(self, texts: Sequence[str]) -> list[bool]:
+        """Whether each of ``texts`` fits the window as the encoder tokenizes it (:meth:`tokenize`:
+        stripped, special tokens included, at most :attr:`max_length` tokens), i.e. is encoded
+        without truncation; from the tokenizer alone, without a warning."""
+        if not texts:
+            return []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return [not e.overflowing for e in self.tokenize(texts).encodings]
 
     def _configure_backend(self, backend) -> None:
         """Set the Rust tokenizer ``backend`` up as the ``transformers`` tokenizer does on each call

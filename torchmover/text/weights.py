@@ -31,6 +31,7 @@ from torch import Tensor
 
 from .._internal.transfer import send
 from ..runtime.distributed import is_distributed, shard
+from .encoder import check_max_length
 
 SUBWORD_POLICIES = ("all", "first", "mean")
 PUNCTUATION_POLICIES = ("keep", "drop", "ascii")
@@ -63,13 +64,14 @@ class IDF:
         self._tables: dict[torch.device, Tensor] = {}
 
     @classmethod
-    def fit(cls, texts: Iterable[str], tokenizer) -> "IDF":
+    def fit(cls, texts: Iterable[str], tokenizer, max_length: int | None = None) -> "IDF":
         """Count, for every token id, how many of ``texts`` contain it (special tokens included; texts
-        stripped and truncated as the encoder does)."""
+        stripped and cut to ``max_length`` tokens as the encoder does: pass its
+        :attr:`~torchmover.Encoder.max_length`; None: the tokenizer's ``model_max_length``)."""
         texts = list(texts)
         if not texts or not all(isinstance(t, str) for t in texts):
             raise ValueError("IDF.fit needs a non-empty list of strings")
-        return cls(document_frequencies(texts, tokenizer), len(texts))
+        return cls(document_frequencies(texts, tokenizer, max_length), len(texts))
 
     def value(self, token_id: int) -> float:
         return math.log((self.num_documents + 1) / (self.document_frequency.get(token_id, 0) + 1))
@@ -107,12 +109,15 @@ class IDF:
         return cls({int(k): v for k, v in data["document_frequency"].items()}, data["num_documents"])
 
 
-def document_frequencies(texts: Sequence[str], tokenizer) -> Counter:
+def document_frequencies(texts: Sequence[str], tokenizer, max_length: int | None = None) -> Counter:
     """For every token id, how many of ``texts`` contain it (special tokens included; texts stripped
-    and truncated as the encoder does)."""
+    and cut to ``max_length`` tokens as :meth:`~torchmover.Encoder.tokenize` does; None: the
+    tokenizer's ``model_max_length``)."""
+    check_max_length(max_length)
     counts: Counter = Counter()
-    for ids in tokenizer([t.strip() for t in texts], truncation=True)["input_ids"] if texts else []:
-        counts.update(set(ids))
+    if texts:
+        for ids in tokenizer([t.strip() for t in texts], truncation=True, max_length=max_length)["input_ids"]:
+            counts.update(set(ids))
     return counts
 
 
@@ -224,26 +229,27 @@ def spans_all_equally(w: Tensor, count: Tensor, n: int) -> Tensor:
     return (count <= n) & (heaviest == lightest)
 
 
-def fit_idf_over_ranks(texts: list[str], tokenizer, device: torch.device | str = "cpu", group=None) -> IDF:
-    """:meth:`IDF.fit` on ``texts`` (the same list on every rank), each rank
-    tokenizing its :func:`~torchmover.runtime.distributed.shard`: the document frequencies ``df(t) = Σ_r df_r(t)`` and the document
+def fit_idf_over_ranks(texts: list[str], tokenizer, device: torch.device | str = "cpu", group=None,
+                       max_length: int | None = None) -> IDF:
+    """:meth:`IDF.fit` on ``texts`` (the same list on every rank), each rank tokenizing its
+    :func:`~torchmover.runtime.distributed.shard`: the document frequencies ``df(t) = Σ_r df_r(t)`` and the document
     count ``N = Σ_r N_r`` are summed as one dense ``[vocab + 1]`` int64 all-reduce, so every rank gets
-    the IDF of the whole corpus. ``IDF.fit(texts, tokenizer)`` outside a distributed job."""
+    the IDF of the whole corpus. ``IDF.fit(texts, tokenizer, max_length)`` outside a distributed job."""
     if not is_distributed(group):
-        return IDF.fit(texts, tokenizer)
+        return IDF.fit(texts, tokenizer, max_length)
     if not texts:
         raise ValueError("IDF.fit needs a non-empty list of strings")
-    counts = frequency_counts(shard(texts, device, group), tokenizer).to(device)
+    counts = frequency_counts(shard(texts, device, group), tokenizer, max_length).to(device)
     dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
     return idf_of_counts(counts)
 
 
-def frequency_counts(texts: Sequence[str], tokenizer) -> Tensor:
-    """The document frequencies of ``texts`` as one dense host tensor ``[vocab + 1]`` int64:
-    ``df(0) … df(V − 1)``, then the number of texts (summed over ranks or chunks, then
-    :func:`idf_of_counts`)."""
+def frequency_counts(texts: Sequence[str], tokenizer, max_length: int | None = None) -> Tensor:
+    """The document frequencies of ``texts`` (cut to ``max_length`` tokens, as in
+    :func:`document_frequencies`) as one dense host tensor ``[vocab + 1]`` int64: ``df(0) … df(V − 1)``,
+    then the number of texts (summed over ranks or chunks, then :func:`idf_of_counts`)."""
     counts = torch.zeros(len(tokenizer) + 1, dtype=torch.long)
-    frequencies = document_frequencies(texts, tokenizer)
+    frequencies = document_frequencies(texts, tokenizer, max_length)
     if frequencies:
         counts[torch.tensor(list(frequencies))] = torch.tensor(list(frequencies.values()))
     counts[-1] = len(texts)
