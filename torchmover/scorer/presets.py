@@ -48,10 +48,15 @@ Presets:
 """
 from __future__ import annotations
 
+import re
 import warnings
 
-from .config import CENTER_SCOPES
-from .signature import library_versions, parse_signature
+from ..functional.family import DIRECTIONS
+from ..functional.members import MEMBERS
+from ..text.encoder import SPECIAL_TOKEN_POLICIES
+from ..text.weights import PUNCTUATION_POLICIES, SUBWORD_POLICIES
+from .config import CENTER_SCOPES, MULTI_REF, NAMED_STOPWORDS, stopword_tuple
+from .signature import LIBRARIES, library_versions, parse_signature, stopwords_field
 
 PRESETS: dict[str, dict] = {
     "twmd-b": dict(model="roberta-base", method="twmd", temperature=0.10, n_iter=1, direction="recall",
@@ -72,8 +77,21 @@ PRESETS: dict[str, dict] = {
     "s+wms": dict(method="s+wms", centering="none"),
 }
 
-# Signature keys -> Scorer options (values parsed by _SIGNATURE_PARSERS).
-_CENTERINGS = ("none", "dimension", "sentence", "batch", "fixed", "running")
+# The values signature_options reads, by field (a value that matches none is refused).
+_DIGEST = "[0-9a-f]{10}"
+_NUMBER = "[0-9]+([.][0-9]+)?(e[-+]?[0-9]+)?"
+_FIELD_VALUES = {
+    "layer": "[0-9]+", "pmeans": "[0-9]+", "ngram": "[0-9]+", "maxlen": "[0-9]+",
+    "special": "|".join(SPECIAL_TOKEN_POLICIES), "subwords": "|".join(SUBWORD_POLICIES),
+    "punct": "|".join(PUNCTUATION_POLICIES), "refs": "|".join(MULTI_REF),
+    "stop": "|".join(["none", *NAMED_STOPWORDS, f"custom-{_DIGEST}"]),
+    "weights": f"uniform|idf-unfitted|idf-{_DIGEST}-{_DIGEST}",
+    "direction": "|".join([*DIRECTIONS, "all"]),  # all: the command line's P/R/F1 columns of one scorer
+    "T": f"exact|{_NUMBER}", "iter": "converged|[0-9]+",
+    "center": f"none|dimension|sentence|batch(-separate|-pairs)?|(fixed|running)(-{_DIGEST})?",
+    "rescale": f"unfitted|b=-?{_NUMBER}/-?{_NUMBER}/-?{_NUMBER}",
+}
+_FIELDS = {"model", "finetuned", "dtype", *_FIELD_VALUES, *LIBRARIES}
 
 
 def preset_options(name: str, **overrides) -> dict:
@@ -88,19 +106,39 @@ def preset_options(name: str, **overrides) -> dict:
     return options
 
 
+def check_signature_fields(signature: str, method: str, fields: dict[str, str]) -> None:
+    """Raise ``ValueError``, naming the field and quoting ``signature``, for a field missing (``model``,
+    ``layer``), unknown, or of a value that :func:`signature_options` does not read, and for an
+    unknown method."""
+    if method not in MEMBERS:
+        raise ValueError(f"unknown method {method!r} in the signature {signature!r}; known: {tuple(MEMBERS)}")
+    for key in ("model", "layer"):
+        if not fields.get(key):
+            raise ValueError(f"the signature has no {key}: {signature!r}")
+    unknown = sorted(set(fields) - _FIELDS)
+    if unknown:
+        raise ValueError(f"unknown field(s) {', '.join(unknown)} in the signature {signature!r}")
+    for key, values in _FIELD_VALUES.items():
+        if key in fields and not re.fullmatch(values, fields[key]):
+            raise ValueError(f"invalid {key} value {fields[key]!r} in the signature {signature!r}")
+
+
 def signature_options(signature: str, stopwords=None) -> dict:
     """Scorer options that reproduce a printed signature.
 
     Statistics fitted on a corpus (IDF dictionaries, a ``fixed``/``running`` centering mean, a
     rescaling baseline) are not in the signature — only their hashes or values are: the options ask
-    for them (``idf=True``, ``centering="fixed"``, ``rescale=True``) and the caller refits on the same corpus, after which
-    ``scorer.signature`` equals ``signature`` again. A custom stopword list must be passed
-    (``stopwords=...``). Warns when the signature was made with other library versions.
+    for them (``idf=True``, ``centering="fixed"``, ``rescale=True``) and the caller refits on the same
+    corpus, after which ``scorer.signature`` equals ``signature`` again. A custom stopword list must be
+    passed (``stopwords=...``), and must be the one the signature's digest names. A malformed
+    signature (a field missing, unknown, or of an unknown value) raises ``ValueError`` naming the field
+    (:func:`check_signature_fields`). Warns when the signature was made with other library versions.
     """
     method, f = parse_signature(signature)
     if "finetuned" in f:
         raise ValueError(f"the signature is of a scorer fine-tuned on {f['finetuned']}: its weights are not on the "
                          "hub; load the directory it was saved to with Scorer.from_pretrained")
+    check_signature_fields(signature, method, f)
     model, _, revision = f["model"].partition("@")
     options = dict(model=model, revision=revision or None, layer=int(f["layer"]), method=method,
                    multi_ref=f.get("refs", "max"), max_length=int(f["maxlen"]) if "maxlen" in f else None,
@@ -108,10 +146,14 @@ def signature_options(signature: str, stopwords=None) -> dict:
                    subwords=f.get("subwords", "all"), punctuation=f.get("punct", "keep"),
                    ngram=int(f.get("ngram", 1)), dtype=f.get("dtype", "float32"))
     stop = f.get("stop", "none")
-    if stop.startswith("custom-") and stopwords is None:
-        raise ValueError(f"the signature uses a custom stopword list ({stop}); pass it as stopwords=[...]")
+    if stop.startswith("custom-"):
+        if stopwords is None:
+            raise ValueError(f"the signature uses a custom stopword list ({stop}); pass it as stopwords=[...]")
+        given = stopwords_field(stopword_tuple(stopwords))
+        if given != stop:
+            raise ValueError(f"the stopwords given are not the signature's list ({stop}): they sign as {given}")
     options["stopwords"] = stopwords if stop.startswith("custom-") else (() if stop == "none" else stop)
-    options["idf"] = f.get("weights", "uniform").startswith("idf")
+    options["idf"] = f.get("weights", "uniform") != "uniform"
     options["rescale"] = "rescale" in f  # the baseline itself is refitted: Scorer.fit_baseline
     if f.get("direction", "all") != "all":  # all: the command line's P/R/F1 columns of one scorer
         options["direction"] = f["direction"]
@@ -120,10 +162,8 @@ def signature_options(signature: str, stopwords=None) -> dict:
     if "iter" in f:
         options["n_iter"] = None if f["iter"] == "converged" else int(f["iter"])
     center = f.get("center", "batch").split("-")
-    if center[0] not in _CENTERINGS:
-        raise ValueError(f"unknown centering {f.get('center')!r} in the signature")
     options["centering"] = center[0]
-    options["center_scope"] = next((scope for scope in CENTER_SCOPES if scope in center[1:]), "joint")
+    options["center_scope"] = center[1] if center[1:] and center[1] in CENTER_SCOPES else "joint"
     mismatched = {k: (v, f[k]) for k, v in library_versions().items() if k in f and f[k] != v}
     if mismatched:
         warnings.warn("the signature was made with other library versions (installed, signed): "

@@ -1,13 +1,17 @@
 """The reproducibility signature: one line that pins every choice that changes a score.
 
-Example: ``twmd|model:sentence-transformers/all-MiniLM-L6-v2|layer:4|direction:recall|T:0.15|
-iter:1|center:batch|weights:uniform|refs:max|maxlen:512|torchmover:0.1.0|torch:2.13.0|
-transformers:5.23.0|geomloss:0.3.1`` (one line). Fields are ``key:value`` joined by ``|``; the first
-field is the method.
+The default scorer's, for example (one line)::
+
+    twmd|model:sentence-transformers/all-MiniLM-L6-v2|layer:4|special:drop|subwords:all|stop:none|punct:keep|
+    weights:uniform|ngram:1|direction:recall|T:0.1|iter:1|center:none|refs:max|maxlen:512|torchmover:0.1.0|
+    torch:2.13.0+cpu|transformers:5.24.0|geomloss:0.3.1
+
+Fields are ``key:value`` joined by ``|``; the first field is the method.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 from importlib import metadata
 
 import torch
@@ -35,6 +39,16 @@ def tensor_digest(t: torch.Tensor) -> str:
     return hashlib.sha256(data).hexdigest()[:10]
 
 
+def stopwords_field(stopwords: tuple[str, ...]) -> str:
+    """The ``stop`` field of a (normalised) stopword list: ``none``, the name of a
+    :data:`~torchmover.scorer.config.NAMED_STOPWORDS` list, or ``custom-`` and a digest of the words
+    (of their JSON list: no two lists share it)."""
+    if not stopwords:
+        return "none"
+    named = (name for name, words in NAMED_STOPWORDS.items() if words == stopwords)
+    return next(named, f"custom-{hashlib.sha256(json.dumps(list(stopwords)).encode()).hexdigest()[:10]}")
+
+
 def scorer_signature(config: ScorerConfig, idf: dict, centering, baseline, finetuned: str | None = None,
                      dtype: torch.dtype = torch.float32) -> str:
     """The signature of a scorer of (resolved) ``config``, with its fitted statistics: the ``idf``
@@ -53,10 +67,8 @@ def scorer_signature(config: ScorerConfig, idf: dict, centering, baseline, finet
         fields["pmeans"] = c.power_mean_layers
     if dtype != torch.float32:
         fields["dtype"] = str(dtype).removeprefix("torch.")
-    stop = "none" if not c.stopwords else next(
-        (name for name, words in NAMED_STOPWORDS.items() if words == c.stopwords),
-        f"custom-{hashlib.sha256(' '.join(c.stopwords).encode()).hexdigest()[:10]}")
-    fields.update({"special": c.special_tokens, "subwords": c.subwords, "stop": stop, "punct": c.punctuation})
+    fields.update({"special": c.special_tokens, "subwords": c.subwords, "stop": stopwords_field(c.stopwords),
+                   "punct": c.punctuation})
     weights = "uniform"
     if c.idf:
         weights = f"idf-{idf['ref'].digest()}-{idf['hyp'].digest()}" if idf else "idf-unfitted"
@@ -77,7 +89,11 @@ def scorer_signature(config: ScorerConfig, idf: dict, centering, baseline, finet
 
 
 def format_signature(method: str, fields: dict[str, object]) -> str:
-    """``method|key:value|...|<library>:<version>...``."""
+    """``method|key:value|...|<library>:<version>...``; a value holding ``|`` (which would split it)
+    raises ``ValueError``."""
+    for key, value in fields.items():
+        if "|" in str(value):
+            raise ValueError(f"the signature's {key} {value!r} holds '|', which separates the signature's fields")
     parts = [method] + [f"{k}:{v}" for k, v in fields.items()]
     parts += [f"{k}:{v}" for k, v in library_versions().items()]
     return "|".join(parts)
