@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -131,7 +132,8 @@ def test_the_reward_is_built_when_the_framework_fetches_the_function(env, adapte
     env.setenv("TORCHMOVER_OPTIONS", '{"layer": 2, "no_such_option": 1}')
     module = load_file(adapter.__file__, "loaded")
     assert configured._process_reward is None  # loaded, not built
-    with pytest.raises(TypeError, match="no_such_option"):
+    with pytest.raises(ValueError, match=r"options \(TORCHMOVER_OPTIONS, --options; read from the environment\) "
+                                         r"= .* cannot be built: .*no_such_option"):
         getattr(module, function)
     env.setenv("TORCHMOVER_OPTIONS", '{"layer": 2}')
     env.setenv("TORCHMOVER_STRIP_REASONNG", "1")
@@ -140,7 +142,8 @@ def test_the_reward_is_built_when_the_framework_fetches_the_function(env, adapte
     env.delenv("TORCHMOVER_STRIP_REASONNG")
     env.setenv("TORCHMOVER_MODEL", "/nonexistent/model")
     env.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match=r"model \(TORCHMOVER_MODEL, --model; read from the environment\) = "
+                                      r"'/nonexistent/model', .* cannot be built: .*no such local directory"):
         getattr(module, function)
     configure_reward_env(env, tiny_model_dir, tmp_path / "references.txt", REFS)
     assert callable(getattr(module, function))
@@ -320,6 +323,72 @@ def test_config_unknown_file_key(tmp_path):
     path.write_text(json.dumps({"modle": "x"}))
     with pytest.raises(ValueError, match=r"unknown setting\(s\) \['modle'\] in TORCHMOVER_CONFIG="):
         RewardConfig.from_env({"TORCHMOVER_CONFIG": str(path)})
+
+
+@pytest.mark.parametrize("name, text", [
+    ("reward.json", '{"cache_size": 2.9}'), ("reward.json", '{"cache_size": true}'),
+    ("reward.json", '{"max_batch_size": "many"}'), ("reward.json", '{"missing_score": false}'),
+    ("reward.toml", "missing_score = false"), ("reward.toml", "max_wait_ms = true"),
+    ("reward.json", '{"options": null}'), ("reward.json", '{"options": ["direction"]}'),
+])
+def test_a_file_value_of_the_wrong_kind_is_refused_naming_the_setting_and_the_file(tmp_path, name, text):
+    """Before, a bool was read as 0 or 1 and a fraction truncated where an int is due (missing_score =
+    false gave a fixed 0 reward), and options that are not an object raised a bare TypeError."""
+    path = tmp_path / name
+    path.write_text(text)
+    key = text.strip("{").split('"')[1] if name.endswith(".json") else text.split()[0]
+    with pytest.raises(ValueError, match=rf"^{key} \(from TORCHMOVER_CONFIG={re.escape(str(path))}\) must be "):
+        RewardConfig.from_env({"TORCHMOVER_CONFIG": str(path)})
+
+
+@pytest.mark.parametrize("value", ["[1]", "null", '"f1"'])
+def test_options_that_are_not_an_object_are_refused_naming_the_variable(value):
+    with pytest.raises(ValueError, match=r"^options \(from the environment\) must be a JSON object"):
+        RewardConfig.from_env({"TORCHMOVER_OPTIONS": value})
+
+
+def test_numbers_are_read_from_strings_and_from_numbers_of_their_kind(tmp_path):
+    path = tmp_path / "reward.toml"
+    path.write_text("cache_size = 8.0\nmax_batch_size = 4\nmax_wait_ms = 2\nmissing_score = -1\n")
+    config = RewardConfig.from_env({"TORCHMOVER_CONFIG": str(path)})
+    assert (config.cache_size, config.max_batch_size, config.max_wait_ms, config.missing_score) == (8, 4, 2.0, -1.0)
+    assert type(config.cache_size) is int and type(config.missing_score) is float
+    config = RewardConfig.from_env({"TORCHMOVER_CACHE_SIZE": " 8 ", "TORCHMOVER_MISSING_SCORE": "0.5"})
+    assert (config.cache_size, config.missing_score) == (8, 0.5)
+
+
+@pytest.mark.parametrize("spec, error", [("no_such_module_xyz:f", "ModuleNotFoundError: No module named"),
+                                         ("json:no_such_fn", "AttributeError: module 'json' has no attribute"),
+                                         ("json:__name__", "is not callable"), ("json", "must be 'module:function'")])
+def test_a_parse_function_that_cannot_be_used_is_named_with_its_source(tmp_path, spec, error):
+    """Before, an import error of the module or the function came out bare (ModuleNotFoundError,
+    AttributeError), naming neither the setting nor where it was read."""
+    from torchmover.integrations.config import build_parser
+
+    with pytest.raises(ValueError, match=r"^parse \(TORCHMOVER_PARSE, --parse; read from the environment\)"
+                                         rf".*{error}"):
+        build_parser(RewardConfig.from_env({"TORCHMOVER_PARSE": spec}))
+    path = tmp_path / "reward.json"
+    path.write_text(json.dumps({"parse": spec}))
+    with pytest.raises(ValueError, match=rf"^parse \(TORCHMOVER_PARSE, --parse; read from TORCHMOVER_CONFIG="
+                                         rf"{re.escape(str(path))}\)"):
+        build_parser(RewardConfig.from_env({"TORCHMOVER_CONFIG": str(path)}))
+
+
+@pytest.mark.parametrize("options, error", [({"directon": "f1"}, "unexpected keyword argument 'directon'"),
+                                            ({"direction": "sideways"}, "direction must be one of")])
+def test_scorer_options_the_scorer_refuses_are_named_with_their_sources(tmp_path, tiny_model_dir, options, error):
+    """Before, an unknown option raised Scorer's bare TypeError and a bad value ScorerConfig's ValueError,
+    naming neither the setting nor where it was read; options merged from two sources name both."""
+    path = tmp_path / "reward.json"
+    path.write_text(json.dumps({"model": str(tiny_model_dir), "options": options}))
+    config = RewardConfig.from_env({"TORCHMOVER_CONFIG": str(path), "TORCHMOVER_OPTIONS": '{"layer": 2}'})
+    with pytest.raises(ValueError, match=rf"options \(TORCHMOVER_OPTIONS, --options; read from TORCHMOVER_CONFIG="
+                                         rf"{re.escape(str(path))} and the environment\) = "
+                                         rf".* cannot be built: .*{error}"):
+        build_reward(config)
+    with pytest.raises(ValueError, match=r"options \(TORCHMOVER_OPTIONS, --options\) = .* cannot be built"):
+        build_reward(RewardConfig(model=str(tiny_model_dir), options=options))  # no source to name
 
 
 def test_batch_centered_preset_without_fit_fails_on_build(tiny_model_dir):

@@ -63,6 +63,21 @@ def test_scores_that_would_depend_on_the_batching_are_refused(tiny_encoder):
         ScoreBatches(Scorer(tiny_encoder, centering="none"))({"text": np.array(["a"])})
 
 
+def test_references_that_are_not_texts_are_named_by_column_and_row(tiny_encoder):
+    """Before, a null or non-text reference raised Python's bare "'NoneType' object is not iterable"."""
+    scorer = Scorer(tiny_encoder, centering="none")
+    score = ScoreBatches(scorer, refs="gold")
+    for bad, error in ((None, ValueError), ("  ", ValueError), (np.nan, TypeError), (3, TypeError)):
+        batch = {"hyp": np.array(["a cat", "a dog"], dtype=object), "gold": np.array(["a cat", bad], dtype=object)}
+        with pytest.raises(error, match=r"^column 'gold', row 1 of the batch (has no reference|must be a list)"):
+            score(batch)
+    # a column of equal-length lists may come as a 2-D array: one row of references each, blanks dropped
+    out = score({"hyp": np.array(["a cat", "a dog"]), "gold": np.array([["the cat", "a cat sat"], ["dogs", " "]])})
+    torch.testing.assert_close(torch.from_numpy(out["score"]),
+                               scorer.score(["a cat", "a dog"], [["the cat", "a cat sat"], ["dogs"]], progress=False),
+                               rtol=0, atol=1e-6)
+
+
 def test_map_batches_on_a_local_ray_instance(saved):
     ray = pytest.importorskip("ray")
     import ray.data

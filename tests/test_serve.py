@@ -144,7 +144,8 @@ def test_malformed_score_requests_get_4xx_and_the_server_stays_up(server, reward
     ({"query": ["Q: a"], "prompts": ["Q:"], "labels": [{"x": "a"}]}, "must be a list of strings"),
     ({"query": [3], "prompts": ["Q:"], "labels": ["a"]}, "must be strings"),
     ({"query": ["Q: a\ud800"], "prompts": ["Q:"], "labels": ["a"]}, "query[0] is not valid Unicode"),
-    ({"query": ["Q: a"], "prompts": ["Q:"], "labels": [["a", "\ud800"]]}, "labels[0][1] is not valid Unicode"),
+    ({"query": ["Q: a"], "prompts": ["Q:"], "labels": [["a", "\ud800"]]},
+     "a reference of labels[0] (read at ground_truth) is not valid Unicode: lone surrogate '\\ud800' at position 0"),
 ])
 def test_malformed_openrlhf_requests(server, body, message):
     status, got = post(server.url + "/get_reward", body)
@@ -195,6 +196,24 @@ def test_the_server_reads_the_shared_settings(reward):
     assert body["rewards"] == pytest.approx([reward.score(["the cat sat"], REFS[:1]).item(), -1.0, -1.0], abs=ATOL)
     with pytest.raises(ValueError, match="reads verl's extra_info"):
         RewardServer(BatchedReward(reward), config=RewardConfig(reference_field="extra_info.refs"))
+
+
+def test_a_label_read_at_a_deeper_field_that_is_not_valid_unicode_is_refused(reward):
+    """With reference_field ground_truth.answer, a dict label's references are checked as the reward
+    reads them: before, they were not checked up front, so the request failed its samples (counted in
+    failures) with an error naming refs[0][0], not a field of the request."""
+    config = RewardConfig(reference_field="ground_truth.answer")
+    with BatchedReward(reward) as batched, RewardServer(batched, config=config) as server:
+        for label in ({"answer": "x\ud800"}, {"answer": ["a", None, "x\ud800"]}):
+            status, got = post(server.url + "/get_reward", {"query": ["Q: a"], "prompts": ["Q:"], "labels": [label]})
+            assert status == 400 and got["error"] == ("a reference of labels[0] (read at ground_truth.answer) is not "
+                                                      "valid Unicode: lone surrogate '\\ud800' at position 1")
+        health = get(server.url + "/health")[1]
+        assert (health["refused"], health["failures"]) == (2, 0)
+        status, got = post(server.url + "/get_reward", {"query": ["Q: a"], "prompts": ["Q:"],
+                                                        "labels": [{"answer": 3}]})  # unreadable: a failed sample
+        assert status == 400 and "must be a list of strings" in got["error"]
+        assert get(server.url + "/health")[1]["failures"] == 1
 
 
 @pytest.mark.parametrize("content_type, status", [

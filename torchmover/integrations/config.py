@@ -16,9 +16,12 @@ a command. All three therefore read their settings from, in increasing precedenc
 A value given as a string (a variable, a flag) is read the same way whatever its source; ``options``
 are merged key by key across the sources, every other field is replaced. The fields, with the
 variable and the flag of each, are listed by :func:`settings_table` (the user guide prints it).
-An unknown key, an unparseable value, a value out of range (a size below 1, a number that is not
-finite) or contradictory fields raise a ``ValueError`` naming the setting, and where it came from if
-it could not be read, when the settings are read: before any model is loaded or sample scored.
+An unknown key, an unparseable value (a bool or a fraction in a file where a number or an int is due),
+a value out of range (a size below 1, a number that is not finite) or contradictory fields raise a
+``ValueError`` naming the setting, and where it came from if it could not be read, when the settings
+are read: before any model is loaded or sample scored. A ``parse`` function that cannot be imported and
+Scorer options that the scorer refuses raise a ``ValueError`` naming the setting and where it was read
+when the reward is built (:func:`build_parser`, :func:`build_reward`), before any sample is scored.
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Mapping
+from types import MappingProxyType
+from typing import ClassVar, Mapping
 
 from ..evaluation.corpus import read_lines
 from ..evaluation.scoring import fit_to_call
@@ -84,6 +88,9 @@ class RewardConfig:
         "error", "OpenRLHF and the server: what a query that does not start with its prompt gets: error, "
                  "or query (score the whole query)")
 
+    # where each setting was read (see origin): not a field; from_env and from_mapping give the instance its own
+    _sources: ClassVar[Mapping[str, str]] = MappingProxyType({})
+
     def __post_init__(self):
         if self.scorer is not None and (self.model is not None or self.preset is not None):
             raise ValueError("scorer (a saved scorer directory) excludes model and preset: give one or the other")
@@ -112,7 +119,7 @@ class RewardConfig:
     def from_mapping(cls, values: Mapping[str, object], source: str = "config") -> "RewardConfig":
         """A config from a mapping of field names to values (strings are read as environment variables
         are); an unknown key raises a ValueError naming ``source``."""
-        return cls(**_parse_values(values, source))
+        return cls(**_parse_values(values, source))._read_from({name: source for name in values})
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None,
@@ -121,22 +128,39 @@ class RewardConfig:
         variables, then ``flags`` (``torchmover serve``'s, by field name), each over the one before."""
         environ = os.environ if environ is None else environ
         path = environ.get(ENV_PREFIX + "CONFIG")
-        layers = [_parse_values(_read_file(path), f"{ENV_PREFIX}CONFIG={path}")] if path else []
+        layers = []
+        if path:
+            source = f"{ENV_PREFIX}CONFIG={path}"
+            layers.append((source, _parse_values(_read_file(path), source)))
         variables = {name: environ[var] for name, var in _variables().items() if var in environ}
         unknown = sorted(var for var in environ if var.startswith(ENV_PREFIX) and var != ENV_PREFIX + "CONFIG"
                          and var not in _variables().values())
         if unknown:
             raise ValueError(f"unknown variable(s) {unknown}; the settings are "
                              f"{sorted(_variables().values())} and {ENV_PREFIX}CONFIG")
-        layers.append(_parse_values(variables, "the environment"))
-        layers.append(_parse_values(flags or {}, "the command line"))
+        for source, values in (("the environment", variables), ("the command line", flags or {})):
+            layers.append((source, _parse_values(values, source)))
         merged: dict[str, object] = {}
-        for layer in layers:
+        read_from: dict[str, str] = {}  # options: every source that gave some
+        for source, layer in layers:
             options = {**merged.get("options", {}), **layer.get("options", {})}
             merged.update(layer)
             if options:
                 merged["options"] = options
-        return cls(**merged)
+            for name in layer:
+                earlier = read_from.get(name) if name == "options" else None
+                read_from[name] = f"{earlier} and {source}" if earlier else source
+        return cls(**merged)._read_from(read_from)
+
+    def _read_from(self, sources: dict[str, str]) -> "RewardConfig":
+        """This config, recording where each of its settings was read (for :meth:`origin`)."""
+        object.__setattr__(self, "_sources", dict(sources))
+        return self
+
+    def origin(self, name: str) -> str:
+        """The setting ``name`` for an error message: its variable and flag (:func:`setting_names`), and
+        where its value was read when the config was read by :meth:`from_env` or :meth:`from_mapping`."""
+        return setting_names(name, self._sources.get(name))
 
 
 def _variables() -> dict[str, str]:
@@ -144,9 +168,11 @@ def _variables() -> dict[str, str]:
     return {f.name: ENV_PREFIX + f.name.upper() for f in dataclasses.fields(RewardConfig)}
 
 
-def setting_names(name: str) -> str:
-    """How a setting is given everywhere, for error messages: ``name (TORCHMOVER_NAME, --name)``."""
-    return f"{name} ({ENV_PREFIX}{name.upper()}, --{name.replace('_', '-')})"
+def setting_names(name: str, source: str | None = None) -> str:
+    """How a setting is given everywhere, for error messages: ``name (TORCHMOVER_NAME, --name)``, or
+    ``name (TORCHMOVER_NAME, --name; read from SOURCE)`` with the ``source`` its value came from."""
+    read = f"; read from {source}" if source else ""
+    return f"{name} ({ENV_PREFIX}{name.upper()}, --{name.replace('_', '-')}{read})"
 
 
 def settings_table() -> list[tuple[str, str, str, str, str]]:
@@ -189,23 +215,18 @@ def _parse_values(values: Mapping[str, object], source: str) -> dict[str, object
 def _parse_value(name: str, value, source: str):
     """A field's value from a file value or a string (a variable, a flag), converted by the field's type."""
     where = f"{name} (from {source})"
-    if name in ("cache_size", "max_batch_size"):
+    if name == "missing_score" and value in (None, ""):
+        return None
+    if name in ("cache_size", "max_batch_size", "max_wait_ms", "missing_score"):
+        return _number(value, name in ("cache_size", "max_batch_size"), where)
+    if name == "options":
         try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{where} must be an int, got {value!r}") from None
-    if name in ("max_wait_ms", "missing_score"):
-        if name == "missing_score" and value in (None, ""):
-            return None
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{where} must be a number, got {value!r}") from None
-    if name == "options" and isinstance(value, str):
-        try:
-            value = json.loads(value)
+            value = json.loads(value) if isinstance(value, str) else value
         except json.JSONDecodeError as e:
             raise ValueError(f"{where} must be a JSON object of Scorer options: {e}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} must be a JSON object of Scorer options, got {value!r}")
+        return value
     if name == "strip_reasoning":
         if isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE):
             on = value if isinstance(value, bool) else value.strip().lower() in _TRUE
@@ -223,27 +244,46 @@ def _parse_value(name: str, value, source: str):
         if not isinstance(value, (list, tuple)) or not all(isinstance(t, str) for t in value):
             raise ValueError(f"{where} must be a list of strings, got {value!r}")
         return tuple(value)
-    if value is not None and name != "options" and not isinstance(value, str):
+    if value is not None and not isinstance(value, str):
         raise ValueError(f"{where} must be a string, got {value!r}")
     return value
 
 
-def _import(spec: str):
-    """The object named ``module:attribute``."""
+def _number(value, integral: bool, where: str) -> int | float:
+    """``value`` as an int (``integral``) or a float: a string (a variable, a flag) is parsed, a number
+    from a file is taken if it is one of that kind (a float without a fraction is an int); a bool, a
+    fraction where an int is due or anything else raises a ValueError naming ``where``."""
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(value, str) or is_int or isinstance(value, float) and (value.is_integer() or not integral):
+        try:
+            return int(value) if integral else float(value)
+        except (ValueError, OverflowError):
+            pass
+    raise ValueError(f"{where} must be {'an int' if integral else 'a number'}, got {value!r}")
+
+
+def _import(spec: str, where: str):
+    """The object named ``module:attribute``; a ValueError naming ``where`` (the setting) if it cannot be
+    imported."""
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
-        raise ValueError(f"parse must be 'module:function', got {spec!r}")
-    obj = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
+        raise ValueError(f"{where} must be 'module:function', got {spec!r}")
+    try:
+        obj = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{where}={spec!r} cannot be imported: {type(e).__name__}: {e}") from e
     return obj
 
 
 def build_parser(config: RewardConfig) -> Parser | None:
-    """The completion parser of ``config``: reasoning traces stripped, then the ``parse`` function."""
-    custom = _import(config.parse) if config.parse else None
+    """The completion parser of ``config``: reasoning traces stripped, then the ``parse`` function. A
+    ``parse`` that cannot be imported or is not callable raises a ValueError naming the setting and
+    where it was read (:meth:`RewardConfig.origin`)."""
+    custom = _import(config.parse, config.origin("parse")) if config.parse else None
     if custom is not None and not callable(custom):
-        raise TypeError(f"parse={config.parse!r} is not callable")
+        raise ValueError(f"{config.origin('parse')}={config.parse!r} is not callable")
     delimiters = config.strip_reasoning
     if delimiters is None:
         return custom
@@ -253,6 +293,22 @@ def build_parser(config: RewardConfig) -> Parser | None:
         return text if custom is None else custom(text)
 
     return parse
+
+
+def _build_scorer(config: RewardConfig) -> Scorer:
+    """The scorer of ``config``'s ``scorer``, ``preset``, ``model``, ``options`` and ``device``."""
+    if config.scorer is not None:
+        scorer = Scorer.from_pretrained(config.scorer)
+    elif config.preset is not None:
+        scorer = Scorer.from_preset(config.preset, **({"model": config.model} if config.model else {}),
+                                    **config.options)
+    elif config.model is not None:
+        scorer = Scorer(config.model, **config.options)
+    else:
+        scorer = Scorer(**config.options)
+    if config.device is not None:
+        scorer.to(resolve_device(config.device))
+    return scorer
 
 
 def _read_references(path: str) -> list[str]:
@@ -272,18 +328,18 @@ def build_reward(config: RewardConfig, *, batch_size: int = 64, progress: bool =
     mean, the rescaling baseline), and a batch-centered scorer's reward is centered on their mean
     (:meth:`MoverReward.fit <torchmover.reward.MoverReward.fit>`): a reward must not depend on the other
     samples of its batch. A batch-centered scorer without them is refused here, before any sample.
+
+    A scorer that its settings (``scorer``, ``preset``, ``model``, ``options``, ``device``) do not make,
+    an unknown option or a bad value, raises a ValueError naming them and where they were read
+    (:meth:`RewardConfig.origin`); a model that cannot be loaded, the loader's ``OSError`` naming them.
     """
-    if config.scorer is not None:
-        scorer = Scorer.from_pretrained(config.scorer)
-    elif config.preset is not None:
-        scorer = Scorer.from_preset(config.preset, **({"model": config.model} if config.model else {}),
-                                    **config.options)
-    elif config.model is not None:
-        scorer = Scorer(config.model, **config.options)
-    else:
-        scorer = Scorer(**config.options)
-    if config.device is not None:
-        scorer.to(resolve_device(config.device))
+    try:
+        scorer = _build_scorer(config)
+    except (TypeError, ValueError, OSError) as e:  # an OSError (a model that cannot load) keeps its type
+        given = ", ".join(f"{config.origin(name)} = {getattr(config, name)!r}"
+                          for name in ("scorer", "preset", "model", "options", "device") if getattr(config, name))
+        message = f"the scorer of {given or 'the default settings'} cannot be built: {e}"
+        raise (type(e)(message) if isinstance(e, OSError) else ValueError(message)) from e
     references = _read_references(config.fit_references) if config.fit_references else []
     if scorer.config.centering == "batch" and not references:
         raise ValueError(f"this scorer centers on the batch, which would make a sample's reward depend on the "

@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 
 from ..scorer import Scorer
+from ..scorer.inputs import as_list
+from .parsing import reference_list
 
 
 def scorer_of(scorer: Scorer | str | os.PathLike | dict | None) -> Scorer:
@@ -63,6 +65,21 @@ def scorer_of(scorer: Scorer | str | os.PathLike | dict | None) -> Scorer:
     return scorer
 
 
+def reference_lists(column, name: str) -> list[list[str]]:
+    """The references of each row of a batch's ``column`` (called ``name``): a text, or a list or array
+    of texts (:func:`~torchmover.integrations.parsing.reference_list`: None and blank entries dropped).
+    A row without a reference raises a ValueError, one of another type a TypeError, naming the column
+    and the row of the batch."""
+    refs = []
+    for i, value in enumerate(as_list(f"column {name!r}", column, "references", ndim=2)):
+        where = f"column {name!r}, row {i} of the batch"
+        row = reference_list(value, where)
+        if row is None:
+            raise ValueError(f"{where} has no reference to score against (got {value!r})")
+        refs.append(row)
+    return refs
+
+
 class ScoreBatches:
     """A callable class for ``ray.data.Dataset.map_batches``: each Ray worker constructs one (one
     scorer, :func:`scorer_of`) and calls it on batches of pairs (module docs).
@@ -72,7 +89,7 @@ class ScoreBatches:
             :meth:`~torchmover.Scorer.save_pretrained` directory, or a dict of Scorer options
             (default: the default scorer).
         hyps, refs: the columns of the hypotheses and of the references (a text, or a list of texts
-            each: several references).
+            each: several references; :func:`reference_lists`, a row without one is an error).
         output: the column of the scores (``return_all``: ``<output>_precision``, ``_recall``,
             ``_f1``).
         return_all: precision, recall and F1 instead of the scorer's direction.
@@ -92,7 +109,7 @@ class ScoreBatches:
         for column in (self.hyps, self.refs):
             if column not in batch:
                 raise KeyError(f"the batch has no column {column!r} (columns: {list(batch.keys())})")
-        refs = [r if isinstance(r, str) else list(r) for r in list(batch[self.refs])]
+        refs = reference_lists(batch[self.refs], self.refs)
         scores = self.scorer.score(batch[self.hyps], refs, batch_size=self.batch_size, progress=False,
                                    return_all=self.return_all)
         if self.return_all:

@@ -223,16 +223,21 @@ def _field(body: dict, name: str) -> list:
     return value
 
 
-def _check_openrlhf_unicode(queries: list[str], prompts: list[str], labels: list) -> None:
-    """A ``ValueError`` naming the first query, prompt or label (a str or a list of str) that is not
-    valid Unicode; a label read at a deeper ``reference_field`` is checked as the references it holds."""
+def _check_openrlhf_unicode(reward: ConfiguredReward, queries: list[str], prompts: list[str],
+                            labels: list) -> None:
+    """A ``ValueError`` naming the first query, prompt or label that is not valid Unicode: each label's
+    references are read as ``reward`` reads them (at its ``reference_field``: a label, or a key of a dict
+    label) and checked. A label whose references cannot be read is left to fail its sample."""
     check_unicode("query", queries)
     check_unicode("prompts", prompts)
     for i, label in enumerate(labels):
-        if isinstance(label, str):
-            check_text(f"labels[{i}]", label)
-        elif isinstance(label, list):
-            check_unicode(f"labels[{i}]", [r for r in label if isinstance(r, str)])
+        where = f"labels[{i}]"
+        try:
+            references = reward.references(label, None, where) or []
+        except (TypeError, ValueError):
+            continue
+        for reference in references:
+            check_text(f"a reference of {where} (read at {reward.config.reference_field})", reference)
 
 
 def _parse_json(data: bytes, charset: str | None) -> dict:
@@ -505,7 +510,7 @@ class RewardServer:
             check_size(len(queries))
             try:
                 self.reward.check_openrlhf(queries, prompts, labels)
-                _check_openrlhf_unicode(queries, prompts, labels)
+                _check_openrlhf_unicode(self.reward, queries, prompts, labels)
             except (TypeError, ValueError) as error:
                 raise _ClientError(str(error)) from None
             with self.reward.counting(len(queries)):
