@@ -32,6 +32,33 @@ def test_checkpoints_rotate_and_latest_points_at_the_newest(tmp_path):
         latest_checkpoint(tmp_path)
 
 
+def _saved_steps(directory):
+    return sorted(int(p.name[5:-3]) for p in directory.glob("step-*.pt"))
+
+
+@pytest.mark.parametrize("keep", [1, 2])
+def test_a_run_resumed_from_an_earlier_checkpoint_keeps_what_it_writes(tmp_path, keep):
+    """Resumed from step 100 while the left run's step 200 is there, the run's new checkpoints are kept
+    (pruning by name once deleted the one just written under keep=1), and the left run's later one
+    stays until this run passes it."""
+    for step in (100, 200):
+        save_checkpoint(tmp_path, {"step": step}, step, keep=keep)
+    for step in (150, 160):
+        save_checkpoint(tmp_path, {"step": step}, step, keep=keep)
+        assert load_checkpoint(latest_checkpoint(tmp_path))["step"] == step
+    assert _saved_steps(tmp_path) == ([160, 200] if keep == 1 else [150, 160, 200])
+    save_checkpoint(tmp_path, {"step": 210}, 210, keep=keep)
+    assert _saved_steps(tmp_path) == ([210] if keep == 1 else [200, 210])
+
+
+def test_checkpoints_are_pruned_by_their_step_as_a_number(tmp_path):
+    """Steps past 9,999,999 take an eighth digit: the pruning orders them by number, not by name."""
+    for step in (9_999_999, 10_000_000, 10_000_001):
+        save_checkpoint(tmp_path, {"step": step}, step, keep=2)
+    assert _saved_steps(tmp_path) == [10_000_000, 10_000_001]
+    assert load_checkpoint(latest_checkpoint(tmp_path))["step"] == 10_000_001
+
+
 def test_rng_state_survives_a_safe_round_trip(tmp_path):
     save_checkpoint(tmp_path, {"rng": rng_state()}, 1)
     expected = (random.random(), torch.rand(3))

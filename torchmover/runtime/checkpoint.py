@@ -22,6 +22,7 @@ import contextlib
 import glob
 import os
 import random
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -157,15 +158,28 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 def save_checkpoint(directory: str | os.PathLike, state: dict, step: int, keep: int = 2) -> Path:
     """Write ``state`` as ``directory/step-XXXXXXX.pt`` (atomically), point ``directory/latest`` at it,
-    and delete all but the ``keep`` newest checkpoints. First removes the temporary checkpoint files
-    that a killed writer left (:func:`remove_abandoned`)."""
+    and delete the checkpoints of lower steps but the ``keep − 1`` highest (:func:`checkpoint_steps`),
+    so that ``keep`` (at least 1) checkpoints of this run remain, the one just written among them.
+
+    A checkpoint of a *higher* step is left alone: a run resumed from an earlier checkpoint meets
+    the later ones of the run it left, which are not its to delete; each is replaced or pruned once
+    this run's steps pass it. First removes the temporary checkpoint files that a killed writer left
+    (:func:`remove_abandoned`)."""
     directory = Path(directory)
     remove_abandoned(directory, ".step-*.pt.*.tmp")
     path = atomic_write(directory / f"step-{step:07d}.pt", lambda f: torch.save(state, f))
     atomic_write_text(directory / "latest", path.name + "\n")
-    for old in sorted(directory.glob("step-*.pt"))[:-max(1, keep)]:
+    earlier = sorted((s, p) for s, p in checkpoint_steps(directory).items() if s < step)
+    for _, old in earlier[:max(0, len(earlier) - (max(1, keep) - 1))]:
         old.unlink(missing_ok=True)
     return path
+
+
+def checkpoint_steps(directory: str | os.PathLike) -> dict[int, Path]:
+    """The checkpoints in ``directory`` by step: every ``step-<digits>.pt`` (the step read as a number,
+    whatever its width)."""
+    named = ((re.fullmatch(r"step-(\d+)\.pt", p.name), p) for p in Path(directory).glob("step-*.pt"))
+    return {int(m.group(1)): p for m, p in named if m}
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
