@@ -49,6 +49,19 @@ def test_preset_model_override_drops_the_preset_layer():
         preset_options("bleu")
 
 
+def test_preset_method_override_drops_the_member_options_the_method_has_no_use_for(tiny_encoder):
+    """The preset's T (and direction) stay where the new method takes them, and go where it has none;
+    a value given with the override is kept, and refused by the scorer if the method has no use for it."""
+    assert preset_options("twmd-b-authors", method="trwmd")["temperature"] == 0.10
+    options = preset_options("twmd-b-authors", method="bertscore")
+    assert "temperature" not in options and options["direction"] == "precision"
+    options = preset_options("twmd-b", method="sbert")
+    assert "temperature" not in options and options["direction"] == "recall" and options["n_iter"] == 1
+    assert Scorer.from_preset("twmd-b", model=tiny_encoder, method="bertscore").config.temperature is None
+    with pytest.raises(ValueError, match="method='bertscore' takes no temperature"):
+        Scorer.from_preset("twmd-b", model=tiny_encoder, method="bertscore", temperature=0.1)
+
+
 def authors_twmd_b(hyps, refs, model, tokenizer, layer, temperature):
     """Independent NumPy implementation of the released TWMD-b code's choices: [CLS] kept, final
     [SEP] dropped, references and candidates centered on their own batch means, one Sinkhorn

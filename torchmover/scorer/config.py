@@ -139,7 +139,9 @@ class ScorerConfig:
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < least):
                 raise ValueError(f"{name} must be an int >= {least} or None ({default}), got {value!r}")
-        _check_member_options(self.method, self.direction, self.temperature, self.n_iter)
+        unused = unused_member_options(self.method, self.direction, self.temperature, self.n_iter)
+        if unused:
+            raise ValueError(next(iter(unused.values())))
         if self.temperature is not None:
             check_temperature(self.temperature)
             object.__setattr__(self, "temperature", float(self.temperature))  # as the signature prints it
@@ -234,27 +236,28 @@ def stopword_tuple(stopwords) -> tuple[str, ...]:
     return tuple(sorted({w.lower() for w in words}))
 
 
-def _check_member_options(method: str, direction: str, temperature, n_iter) -> None:
-    """Raise ``ValueError`` for a ``direction``, ``temperature`` or ``n_iter`` that ``method`` has no use
-    for (it would be ignored, and the signature would not show it): a direction other than ``recall``
-    for a member without directions, a temperature for a member without one (or with the exact
-    solver's fixed one), and Sinkhorn iterations other than the default 1 for a member that runs none
-    (a sentence mover runs them only when tempered)."""
-    member = get_member(method)
+def unused_member_options(method: str, direction: str = "recall", temperature=None, n_iter=1) -> dict[str, str]:
+    """``{option: why}`` for each of ``direction``, ``temperature`` and ``n_iter`` that ``method`` has no
+    use for (it would be ignored, and the signature would not show it): a direction other than
+    ``recall`` for a member without directions, a temperature for a member without one (or with the
+    exact solver's fixed one), and Sinkhorn iterations other than the default 1 for a member that runs
+    none (a sentence mover runs them only when tempered). :class:`ScorerConfig` refuses them."""
+    member, unused = get_member(method), {}
     if direction != "recall" and not member.directed:
         directed = tuple(name for name, m in MEMBERS.items() if m.directed)
-        raise ValueError(f"method={method!r} has no directions (its score is one value), got "
-                         f"direction={direction!r}; directions are defined for {directed}")
+        unused["direction"] = (f"method={method!r} has no directions (its score is one value), got "
+                               f"direction={direction!r}; directions are defined for {directed}")
     if temperature is not None and member.temperature in (None, "fixed"):
         tempered = tuple(name for name, m in MEMBERS.items() if m.temperature in ("tuned", "optional"))
         why = "it runs the exact solver at its fixed T" if member.temperature == "fixed" else "it has none"
-        raise ValueError(f"method={method!r} takes no temperature ({why}), got temperature={temperature!r}; "
-                         f"a temperature is a parameter of {tempered}")
+        unused["temperature"] = (f"method={method!r} takes no temperature ({why}), got temperature={temperature!r}; "
+                                 f"a temperature is a parameter of {tempered}")
     iterates = member.iterations and (member.temperature == "tuned" or temperature is not None)
     if n_iter != 1 and not iterates:
         iterating = tuple(name for name, m in MEMBERS.items() if m.iterations)
-        raise ValueError(f"method={method!r} runs no Sinkhorn iterations here, got n_iter={n_iter!r}; n_iter is a "
-                         f"parameter of {iterating} (the sentence movers' when tempered)")
+        unused["n_iter"] = (f"method={method!r} runs no Sinkhorn iterations here, got n_iter={n_iter!r}; n_iter is "
+                            f"a parameter of {iterating} (the sentence movers' when tempered)")
+    return unused
 
 
 def _check_choice(name: str, value, choices) -> None:

@@ -55,7 +55,7 @@ from ..functional.family import DIRECTIONS
 from ..functional.members import MEMBERS
 from ..text.encoder import SPECIAL_TOKEN_POLICIES
 from ..text.weights import PUNCTUATION_POLICIES, SUBWORD_POLICIES
-from .config import CENTER_SCOPES, MULTI_REF, NAMED_STOPWORDS, stopword_tuple
+from .config import CENTER_SCOPES, MULTI_REF, NAMED_STOPWORDS, stopword_tuple, unused_member_options
 from .signature import LIBRARIES, library_versions, parse_signature, stopwords_field
 
 PRESETS: dict[str, dict] = {
@@ -96,13 +96,19 @@ _FIELDS = {"model", "finetuned", "dtype", *_FIELD_VALUES, *LIBRARIES}
 
 def preset_options(name: str, **overrides) -> dict:
     """The Scorer options of preset ``name``, updated with ``overrides``. Overriding ``model``
-    drops the preset's layer (the new model's recorded default applies) unless ``layer`` is given."""
+    drops the preset's layer (the new model's recorded default applies) unless ``layer`` is given;
+    overriding ``method`` drops the preset's ``direction``, ``temperature`` and ``n_iter`` that the new
+    method has no use for (:func:`~torchmover.scorer.config.unused_member_options`) unless given."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
     options = dict(PRESETS[name])
     if "model" in overrides and "layer" not in overrides:
         options.pop("layer", None)
     options.update(overrides)
+    if "method" in overrides:
+        member_options = {k: options[k] for k in ("direction", "temperature", "n_iter") if k in options}
+        for option in unused_member_options(options["method"], **member_options).keys() - overrides.keys():
+            del options[option]
     return options
 
 
