@@ -198,6 +198,19 @@ def test_one_iteration_twmd_is_sync_free():
                                                    validate=False)), encoder_runs=False)
 
 
+@pytest.mark.parametrize("member", ["tempered_rwmd", "bertscore", "sbert", "cka"])
+def test_weighted_members_are_sync_free_without_validation(member):
+    """Every member with weights takes ``validate``: the weights' check is its only device read."""
+    torch.manual_seed(0)
+    hyp, ref = torch.randn(3, 5, 8), torch.randn(3, 4, 8)
+    hyp_weights, ref_weights = torch.rand(3, 5), torch.rand(3, 4)
+    fn = getattr(F, member)
+    checked = traced(lambda: fn(hyp, ref, hyp_weights=hyp_weights, ref_weights=ref_weights))
+    assert checked.syncs and {op.frame.split(" in ")[1] for op in checked.syncs} == {"_masses"}
+    assert_sync_free(traced(lambda: fn(hyp, ref, hyp_weights=hyp_weights, ref_weights=ref_weights, validate=False)),
+                     encoder_runs=False)
+
+
 def test_the_trace_names_syncing_ops_and_their_frames():
     """The guard can fail: known syncing code is caught, with the op and the torchmover frame."""
     units = Units(torch.randn(2, 3, 4), torch.tensor([[True, False, True], [True, True, False]]))

@@ -100,6 +100,9 @@ def _check_inputs(hyp: Tensor, ref: Tensor, hyp_mask: Tensor | None, ref_mask: T
     for name, x, mask in (("hyp_mask", hyp, hyp_mask), ("ref_mask", ref, ref_mask)):
         if mask is None:
             mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+        if not isinstance(mask, Tensor):
+            raise TypeError(f"{name} must be a bool Tensor of shape {tuple(x.shape[:2])} or None, "
+                            f"got {type(mask).__name__}")
         if mask.shape != x.shape[:2]:
             raise ValueError(f"{name} must have shape {tuple(x.shape[:2])}, got {tuple(mask.shape)}")
         masks.append(mask.to(device=x.device, dtype=torch.bool))
@@ -108,10 +111,18 @@ def _check_inputs(hyp: Tensor, ref: Tensor, hyp_mask: Tensor | None, ref_mask: T
 
 def _masses(mask: Tensor, weights: Tensor | None, name: str, dtype: torch.dtype,
             validate: bool, nonempty: bool = False) -> tuple[Tensor, Tensor]:
-    """Token masses (in ``dtype``) summing to 1 over real tokens, and the mask with zero-weight
-    tokens removed. ``validate`` checks that the weights of real tokens are finite and non-negative
-    (one read of device data).
-    ``nonempty``: every row has a token of positive weight (no total of 0 to guard against)."""
+    """Token masses (in ``dtype``) summing to 1 over real tokens, ``w_i / Σ_j w_j``, and the mask with
+    zero-weight tokens removed. ``validate`` checks that the weights of real tokens are finite and
+    non-negative (one read of device data).
+    ``nonempty``: every row has a token of positive weight (no total of 0 to guard against).
+
+    Masses do not depend on the weights' scale, so given weights are first divided by a power of two
+    ``p`` near their text's largest one (:func:`_binade`): any finite weights, 1e-45 or 3e38 alike,
+    then sum to a total in ``[1, 2L)`` (at least the dtype's ``eps`` where the largest is subnormal)
+    that neither overflows nor underflows, and only a text whose weights are all 0 has a total of 0
+    (its masses are 0). Dividing by a power of two is exact, so the masses are, to the bit,
+    ``w_i / Σ_j w_j`` wherever neither that sum nor a ``w_i / p`` leaves the normal range. ``p`` is held
+    constant in autograd: the masses are the same function of the weights for every ``p``."""
     if weights is None:  # uniform: 1 on every real token, already 0 off the mask
         weights = mask.to(dtype)
     elif weights.shape != mask.shape:
@@ -121,8 +132,22 @@ def _masses(mask: Tensor, weights: Tensor | None, name: str, dtype: torch.dtype,
             raise ValueError(f"{name} must be finite and non-negative (masses), got a NaN, inf or negative weight")
         mask = mask & (weights > 0)
         weights = torch.where(mask, weights, 0.0)
+        weights = weights / _binade(weights.detach().amax(-1, keepdim=True))
     total = weights.sum(-1, keepdim=True)
     return weights / (total if nonempty else total.clamp_min(torch.finfo(weights.dtype).tiny)), mask
+
+
+# The bits of a float's exponent field (those of inf), and the integer type of the same width.
+_EXPONENT_BITS = {torch.float64: (torch.int64, 0x7FF0000000000000), torch.float32: (torch.int32, 0x7F800000),
+                  torch.bfloat16: (torch.int16, 0x7F80), torch.float16: (torch.int16, 0x7C00)}
+
+
+def _binade(m: Tensor) -> Tensor:
+    """The largest power of two ``≤ m`` for non-negative finite floating-point ``m``, and the
+    smallest normal number ``tiny`` where ``m`` is below it (0 or subnormal): always a power of two
+    ``p ≥ tiny`` with ``m / p < 2``. Read from the exponent bits (``torch.frexp`` has no MPS kernel)."""
+    int_type, exponent = _EXPONENT_BITS[m.dtype]
+    return (m.view(int_type) & exponent).view(m.dtype).clamp_min(torch.finfo(m.dtype).tiny)
 
 
 def _unit_vectors(x: Tensor, mask: Tensor, finite_padding: bool = False) -> Tensor:

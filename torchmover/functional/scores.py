@@ -70,10 +70,26 @@ def wmd(
     log-domain iterations, pair by pair, until the plan's rows hold exactly and its columns within
     ``1e-3`` (L1; ``transport.CONVERGENCE_TOLERANCE``); ``return_plan=True`` gives the plan with each
     pair's iterations, marginal error and ``converged`` flag. A pair's score does not depend on the
-    other pairs of the batch (to 1e-6, tested). Agrees with an LP solver to 5e-4 (measured at most
-    4.5e-4 on 1600 random pairs: ``tests/test_functional.py::test_wmd_matches_lp_solver``).
+    other pairs of the batch (to 1e-6, tested).
+
+    Agreement with the LP value ``C*`` (``normalize=False``): a converged pair's plan is the exact
+    entropic optimum at ``T`` for its own marginals ``(a, b')`` (rows exact), whose marginal error
+    ``δ = ‖b' − b‖₁`` is at most ``1e-3``. Rerouting the misplaced mass ``δ/2`` changes the LP value by
+    at most ``δ/2 · (max S − min S) ≤ δ``, and an entropic plan's value lies below its own LP value by
+    at most ``T (H(π_T) − H(π*)) ≤ T ln min(L1, L2)`` (a plan's entropy lies between its marginals'
+    larger entropy and their sum), so::
+
+        C* − δ − T ln min(L1, L2)  ≤  C  ≤  C* + δ,        δ ≤ 1e-3 (the reported marginal error).
+
+    The entropic term is exponentially small in ``gap / T`` where the LP optimum is unique and not
+    degenerate. Measured: ``|C − C*|`` at most 4.5e-4 on 1600 random pairs
+    (``tests/test_functional.py::test_wmd_matches_lp_solver``), and ``δ`` itself (9.5e-4) on collinear
+    tokens, ``S = ±1``, a degenerate LP (``tests/test_functional_contracts.py``). The
+    normalised score is the ratio of three such values (the self-terms' LP value is 1).
+
     The gradient is the envelope gradient ``∂C/∂S = π*``, exact for the LP value where its optimum
-    is unique.
+    is unique. The weights get no gradient: the plan is solved without a graph (``torch.no_grad``)
+    and the value depends on the masses only through it, so ``hyp_weights.grad`` stays None.
     """
     return _transport_score(
         temperature, None, hyp, ref, hyp_mask, ref_mask, direction="recall",
@@ -91,7 +107,9 @@ def moverscore(
 
     Not normalised (``Sim(X, X) = 1`` because the identity plan costs 0; a text of no direction, whose
     every vector is 0, scores 0: :func:`~torchmover.functional.family.has_direction`). Solved like
-    :func:`wmd` (entropic at ``temperature``, converged); the gradient is the envelope gradient. MoverScore's
+    :func:`wmd` (entropic at ``temperature``, converged), with :func:`wmd`'s bound on the LP value (the
+    cost ``‖x − y‖`` of unit vectors lies in ``[0, 2]``, as ``S`` in ``[−1, 1]``); the gradient is the
+    envelope gradient, and the weights get none (as in :func:`wmd`). MoverScore's
     other choices (IDF weights, dropped pieces and punctuation, [CLS]/[SEP] kept) are token-level
     options of :class:`~torchmover.Scorer`; the ``moverscore`` preset sets them all.
     """
@@ -106,7 +124,7 @@ def moverscore(
 def _transport_score(temperature, n_iter, hyp, ref, hyp_mask, ref_mask, *, direction, return_plan, normalize,
                      **kw):
     check_temperature(temperature)
-    if n_iter is not None and (not isinstance(n_iter, int) or n_iter < 1):
+    if n_iter is not None and (isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1):
         raise ValueError(f"n_iter must be a positive int or None (converged), got {n_iter!r}")
     score = family_similarity(member_term("twmd", temperature, n_iter), hyp, ref, hyp_mask, ref_mask,
                               direction=direction, normalize=normalize, **kw)
@@ -133,30 +151,44 @@ def tempered_rwmd(
     hyp: Tensor, ref: Tensor, hyp_mask: Tensor | None = None, ref_mask: Tensor | None = None, *,
     temperature: float = 0.15, direction: str = "recall",
     hyp_weights: Tensor | None = None, ref_weights: Tensor | None = None, normalize: bool = True,
+    validate: bool = True,
 ) -> Tensor:
     """Tempered relaxed WMD (TRWMD), closed form: only one marginal is kept.
 
     Recall plan ``π_ij = a_i softmax_j(S_ij / T)``, precision plan ``π_ij = b_j softmax_i(S_ij / T)``;
     ``C = Σ π_ij S_ij``, normalised as in :func:`tempered_wmd`. As ``T → 0`` it tends to BERTScore
     recall (precision).
+
+    Nothing reads device data, except the check that given weights are finite and non-negative:
+    ``validate=False`` skips it (as in :func:`tempered_wmd`; also in :func:`bertscore`, :func:`sbert`
+    and :func:`cka`).
     """
     check_temperature(temperature)
     return family_similarity(
         member_term("trwmd", temperature), hyp, ref, hyp_mask, ref_mask, direction=direction,
-        hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=normalize,
+        hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=normalize, validate=validate,
     )
 
 
 def bertscore(
     hyp: Tensor, ref: Tensor, hyp_mask: Tensor | None = None, ref_mask: Tensor | None = None, *,
-    hyp_weights: Tensor | None = None, ref_weights: Tensor | None = None, normalize: bool = True,
+    hyp_weights: Tensor | None = None, ref_weights: Tensor | None = None, normalize: bool = False,
+    validate: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """BERTScore greedy matching ``(P, R, F)``: ``R = Σ_i a_i max_j S_ij``, ``P = Σ_j b_j max_i S_ij``,
     ``F = 2PR / (P + R)`` where ``PR > 0``, else 0 (the signed F1 of
-    :mod:`~torchmover.functional.family`: always between P and R). With unit vectors ``C(X, X) = 1``, so normalising
-    changes nothing but rounding. Weights play the role of BERTScore's IDF weights.
+    :mod:`~torchmover.functional.family`: always between P and R). Weights play the role of
+    BERTScore's IDF weights.
+
+    Not normalised by default, as BERTScore and the :class:`~torchmover.Scorer`'s ``bertscore``
+    member: each of ``P`` and ``R`` is a plan's average of cosines, so ``|P|, |R|, |F| ≤ 1``.
+    ``normalize=True`` divides by the self-terms ``C(X, X) = Σ_i a_i max_j x_i·x_j``, which are 1 (to
+    rounding) only where every real token vector is non-zero: a zero token vector (e.g. one that
+    centering made 0) matches nothing, so its text's ``C(X, X) < 1`` and the score can exceed 1
+    (reference ``{0, e₁}``, hypothesis ``{e₁}``: ``P = 1/sqrt(1/2) = 1.41``).
+    ``validate=False`` skips the weights' check and its device read (:func:`tempered_rwmd`).
     """
-    kw = dict(hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=normalize)
+    kw = dict(hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=normalize, validate=validate)
     terms = member_term("bertscore")
     p = family_similarity(terms, hyp, ref, hyp_mask, ref_mask, direction="precision", **kw)
     r = family_similarity(terms, hyp, ref, hyp_mask, ref_mask, direction="recall", **kw)
@@ -166,20 +198,24 @@ def bertscore(
 def sbert(
     hyp: Tensor, ref: Tensor, hyp_mask: Tensor | None = None, ref_mask: Tensor | None = None, *,
     hyp_weights: Tensor | None = None, ref_weights: Tensor | None = None, normalize: bool = True,
+    validate: bool = True,
 ) -> Tensor:
-    """Cosine of the (weighted) mean-pooled unit token vectors: ``C = Σ_ij a_i b_j S_ij``."""
+    """Cosine of the (weighted) mean-pooled unit token vectors: ``C = Σ_ij a_i b_j S_ij``.
+    ``validate=False`` skips the weights' check and its device read (:func:`tempered_rwmd`)."""
     return family_similarity(
         member_term("sbert"), hyp, ref, hyp_mask, ref_mask,
-        hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=normalize,
+        hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=normalize, validate=validate,
     )
 
 
 def cka(
     hyp: Tensor, ref: Tensor, hyp_mask: Tensor | None = None, ref_mask: Tensor | None = None, *,
     hyp_weights: Tensor | None = None, ref_weights: Tensor | None = None, normalize: bool = True,
+    validate: bool = True,
 ) -> Tensor:
-    """Wordset-CKA: ``C = Σ_ij a_i b_j S_ij²``, normalised (linear CKA of the two token sets)."""
+    """Wordset-CKA: ``C = Σ_ij a_i b_j S_ij²``, normalised (linear CKA of the two token sets).
+    ``validate=False`` skips the weights' check and its device read (:func:`tempered_rwmd`)."""
     return family_similarity(
         member_term("cka"), hyp, ref, hyp_mask, ref_mask,
-        hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=normalize,
+        hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=normalize, validate=validate,
     )
