@@ -1,3 +1,4 @@
+import importlib.metadata
 import warnings
 
 import numpy as np
@@ -350,7 +351,12 @@ def _modernbert(vocab_size: int):
     return ModernBertModel(config).eval()
 
 
-@pytest.mark.parametrize("architecture", ["bert", "modernbert"])
+TRANSFORMERS_5 = int(importlib.metadata.version("transformers").split(".")[0]) >= 5
+
+
+@pytest.mark.parametrize("architecture", ["bert", pytest.param("modernbert", marks=pytest.mark.skipif(
+    not TRANSFORMERS_5, reason="the tie of a final-normed last hidden state is transformers 5's (and before it, "
+                               "ModernBERT refuses the BERT tokenizer's token_type_ids this test pairs it with)"))])
 def test_every_layer_is_the_whole_models_hidden_state(architecture):
     """The cut model's vectors are ``hidden_states[layer]`` of the whole model at every layer, also for a
     model with a final norm, which belongs to the top layer alone (on the first call, which reads every
@@ -363,8 +369,7 @@ def test_every_layer_is_the_whole_models_hidden_state(architecture):
     with torch.no_grad():
         hidden = copy.deepcopy(model)(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                       output_hidden_states=True).hidden_states
-    if architecture == "modernbert":  # the top state is normed, the ones below are not
-        torch.testing.assert_close(hidden[3], model.final_norm(hidden[3]))
+    if architecture == "modernbert":  # the states below the top are not normed
         assert not torch.allclose(hidden[2], model.final_norm(hidden[2]), atol=1e-3)
     for layer in range(4):
         encoder = Encoder(copy.deepcopy(model), tokenizer, layer=layer, name="tiny", pass_cost=None)

@@ -39,7 +39,7 @@ def set_partitions(items):
             yield [*partition[:k], [first, *partition[k]], *partition[k + 1:]]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=8 * settings().max_examples, deadline=None)  # cheap cases: 8x the profile's
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=7), st.integers(0, 60))
 def test_the_groups_are_the_cheapest_of_every_partition(lengths, pass_cost):
     """Against every partition of the texts into passes (not only runs of the sorted order)."""
@@ -49,7 +49,7 @@ def test_the_groups_are_the_cheapest_of_every_partition(lengths, pass_cost):
     assert cost(lengths, groups, pass_cost) == best
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=8 * settings().max_examples, deadline=None)  # cheap cases: 8x the profile's
 @given(st.lists(st.integers(1, 300), min_size=1, max_size=200), st.integers(0, 5000))
 def test_the_groups_cover_every_text_once_shortest_first(lengths, pass_cost):
     lengths = np.array(lengths)
