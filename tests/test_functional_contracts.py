@@ -84,6 +84,18 @@ def test_masses_sum_to_one(value):
     assert (mass[~mask] == 0).all()
 
 
+@pytest.mark.parametrize("name", MEMBERS)
+def test_weighted_texts_of_no_token_score_zero(name):
+    """A batch of texts padded to no column at all (every text empty) with weights ``[B, 0]``: scores 0,
+    as an empty text's (the weights' largest, over no column, is not taken)."""
+    hyp, ref, _, rw = _batch()
+    empty = hyp[:, :0]
+    got = MEMBERS[name](empty, ref, torch.zeros(2, 0, dtype=torch.bool), hyp_weights=torch.zeros(2, 0),
+                        ref_weights=rw)
+    scores = torch.stack(got) if isinstance(got, tuple) else got  # bertscore: (P, R, F)
+    assert scores.shape[-1] == 2 and torch.equal(scores, torch.zeros_like(scores))
+
+
 def test_masses_of_ordinary_weights_are_unchanged_to_the_bit():
     """The rescaling by a power of two is exact: ordinary weights (IDF) give ``w / Σ w`` bit for bit."""
     g = torch.Generator().manual_seed(1)

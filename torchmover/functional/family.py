@@ -132,7 +132,8 @@ def _masses(mask: Tensor, weights: Tensor | None, name: str, dtype: torch.dtype,
             raise ValueError(f"{name} must be finite and non-negative (masses), got a NaN, inf or negative weight")
         mask = mask & (weights > 0)
         weights = torch.where(mask, weights, 0.0)
-        weights = weights / _binade(weights.detach().amax(-1, keepdim=True))
+        if weights.shape[-1]:  # texts of no token have no largest weight (and nothing to scale)
+            weights = weights / _binade(weights.detach().amax(-1, keepdim=True))
     total = weights.sum(-1, keepdim=True)
     return weights / (total if nonempty else total.clamp_min(torch.finfo(weights.dtype).tiny)), mask
 
