@@ -716,8 +716,8 @@ def build_scorer(args: argparse.Namespace, device: torch.device, eval_texts: lis
     layer = top_layer(args.model) if args.layer is None else args.layer
     tuned = get_member(args.method).temperature == "tuned"
     scorer = tm.Scorer(args.model, layer=layer, method=args.method, direction=args.direction,
-                       temperature=args.temperature if tuned else None, centering=args.centering, max_length=args.max_length,
-                       device=device)
+                       temperature=args.temperature if tuned else None, centering=args.centering,
+                       max_length=args.max_length, device=device)
     if args.centering == "fixed":
         scorer.fit_centering(eval_texts, batch_size=args.eval_batch_size, progress=progress)
     return scorer, frozen_parameters(scorer, args.freeze_below)

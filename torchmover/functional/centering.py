@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..runtime.distributed import all_reduce_sum, is_distributed
+from .family import check_mask, check_vectors
 
 CENTERING_MODES = ("none", "dimension", "sentence", "batch", "fixed")
 MODULE_MODES = CENTERING_MODES + ("running",)
@@ -74,12 +75,8 @@ def center(x: Tensor, mask: Tensor, mode: str = "batch", mean: Tensor | None = N
     wider: bf16/fp16 vectors are upcast first (their mean, and ``mean``, are never rounded to them).
     ``mask`` must have ``x``'s shape ``[B, L]`` exactly (it is not broadcast).
     """
-    if not isinstance(x, Tensor) or x.dim() != 3:
-        raise ValueError(f"x must be a [B, L, D] tensor, got {getattr(x, 'shape', type(x))}")
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"mask must be a bool Tensor of shape {tuple(x.shape[:2])}, got {type(mask).__name__}")
-    if mask.shape != x.shape[:2]:
-        raise ValueError(f"mask must have shape {tuple(x.shape[:2])} (that of x's [B, L]), got {tuple(mask.shape)}")
+    check_vectors("x", x)
+    check_mask("mask", mask, x)
     x = x.to(torch.promote_types(x.dtype, torch.float32))
     if mode not in CENTERING_MODES:
         raise ValueError(f"mode must be one of {CENTERING_MODES}, got {mode!r}")

@@ -90,21 +90,31 @@ def _check_direction(direction: str) -> None:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
 
 
+def check_vectors(name: str, x) -> None:
+    """Raise ``ValueError`` naming ``x`` (``name``) unless it is a ``[B, L, D]`` tensor of token vectors."""
+    if not isinstance(x, Tensor) or x.dim() != 3:
+        raise ValueError(f"{name} must be a [B, L, D] tensor, got {getattr(x, 'shape', type(x))}")
+
+
+def check_mask(name: str, mask, x: Tensor) -> None:
+    """Raise ``TypeError`` / ``ValueError`` naming ``mask`` (``name``) unless it is a tensor of the
+    shape ``[B, L]`` of ``x`` exactly (a mask is never broadcast). Reads no device data."""
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a bool Tensor of shape {tuple(x.shape[:2])}, got {type(mask).__name__}")
+    if mask.shape != x.shape[:2]:
+        raise ValueError(f"{name} must have shape {tuple(x.shape[:2])}, got {tuple(mask.shape)}")
+
+
 def _check_inputs(hyp: Tensor, ref: Tensor, hyp_mask: Tensor | None, ref_mask: Tensor | None):
     for name, x in (("hyp", hyp), ("ref", ref)):
-        if not isinstance(x, Tensor) or x.dim() != 3:
-            raise ValueError(f"{name} must be a [B, L, D] tensor, got {getattr(x, 'shape', type(x))}")
+        check_vectors(name, x)
     if hyp.shape[0] != ref.shape[0] or hyp.shape[-1] != ref.shape[-1]:
         raise ValueError(f"hyp {tuple(hyp.shape)} and ref {tuple(ref.shape)} must share B and D")
     masks = []
     for name, x, mask in (("hyp_mask", hyp, hyp_mask), ("ref_mask", ref, ref_mask)):
         if mask is None:
             mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-        if not isinstance(mask, Tensor):
-            raise TypeError(f"{name} must be a bool Tensor of shape {tuple(x.shape[:2])} or None, "
-                            f"got {type(mask).__name__}")
-        if mask.shape != x.shape[:2]:
-            raise ValueError(f"{name} must have shape {tuple(x.shape[:2])}, got {tuple(mask.shape)}")
+        check_mask(name, mask, x)
         masks.append(mask.to(device=x.device, dtype=torch.bool))
     return masks
 

@@ -342,10 +342,7 @@ def lower_ranks_texts(chunks: list[tuple[list[str], list[list[str]]]], sides: Se
     every = [None] * dist.get_world_size(group)
     dist.all_gather_object(every, mine, group=group)
     lower = every[:dist.get_rank(group)]
-    seen = {side: SeenTexts() for side in sides}
-    for side in sides:
-        seen[side].digests = np.unique(np.concatenate([np.zeros(0, dtype=np.uint64)] + [d[side] for d in lower]))
-    return seen
+    return {side: SeenTexts([d[side] for d in lower]) for side in sides}
 
 
 def owned_texts(new: list[str], texts: list[str], side: str | None, groups: list[list[str]], share: Share) -> list[str]:
@@ -411,8 +408,9 @@ class SeenTexts:
     than memory keeps it. (Two distinct texts of one corpus share a digest with probability about
     ``n² / 2⁶⁵``: 3·10⁻⁸ for a million texts.)"""
 
-    def __init__(self):
-        self.digests = np.zeros(0, dtype=np.uint64)
+    def __init__(self, digests: Sequence[np.ndarray] = ()):
+        """``digests``: arrays of digests of texts met before (e.g. on other ranks)."""
+        self.digests = np.unique(np.concatenate([np.zeros(0, dtype=np.uint64), *digests]))
 
     def __len__(self) -> int:
         return len(self.digests)
