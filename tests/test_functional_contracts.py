@@ -65,6 +65,34 @@ def test_weights_are_scale_invariant_over_the_whole_range(name, dtype, scale):
 
 
 @pytest.mark.parametrize("name", MEMBERS)
+@pytest.mark.parametrize("dtype,scale", [(torch.float32, 1e-16), (torch.float32, 1e16),
+                                         (torch.float64, 1e-140), (torch.float64, 1e140)])
+def test_vectors_are_scale_invariant_within_their_dtypes_range(name, dtype, scale):
+    """Token vectors are normalised in their dtype: scaled by any factor whose squares stay normal
+    numbers of it (float32: entries from about 1e-18 to 1e18), a pair scores as the unscaled pair, to
+    the dtype's rounding (the converged solvers' iterations carry the unit vectors' last bits further:
+    7e-14 in float64)."""
+    fn = MEMBERS[name]
+    hyp, ref, hw, rw = _batch(dtype)
+    expected = fn(hyp, ref, hyp_weights=hw, ref_weights=rw)
+    got = fn(hyp * scale, ref * scale, hyp_weights=hw, ref_weights=rw)
+    torch.testing.assert_close(got, expected, atol={torch.float32: 1e-6, torch.float64: 1e-12}[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("name", MEMBERS)
+@pytest.mark.parametrize("scale", [1e-25, 1e25])
+def test_float32_vectors_whose_norm_overflows_or_underflows_count_as_zero(name, scale):
+    """Beyond that range a float32 vector's squared norm underflows to 0 or overflows to inf: the vector
+    counts as 0, the documented rule of a zero vector (a text of no direction scores 0); in float64
+    the same vectors score as unscaled ones."""
+    fn = MEMBERS[name]
+    hyp, ref, _, _ = _batch(torch.float32)
+    assert torch.equal(fn(hyp * scale, ref), torch.zeros_like(fn(hyp, ref)))
+    torch.testing.assert_close(fn(hyp.double() * scale, ref.double()), fn(hyp.double(), ref.double()),
+                               atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("name", MEMBERS)
 @pytest.mark.parametrize("value", [1e-45, 1e-40, 3e38])
 def test_uniform_weights_of_any_finite_size_are_uniform_masses(name, value):
     """Equal weights are uniform masses, also where they are subnormal (1e-45 is float32's smallest)

@@ -37,6 +37,11 @@ of order ε, and by Cauchy–Schwarz the exact cross term is then below ``64 ε`
 score is 0 there, as it is in the members without normalisers (:func:`has_direction`). Scores bounded
 by 1 can exceed it by float rounding only (≤ 1e-6 in float32, asserted in ``tests/test_properties.py``:
 an identical pair whose self-term was computed in another batch, a unit vector's cosine with itself).
+Token vectors are normalised in their dtype (at least float32), whose squares must stay normal numbers
+of it: in float32 entries of magnitude about 1e-18 to 1e18 (float64: 1e-150 to 1e150) score as the same
+vectors near 1. Beyond, a vector's squared norm overflows to inf or underflows, through subnormals
+that lose precision, to 0, and the vector counts as 0 (as a zero vector above); pass float64 vectors
+at such scales (``tests/test_functional_contracts.py``).
 :func:`family_similarity` is :func:`token_cloud` and :func:`pair_similarity` in one for aligned
 ``[B, L, D]`` batches.
 
