@@ -28,19 +28,31 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib.util
 import json
 import os
-import platform
 import random
-import shlex
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _load_provenance():
+    """``torchmover.runtime.provenance`` read from this checkout by its path, without importing the
+    ``torchmover`` package (which imports torch): a script that never imports torch (one that runs
+    others as subprocesses) records no torch threads, and importing the harness stays cheap."""
+    path = REPO / "torchmover" / "runtime" / "provenance.py"
+    spec = importlib.util.spec_from_file_location("_bench_provenance", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+run_provenance = _load_provenance()
+device_info = run_provenance.device_info
 SCHEMA = "torchmover-bench/1"
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "wmt15-16"
 PEERS = ("bert-score", "moverscore", "pyemd", "POT", "geomloss", "torchmetrics")
@@ -137,63 +149,14 @@ def time_call(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
 
 # --- provenance -----------------------------------------------------------------------------------
 
-def _git(*args: str) -> str | None:
-    try:
-        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
-def package_version(name: str) -> str | None:
-    """The installed version of distribution ``name``, or None."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
 def versions() -> dict:
     """Python, torch, transformers, tokenizers, torchmover and the peers (None: not installed)."""
-    return {"python": platform.python_version(),
-            **{name: package_version(name) for name in ("torch", "transformers", "tokenizers", "torchmover", *PEERS)}}
-
-
-def device_info() -> dict:
-    """The CPU (model, logical cores, torch's threads) and, when CUDA is available, the GPU (name,
-    memory, driver)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cores": os.cpu_count()}
-    if "torch" in sys.modules:  # a script that never imported torch did not use it
-        import torch
-
-        info["torch_threads"] = torch.get_num_threads()
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(0)
-            try:
-                driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                        capture_output=True, text=True, timeout=30).stdout.split()
-            except (OSError, subprocess.TimeoutExpired):
-                driver = []
-            info["gpu"] = {"name": props.name, "memory_mib": props.total_memory // 2**20,
-                           "driver": driver[0] if driver else None, "cuda": torch.version.cuda}
-    return info
+    return run_provenance.versions(("torch", "transformers", "tokenizers", "torchmover", *PEERS))
 
 
 def command_line(argv: list[str] | None = None) -> str:
     """The command that ran, from the repository root (``python bench/x.py --flag ...``)."""
-    argv = list(sys.argv if argv is None else argv)
-    script = Path(argv[0]).resolve() if argv else None
-    if script is not None and script.is_relative_to(REPO):
-        argv[0] = str(script.relative_to(REPO))
-    return shlex.join(["python", *argv])
+    return run_provenance.command_line(argv, REPO)
 
 
 def tree_state() -> tuple[str, bool | None]:
@@ -201,8 +164,8 @@ def tree_state() -> tuple[str, bool | None]:
     results under ``bench/results/`` apart: a benchmark run after another has written its result
     measures the same code. Outside git (a copy of the tree, e.g. on a machine the repository was
     sent to), the commit the environment variable ``BENCH_COMMIT`` names, else ``"unknown"``."""
-    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results")
-    return _git("rev-parse", "HEAD") or os.environ.get("BENCH_COMMIT", "unknown"), None if status is None else bool(status)
+    commit, dirty = run_provenance.checkout_state(REPO, exclude=("bench/results",))
+    return commit or os.environ.get("BENCH_COMMIT", "unknown"), dirty
 
 
 STARTED_ON = tree_state()  # when the script imported the harness: the code that runs
