@@ -1,6 +1,6 @@
-"""What the two training recipes share: the JSON-lines log, eval mode, the learning-rate schedule,
-the run-directory rule, checkpoints, and the few ``torch.distributed`` helpers that neither torch nor
-:mod:`torchmover.runtime.distributed` offers.
+"""What the two training recipes share: one-line usage errors, the JSON-lines log, eval mode, the
+learning-rate schedule, the run-directory rule, the resume rule for options, checkpoints, and the few
+``torch.distributed`` helpers that neither torch nor :mod:`torchmover.runtime.distributed` offers.
 
 Not part of the library: each recipe puts its own directory on ``sys.path`` and imports this file as
 ``common``, so ``python recipes/<recipe>.py`` works from anywhere, and so does loading a recipe from
@@ -14,9 +14,10 @@ import glob
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,26 @@ from torch import Tensor, nn
 
 from torchmover.runtime.checkpoint import atomic_write, latest_checkpoint, remove_abandoned, rng_state
 from torchmover.runtime.distributed import is_distributed
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+class UsageError(SystemExit):
+    """A command that cannot run as given (an option, an input, the run directory), raised before the
+    run writes anything: its message is one line. At the command line (:func:`run_command`) the line is
+    printed and the process exits with status 2, as for argparse's own errors; called in-process it is
+    a ``SystemExit`` whose ``str()`` is the line."""
+
+
+def run_command(main: Callable[[], object]) -> int:
+    """The exit status of a recipe's command line: ``main()``'s 0, or 2 after printing a
+    :class:`UsageError`'s line to stderr (no traceback)."""
+    try:
+        main()
+    except UsageError as error:
+        print(error, file=sys.stderr)
+        return 2
+    return 0
 
 
 # --- log -------------------------------------------------------------------------------------------
@@ -130,7 +151,7 @@ def claim_run_directory(directory: Path, outputs: Iterable[str], resume: bool, o
     if resume or not existing:
         return existing
     if not overwrite:
-        raise SystemExit(f"{directory} already holds a run ({', '.join(existing)}): pass --resume to continue "
+        raise UsageError(f"{directory} already holds a run ({', '.join(existing)}): pass --resume to continue "
                          "it, --overwrite to delete its outputs and start over, or choose another output directory")
     if main:
         for name in existing:
@@ -140,6 +161,20 @@ def claim_run_directory(directory: Path, outputs: Iterable[str], resume: bool, o
             else:
                 path.unlink()
     return existing
+
+
+def enclosing_run(directory: Path, markers: Iterable[str]) -> Path | None:
+    """The directory above ``directory`` that holds a run or a published scorer, else ``None``: the
+    nearest of ``directory`` itself and its parents that holds ``torchmover.json`` (a scorer saved by
+    ``save_pretrained``), or the nearest of its parents (not itself: that is the run-directory rule of
+    :func:`claim_run_directory`) that holds one of ``markers`` (the files a run writes)."""
+    directory = Path(directory).resolve()
+    for place in (directory, *directory.parents):
+        if (place / "torchmover.json").is_file():
+            return place
+        if place != directory and any((place / name).exists() for name in markers):
+            return place
+    return None
 
 
 def remove_killed_temporaries(directory: Path, outputs: Iterable[str]) -> list[Path]:
@@ -187,6 +222,34 @@ def resume_path(resume: str, checkpoints: Path) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"--resume: checkpoint {path} not found")
     return path
+
+
+# --- the options of a run ---------------------------------------------------------------------------
+
+def options_record(args) -> dict:
+    """The parsed options ``args`` as JSON values (paths as strings): what a run records of its options
+    and what :func:`changed_options` compares."""
+    return json.loads(json.dumps(vars(args), default=str))
+
+
+def changed_options(recorded: dict, args, free: Iterable[str]) -> dict[str, tuple]:
+    """``{name: (recorded value, value in args)}`` of every option of ``args`` that differs from the
+    run's ``recorded`` options (:func:`options_record`; one it lacks counts as ``None``), the ``free``
+    ones apart: those that cannot change a run's numbers."""
+    current, free = options_record(args), set(free)
+    return {name: (recorded.get(name), value) for name, value in current.items()
+            if name not in free and recorded.get(name) != value}
+
+
+def refuse_changed_options(prog: str, what: str, recorded: dict, args, free: Iterable[str]) -> None:
+    """Raise :class:`UsageError` naming each option of ``args`` that differs from those ``recorded``
+    for ``what`` (a checkpoint, a finished run) with its old and new value, in one line; nothing if
+    none does (:func:`changed_options`)."""
+    changed = changed_options(recorded, args, free)
+    if changed:
+        raise UsageError(f"{prog}: error: {what} was run with other options; run it with the same ones, or pass "
+                         "--overwrite to start over: " + ", ".join(
+                             f"--{name.replace('_', '-')} {old!r} -> {new!r}" for name, (old, new) in changed.items()))
 
 
 def all_rng_states() -> list[dict]:

@@ -245,3 +245,41 @@ def test_distributed_helpers_on_two_processes(tmp_path):
             assert torch.equal(out["rng"][other], ranks[other]["own_rng"])
     assert not torch.equal(ranks[0]["own_rng"], ranks[1]["own_rng"])
     assert not dist.is_initialized()
+
+
+def test_changed_options_name_each_difference_but_the_free_ones():
+    import argparse
+
+    recorded = common.options_record(argparse.Namespace(lr=0.1, out=Path("/r"), files=["a"], resume=None))
+    assert recorded == {"lr": 0.1, "out": "/r", "files": ["a"], "resume": None}  # JSON values
+    now = argparse.Namespace(lr=0.2, out=Path("/r"), files=["a", "b"], resume="latest", new=1)
+    assert common.changed_options(recorded, now, free=("resume",)) == {
+        "lr": (0.1, 0.2), "files": (["a"], ["a", "b"]), "new": (None, 1)}
+    with pytest.raises(common.UsageError) as refused:
+        common.refuse_changed_options("x.py", "run R", recorded, now, free=("resume", "new"))
+    assert str(refused.value).startswith("x.py: error: run R was run with other options")
+    assert str(refused.value).endswith("--lr 0.1 -> 0.2, --files ['a'] -> ['a', 'b']")
+    common.refuse_changed_options("x.py", "run R", recorded, argparse.Namespace(**{**recorded, "resume": "latest"}),
+                                  free=("resume",))  # only a free option changed: accepted
+
+
+def test_a_usage_error_is_one_line_and_exit_status_2(capsys):
+    def refused():
+        raise common.UsageError("x.py: error: bad --flag")
+
+    assert common.run_command(refused) == 2
+    assert capsys.readouterr().err == "x.py: error: bad --flag\n"
+    assert common.run_command(lambda: {"done": True}) == 0
+    assert issubclass(common.UsageError, SystemExit)  # in-process callers see a SystemExit
+
+
+def test_enclosing_run_finds_a_saved_scorer_or_another_run_above(tmp_path):
+    (tmp_path / "run" / "final").mkdir(parents=True)
+    (tmp_path / "run" / "log.jsonl").write_text("")
+    (tmp_path / "run" / "final" / "torchmover.json").write_text("{}")
+    markers = ("log.jsonl",)
+    assert common.enclosing_run(tmp_path / "run", markers) is None  # a run's own directory: claim_run_directory's
+    assert common.enclosing_run(tmp_path / "run" / "final", markers) == (tmp_path / "run" / "final").resolve()
+    assert common.enclosing_run(tmp_path / "run" / "final" / "x", markers) == (tmp_path / "run" / "final").resolve()
+    assert common.enclosing_run(tmp_path / "run" / "other", markers) == (tmp_path / "run").resolve()
+    assert common.enclosing_run(tmp_path / "elsewhere", markers) is None
