@@ -21,11 +21,17 @@ Model selection and seeds
 -------------------------
 The test set is never used for a choice. With a dev split (``--dev-fraction``, carved from the
 training files), dev Pearson r is measured after every epoch; the final model is the best dev epoch,
-and ``--patience P`` stops after P epochs without a better one. ``--seeds 0,1,2`` runs the recipe
+and ``--patience P`` stops after P epochs without a better one. Without ``--test`` the before/after
+report is on that dev split, which chose the epoch, so it is not held out: it is ``dev_report.json``
+(not ``test_report.json``), ``result.json`` says ``"report": {"split": "dev", "held_out": false}``,
+and the table, the log and the console name it the dev split. ``--seeds 0,1,2`` runs the recipe
 once per seed (dev split, training subset, data order, dropout) in ``OUTPUT/seed-S`` and writes
-``OUTPUT/seeds.md`` / ``seeds.json`` (before / after / Δ per seed and mean ± sd) and ``seeds.png``
-(test r per language pair, before and after); a finished seed is not rerun, an interrupted one
-resumes (one stopped before its first checkpoint starts over), and ``--overwrite`` reruns them all. ``--layer`` picks the layer read (default: the top one); the blocks above it are cut off
+``OUTPUT/seeds.md`` / ``seeds.json`` (before / after / Δ per seed and mean ± sd, the options each seed
+recorded) and ``seeds.png`` (r per language pair, before and after); a finished seed is reused when
+the options it recorded equal the command's (but those :data:`RESUME_FREE` names), else the command
+is refused before any seed runs; an interrupted one resumes (one stopped before its first checkpoint
+starts over), and ``--overwrite`` reruns them all. ``--layer`` picks the layer read (default: the top
+one); the blocks above it are cut off
 (never computed, so never trained); ``--layer-decay γ`` gives block k of K the learning rate
 ``lr·γ^(K−k)`` (embeddings ``lr·γ^K``), ``--freeze-below K`` freezes the lowest blocks.
 
@@ -62,17 +68,31 @@ map with ``a > 0`` does not change correlations: it only shapes the training sig
 
 Outputs (``--output DIR``)
 --------------------------
-- ``log.jsonl``: one JSON object per line — ``config``, ``calibration_fit``, ``step`` (loss, lr,
-  a, b, pairs/s every ``--log-every`` optimiser steps), ``epoch`` (mean train loss, dev correlations),
-  ``eval`` (test correlations before / after), ``done``; after ``--resume``, ``resume``. Each event
-  is logged once: a resume drops what the interrupted run logged after its checkpoint, which is
-  logged again as it is redone.
-- ``curves.png``: training loss per step and dev Pearson r / Kendall τ per epoch (epoch 0 = untuned).
+- ``log.jsonl``: one JSON object per line — ``config`` (the options, the provenance below),
+  ``calibration_fit``, ``step`` (loss, lr, a, b, pairs/s every ``--log-every`` optimiser steps),
+  ``epoch`` (mean train loss, dev correlations), ``eval`` (the report set's correlations before /
+  after, ``split`` ``test`` or ``dev``), ``done``; after ``--resume``, ``resume`` (with the resuming
+  invocation's provenance). Each event is logged once: a resume drops what the interrupted run
+  logged after its checkpoint, which is logged again as it is redone.
+- Provenance, in ``config``, ``result.json``, the report, ``seeds.json``
+  (:func:`torchmover.runtime.provenance.run_provenance`): the command line as run, the versions of
+  Python, torchmover, torch and transformers, the commit of the code's git checkout and whether it had
+  uncommitted changes (``null`` outside a checkout), the resolved device, and every ``--train`` /
+  ``--test`` data file with its size and SHA-256.
+- ``curves.png``: the training loss as ``--loss`` defines it (its y-label names it) per step and dev
+  Pearson r / Kendall τ per epoch (epoch 0 = untuned).
 - ``checkpoints/step-XXXXXXX.pt`` and ``checkpoints/latest``: written atomically (temporary file,
   then ``os.replace``) at the end of every epoch and every ``--save-every`` steps; model, optimiser,
   scheduler, grad scaler, calibration, every rank's RNG states, epoch and step, and how many events
-  the log held. ``--resume`` continues exactly (same data order, dropout masks, optimiser state, and
-  a run that had stopped early stays stopped), read with ``torch.load(weights_only=True)``.
+  the log held, and the run's options. ``--resume`` continues exactly (same data order, dropout masks,
+  optimiser state, and a run that had stopped early stays stopped), read with
+  ``torch.load(weights_only=True)``. It refuses, before writing anything and in one line naming each
+  option with its old and new value, any option that differs from the checkpoint's but those that
+  cannot change the numbers (:data:`RESUME_FREE`: ``--resume``, ``--overwrite``, ``--stop-after``,
+  ``--save-every``, ``--keep-checkpoints``, ``--output``, ``--no-progress``, ``--no-plot``).
+- ``--stop-after N`` checkpoints and stops after N optimiser steps of this invocation (over all the
+  seeds of ``--seeds``): a time-limited job resubmits the same command with ``--resume`` and each
+  job advances N steps; the result is the uninterrupted run's.
 - A directory that already holds a run (any of these outputs) is never overwritten silently: run
   again without ``--resume`` and the recipe refuses before writing anything, naming the two choices,
   ``--resume`` (continue it) and ``--overwrite`` (delete these outputs, other files stay, and start
@@ -80,12 +100,20 @@ Outputs (``--output DIR``)
   the temporaries a killed run left (a half-written checkpoint) are removed by the next run.
 - ``final/``: the fine-tuned scorer (``Scorer.from_pretrained("DIR/final")``: encoder safetensors,
   ``torchmover.json``, ``centering="fixed"`` with the training texts' mean) and
-  ``final/calibration.json`` (``a``, ``b``); ``result.json``: the run's summary. Its signature says
+  ``final/calibration.json`` (``a``, ``b``); ``result.json``: the run's summary (with its options,
+  the report's set and the provenance). The scorer's signature says
   that it was fine-tuned, on which ratings, and which weights it reads (``finetuned:da:2015:cs-en+...:
   1790-pairs@weights-<hash>``, after the model it started from; ``Scorer.mark_finetuned``). With
   ``--seeds``, ``OUTPUT/final`` is the seed of the best dev r.
-- ``test_report.json`` and ``table.txt``: per-language-pair Kendall τ and Pearson r before and after
-  fine-tuning (the paper's Table 4 layout), on ``--test`` or, without it, on the dev split.
+- ``test_report.json`` (``dev_report.json`` without ``--test``) and ``table.txt``: per-language-pair
+  Kendall τ and Pearson r before and after fine-tuning (the paper's Table 4 layout), on ``--test`` or,
+  without it, on the dev split that chose the epoch (the table's title says so).
+- Errors: a bad option value, a missing ``--model`` path, an ``--output`` that is a file or lies inside
+  a saved scorer (``torchmover.json``) or another run's directory, an unreadable ratings file, a dev
+  split that holds out nothing, leaves no training rating or holds a single rating of a language
+  pair, and a ``--test`` language pair of fewer than 2 ratings each stop the recipe with one line
+  (exit status 2) before anything is written. Training ratings with an empty hypothesis or reference
+  are kept (their ``Sim`` is 0), with one warning that counts them.
 
 Distributed
 -----------
@@ -130,8 +158,10 @@ import dataclasses
 import json
 import os
 import random
+import re
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -146,24 +176,37 @@ from torchmover.runtime.checkpoint import (
     atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state,
 )
 from torchmover.runtime.distributed import all_reduce_sum
+from torchmover.runtime.provenance import run_provenance
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # recipes/common.py, also when loaded from its path
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
+PROG = "finetune_wmt.py"
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRAIN = REPO.parent / "shared" / "data" / "wmt15-16"
 CHECKPOINT_FORMAT = 1
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-# Options that fix the data order, the schedule or the model: --resume refuses to change them.
-RESUME_FIXED = ("train", "year", "dev_fraction", "max_train_pairs", "model", "layer", "method", "direction",
-                "temperature", "centering", "centering_fit_size", "max_length", "freeze_below", "epochs",
-                "batch_size", "grad_accum", "seed", "warmup", "schedule", "calibration_init", "loss",
-                "loss_weight", "layer_decay", "patience")
+# The options that cannot change a run's numbers, so --resume (and a finished seed of --seeds) accepts
+# them changed: how this invocation claims the directory (--resume, --overwrite), where it stops
+# (--stop-after), how often and how many checkpoints it keeps (--save-every, --keep-checkpoints: a
+# checkpoint reads the RNG states, never draws from them), where it writes (--output: a checkpoint
+# named by path may continue in another directory), and what it shows (--no-progress, --no-plot).
+# Every other option is refused changed, naming its old and new value: the data (--train, --test,
+# --year, ...), the model, the optimisation (--lr, --weight-decay, --max-grad-norm, --precision,
+# --calibration-lr, --seed, ...), and also --threads, --device, --eval-batch-size, --n-boot,
+# --skip-baseline and --log-every, which change float rounding or the numbers reported and logged.
+RESUME_FREE = ("resume", "overwrite", "stop_after", "save_every", "keep_checkpoints", "output", "no_progress",
+               "no_plot")
 # Centerings under which a text's vectors do not depend on the other texts: evaluated as trained.
 SELF_CONTAINED_CENTERINGS = ("none", "sentence", "dimension")
 # What a run writes in --output: a directory with any of them holds a run (common.claim_run_directory).
-RUN_OUTPUTS = ("checkpoints", "log.jsonl", "final", "result.json", "test_report.json", "table.txt", "curves.png")
+RUN_OUTPUTS = ("checkpoints", "log.jsonl", "final", "result.json", "test_report.json", "dev_report.json",
+               "table.txt", "curves.png")
+# A directory above --output holding one of these holds another run (or --seeds table): refused.
+RUN_MARKERS = ("checkpoints", "log.jsonl", "result.json", "seeds.json")
+# A hub model name: NAME or ORG/NAME; any other --model is a local path, which must exist.
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
 # --- command line ----------------------------------------------------------------------------------
@@ -174,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = p.add_argument_group("data")
     d.add_argument("--train", nargs="+", default=[str(DEFAULT_TRAIN)],
                    help="training ratings: files or directories in any layout torchmover.evaluation.data reads")
-    d.add_argument("--test", nargs="+", help="test ratings (any layout); default: the dev split")
+    d.add_argument("--test", nargs="+", help="test ratings (any layout); default: the dev split, which also "
+                                             "chose the epoch (its report is dev_report.json, not held out)")
     d.add_argument("--year", type=int, help="year of JSON-lines records without a 'year' key")
     d.add_argument("--dev-fraction", type=float, default=0.1,
                    help="share of each language pair held out as dev set (0: none)")
@@ -243,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--save-every", type=int, default=0, help="also checkpoint every N optimiser steps")
     r.add_argument("--keep-checkpoints", type=int, default=2, help="checkpoints of this run kept (its highest steps)")
     r.add_argument("--stop-after", type=int, default=0, metavar="STEPS",
-                   help="checkpoint and stop after this many optimiser steps (time-limited jobs); 0: never")
+                   help="checkpoint and stop after this many optimiser steps of this invocation (a "
+                        "time-limited job resubmits the same command with --resume); 0: never")
     r.add_argument("--eval-batch-size", type=int, default=64, help="batch size of evaluation scoring")
     r.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the final test report")
     r.add_argument("--skip-baseline", action="store_true", help="do not evaluate the untuned metric")
@@ -346,15 +391,67 @@ def param_groups(scorer: tm.Scorer, calibration: Calibration, args) -> list[dict
 
 # --- data ------------------------------------------------------------------------------------------
 
+def refuse(message: str) -> common.UsageError:
+    """The recipe's one-line error (exit status 2 at the command line): raise what it returns."""
+    return common.UsageError(f"{PROG}: error: {message}")
+
+
 def read_all(paths: list[str], year: int | None) -> list[Rating]:
     """The ratings of every path; a missing, malformed or empty one ends the run with a one-line error."""
     try:
         records = [r for path in paths for r in read_ratings(path, year)]
     except (OSError, ValueError, ImportError) as error:
-        raise SystemExit(f"finetune_wmt.py: error: {error}") from None
+        raise refuse(str(error)) from None
     if not records:
-        raise SystemExit(f"finetune_wmt.py: error: no ratings in {' '.join(paths)}")
+        raise refuse(f"no ratings in {' '.join(paths)}")
     return records
+
+
+def read_test(paths: list[str], year: int | None) -> list[Rating]:
+    """The ratings of the ``--test`` paths; a language pair (and year) with fewer than 2 of them, which
+    has no correlation, ends the run with a one-line error naming it and its file(s)."""
+    by_path = {path: read_all([path], year) for path in paths}
+    records = [r for rs in by_path.values() for r in rs]
+    for group, n in too_small_groups(records).items():
+        files = " ".join(path for path, rs in by_path.items() if any(r.group == group for r in rs))
+        raise refuse(f"--test {files}: language pair {group} has {n} rating; a correlation needs at least 2")
+    return records
+
+
+def too_small_groups(records: list[Rating]) -> dict[str, int]:
+    """``{group: count}`` of the language pairs (and years) of ``records`` with fewer than 2 ratings."""
+    return {group: n for group, n in Counter(r.group for r in records).items() if n < 2}
+
+
+def dev_split(records: list[Rating], fraction: float, seed: int) -> tuple[list[Rating], list[Rating]]:
+    """``(train, dev)``: :func:`split_dev` of ``records`` (no dev split for ``fraction`` 0), refused in
+    one line naming ``--dev-fraction`` and the counts when it holds out nothing (each group's share
+    rounds to 0), when it leaves no training rating, or when it puts a single rating of a language
+    pair in the dev split (no correlation)."""
+    if fraction == 0:
+        return records, []
+    train, dev = split_dev(records, fraction, seed=seed)
+    counts = f"{len(dev)} of {len(records)} ratings in {len({r.group for r in records})} language pair(s) held out"
+    if not dev:
+        raise refuse(f"--dev-fraction {fraction} holds out no rating ({counts}: each pair's share rounds to 0); "
+                     "raise it, or pass --dev-fraction 0 for no dev split")
+    if not train:
+        raise refuse(f"--dev-fraction {fraction} leaves no training rating ({counts}; the ratings of one "
+                     "reference stay together); lower it")
+    for group, n in too_small_groups(dev).items():
+        raise refuse(f"--dev-fraction {fraction} puts {n} rating of {group} in the dev split ({counts}); a "
+                     "correlation needs at least 2: change --dev-fraction")
+    return train, dev
+
+
+def warn_empty_texts(records: list[Rating], main: bool) -> int:
+    """How many training ratings have an empty hypothesis or reference (they train on ``Sim = 0``), said
+    once on stderr by the ``main`` process when there are any."""
+    n = sum(1 for r in records if not r.hyp.strip() or not r.ref.strip())
+    if n and main:
+        print(f"{PROG}: warning: {n} of {len(records)} training ratings have an empty hypothesis or reference "
+              "(their Sim is 0)", file=sys.stderr, flush=True)
+    return n
 
 
 def epoch_steps(n: int, epoch: int, args, rank: int, world: int) -> list[list[list[int]]]:
@@ -422,12 +519,22 @@ def _figure_class(out: Path):
     return Figure
 
 
+def loss_label(options: dict) -> str:
+    """The training loss as ``curves.png`` names it, from the run's options: ``--loss`` and, with a
+    correlation term, ``--loss-weight``."""
+    if options["loss"] == "mse":
+        return "MSE"
+    return f"MSE + {options['loss_weight']:g} × {options['loss'].split('+')[1]} term"
+
+
 def plot_curves(log_path: Path, out: Path) -> Path | None:
-    """``curves.png``: loss per optimiser step, and dev Pearson r / Kendall τ per epoch."""
+    """``curves.png``: the training loss (as ``--loss`` defines it, the mean of each ``--log-every``
+    window) per optimiser step, and dev Pearson r / Kendall τ per epoch."""
     Figure = _figure_class(out)
     if Figure is None:
         return None
     events = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    options = next(e["args"] for e in events if e["event"] == "config")
     steps = [(e["step"], e["loss"]) for e in events if e["event"] == "step"]
     dev = sorted({e["epoch"]: e["dev"] for e in events if e["event"] == "epoch" and e.get("dev")}.items())
     fig = Figure(figsize=(10, 3.8), layout="constrained")
@@ -435,7 +542,7 @@ def plot_curves(log_path: Path, out: Path) -> Path | None:
     if steps:
         ax1.plot(*zip(*steps), linewidth=1)
     ax1.set_xlabel("optimiser step")
-    ax1.set_ylabel("train loss (MSE, last window)")
+    ax1.set_ylabel(f"train loss ({loss_label(options)})")
     ax1.grid(alpha=0.3)
     if dev:
         epochs = [e for e, _ in dev]
@@ -450,9 +557,10 @@ def plot_curves(log_path: Path, out: Path) -> Path | None:
     return out
 
 
-def plot_seeds(results: dict[int, dict], out: Path) -> Path | None:
-    """``seeds.png``: test Pearson r per group and on average, before and after fine-tuning, as the
-    mean over the seeds with their min-max range."""
+def plot_seeds(results: dict[int, dict], out: Path, split: str) -> Path | None:
+    """``seeds.png``: Pearson r on the report's ``split`` (``test``, or ``dev``: each seed's dev split)
+    per group and on average, before and after fine-tuning, as the mean over the seeds with their
+    min-max range."""
     runs = [r for r in results.values() if r.get("after")]
     Figure = _figure_class(out) if runs else None
     if Figure is None:
@@ -470,7 +578,7 @@ def plot_seeds(results: dict[int, dict], out: Path) -> Path | None:
         high = [max(c) - m for m, c in zip(mean, columns)]
         ax.errorbar([i + offset for i in range(len(mean))], mean, yerr=[low, high], fmt="o", capsize=3, label=label)
     ax.set_xticks(range(len(groups) + 1), groups + ["average"], rotation=30, ha="right")
-    ax.set_ylabel(f"test Pearson r (mean of {len(runs)} seeds, min-max)")
+    ax.set_ylabel(f"{split} Pearson r (mean of {len(runs)} seeds, min-max)")
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     fig.savefig(out, dpi=110)
@@ -565,6 +673,7 @@ def main(argv: list[str] | None = None) -> dict:
     """Run the recipe (``--seeds``: once per seed, then the seed table); returns a summary dict
     (final calibration, correlations, paths, throughput; with ``--seeds``: the table's dict)."""
     args = build_parser().parse_args(argv)
+    check_options(args)
     with common.torchrun_process_group(common.local_device(args.device)):
         return run_seeds(args) if args.seeds else train(args)
 
@@ -580,7 +689,7 @@ def train(args: argparse.Namespace) -> dict:
             return stop(run)  # --stop-after, mid-epoch (after a checkpoint)
         end_epoch(run)
         stopped_early = patience_exhausted(run)
-        if not stopped_early and args.stop_after and args.stop_after <= run.global_step < run.total_steps:
+        if not stopped_early and run.stop_at is not None and run.stop_at <= run.global_step < run.total_steps:
             return stop(run)
     return finish(run)
 
@@ -610,9 +719,12 @@ class Run:
     steps_per_epoch: int
     total_steps: int
     warmup_steps: int
+    provenance: dict | None  # what produced the run's files (rank 0; None on the others)
     epoch: int = 0
     step_in_epoch: int = 0
     global_step: int = 0
+    start_step: int = 0  # where this invocation started (a resumed one: the checkpoint's step)
+    stop_at: int | None = None  # --stop-after: the global step this invocation stops at
     epoch_losses: list[float] = dataclasses.field(default_factory=list)  # this epoch's, per step
     baseline: dict | None = None  # the untuned metric on the test set
     dev_history: dict = dataclasses.field(default_factory=dict)  # {"epoch": dev summary}, "0" = untuned
@@ -639,34 +751,40 @@ class Run:
 # setup
 
 def setup(args: argparse.Namespace) -> Run:
-    """Everything before the first step: the options checked, the run directory claimed (a run already
-    there is refused unless ``--resume`` or ``--overwrite``), the data read, the scorer, calibration,
-    optimiser and schedule built identically on every rank; then either the checkpoint of
-    ``--resume`` loaded (:func:`resume`) or a new run started (:func:`start`)."""
-    check_options(args)
+    """Everything before the first step: the data read and every input checked, the checkpoint of
+    ``--resume`` read and its options compared (:func:`resume_state`), the run directory claimed (a
+    run already there is refused unless ``--resume`` or ``--overwrite``) — all before anything is
+    written —, the scorer, calibration, optimiser and schedule built identically on every rank; then
+    the output directory made and either the checkpoint restored (:func:`resume`) or a new run started
+    (:func:`start`)."""
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     rank, world = common.rank_and_world()
     device = common.local_device(args.device)
     if args.precision == "fp16" and device.type != "cuda":
-        raise ValueError("--precision fp16 needs a GPU; use bf16 on the CPU")
+        raise refuse("--precision fp16 needs a GPU; use bf16 on the CPU")
+    train_set, dev_set, test_set = read_data(args, main=rank == 0)
     output = Path(args.output)
     resuming = bool(args.resume) and not common.nothing_to_resume(args.resume, output, RUN_OUTPUTS, main=rank == 0)
+    state = resume_state(args, output, world) if resuming else None
     common.claim_run_directory(output, RUN_OUTPUTS, resume=resuming, overwrite=args.overwrite, main=rank == 0)
-    if rank == 0:
-        output.mkdir(parents=True, exist_ok=True)
-    common.barrier()
 
-    train_set, dev_set, test_set = read_data(args)
     eval_texts = centering_texts(train_set, args.centering_fit_size, args.seed)
     if rank == 0 and not test_set and not args.skip_baseline:
         print("no --test and no dev split: the before/after table is skipped", flush=True)
+    elif rank == 0 and not args.test:
+        print("no --test: the before/after report (dev_report.json, table.txt) is on the dev split, which "
+              "chooses the epoch: it is not held out", flush=True)
     scorer, frozen = build_scorer(args, device, eval_texts, progress=rank == 0 and not args.no_progress)
     calibration = Calibration().to(device)
     optimizer = torch.optim.AdamW(param_groups(scorer, calibration, args), lr=args.lr)
     steps_per_epoch = len(epoch_steps(len(train_set), 0, args, rank, world))
     total_steps = steps_per_epoch * args.epochs
     warmup = int(round(args.warmup * total_steps)) if args.warmup < 1 else int(args.warmup)
+    if rank == 0:
+        output.mkdir(parents=True, exist_ok=True)
+    common.barrier()
+    data = [*args.train, *(args.test or [])]
     run = Run(args=args, rank=rank, world=world, device=device, output=output,
               log=common.JsonLog(output / "log.jsonl", enabled=rank == 0),
               train_set=train_set, dev_set=dev_set, test_set=test_set, eval_texts=eval_texts,
@@ -674,36 +792,64 @@ def setup(args: argparse.Namespace) -> Run:
               scheduler=common.warmup_schedule(optimizer, warmup, total_steps, args.schedule),
               scaler=torch.amp.GradScaler(device.type, enabled=args.precision == "fp16"),
               trainable=[p for g in optimizer.param_groups for p in g["params"]],
-              steps_per_epoch=steps_per_epoch, total_steps=total_steps, warmup_steps=warmup)
+              steps_per_epoch=steps_per_epoch, total_steps=total_steps, warmup_steps=warmup,
+              provenance=run_provenance(REPO, str(device), data) if rank == 0 else None)
     if resuming:
-        resume(run)
+        resume(run, state)
     else:
         start(run)
+    run.start_step = run.global_step
+    run.stop_at = run.global_step + args.stop_after if args.stop_after else None
     common.broadcast_parameters_(run.scorer)
     common.broadcast_parameters_(run.calibration)
     return run
 
 
 def check_options(args: argparse.Namespace) -> None:
-    """Refuse option values that argparse's types let through."""
+    """Refuse, in one line (:func:`refuse`), option values that argparse's types let through, a local
+    ``--model`` path that does not exist, and an ``--output`` that is a file or lies inside a saved
+    scorer or another run's directory (:func:`common.enclosing_run`)."""
     for name in ("epochs", "batch_size", "grad_accum", "eval_batch_size", "log_every"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+            raise refuse(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if not 0 <= args.dev_fraction < 1:
-        raise ValueError(f"--dev-fraction must be in [0, 1), got {args.dev_fraction}")
+        raise refuse(f"--dev-fraction must be in [0, 1), got {args.dev_fraction}")
     if args.loss_weight < 0:
-        raise ValueError(f"--loss-weight must be non-negative, got {args.loss_weight}")
+        raise refuse(f"--loss-weight must be non-negative, got {args.loss_weight}")
+    check_model(args.model)
+    check_output(Path(args.output))
 
 
-def read_data(args: argparse.Namespace) -> tuple[list[Rating], list[Rating], list[Rating]]:
+def check_model(model: str) -> None:
+    """Refuse a ``--model`` that is neither a hub name nor an existing local path."""
+    from torchmover.text.encoder import resolve_model_path
+
+    if not (Path(os.path.expanduser(resolve_model_path(model))).exists() or HUB_NAME.fullmatch(model)):
+        raise refuse(f"--model {model}: no such directory (a hub name is NAME or ORG/NAME)")
+
+
+def check_output(output: Path) -> None:
+    """Refuse an ``--output`` that is a file, or that lies inside a saved scorer (``torchmover.json``) or
+    inside the directory of another run (:data:`RUN_MARKERS`)."""
+    if output.exists() and not output.is_dir():
+        raise refuse(f"--output {output} is a file, not a directory")
+    owner = common.enclosing_run(output, RUN_MARKERS)
+    if owner is not None:
+        what = "a saved scorer" if (owner / "torchmover.json").is_file() else "another run"
+        raise refuse(f"--output {output} is inside {owner}, which holds {what}: choose a directory outside it")
+
+
+def read_data(args: argparse.Namespace, main: bool) -> tuple[list[Rating], list[Rating], list[Rating]]:
     """``(train, dev, test)``: the training ratings minus a stratified, seeded dev split (then a
-    seeded subset of ``--max-train-pairs``); the test set by path, else the dev split itself."""
+    seeded subset of ``--max-train-pairs``); the test set by path, else the dev split itself. Every
+    input problem is a one-line error (:func:`read_all`, :func:`dev_split`, :func:`read_test`)."""
     records = read_all(args.train, args.year)
-    train, dev = split_dev(records, args.dev_fraction, seed=args.seed) if args.dev_fraction > 0 else (records, [])
+    train, dev = dev_split(records, args.dev_fraction, args.seed)
     if 0 < args.max_train_pairs < len(train):
         keep = sorted(random.Random(f"{args.seed}/train").sample(range(len(train)), args.max_train_pairs))
         train = [train[i] for i in keep]
-    test = read_all(args.test, args.year) if args.test else dev
+    test = read_test(args.test, args.year) if args.test else dev
+    warn_empty_texts(train, main)
     return train, dev, test
 
 
@@ -727,7 +873,8 @@ def start(run: Run) -> None:
     """A new run: its configuration logged, the untuned metric evaluated (rank 0: test set, and dev
     as epoch 0), the calibration fitted (``--calibration-init lsq``), each rank's dropout seeded."""
     args, scorer = run.args, run.scorer
-    run.log("config", args=vars(args), world_size=run.world, signature=scorer.signature,
+    run.log("config", args=common.options_record(args), provenance=run.provenance, world_size=run.world,
+            signature=scorer.signature,
             n_train=len(run.train_set), n_dev=len(run.dev_set), n_test=len(run.test_set), frozen=run.frozen,
             steps_per_epoch=run.steps_per_epoch, total_steps=run.total_steps, warmup_steps=run.warmup_steps)
     run.say(f"{scorer.signature}\ntrain {len(run.train_set)} pairs, dev {len(run.dev_set)}, test "
@@ -738,7 +885,7 @@ def start(run: Run) -> None:
         with fixed_centering(scorer, run.eval_texts, args, run.progress):
             if test:
                 run.baseline = summary(evaluate(scorer, test, args, args.n_boot, run.progress))
-                run.log("eval", split="test", when="before", **run.baseline)
+                run.log("eval", split=report_split(args), when="before", **run.baseline)
             if dev:
                 run.dev_history["0"] = (summary(evaluate(scorer, dev, args, 0, run.progress)) if test is not dev
                                         else run.baseline)
@@ -788,7 +935,7 @@ def train_epoch(run: Run) -> bool:
                 window = []
             if last:
                 break  # the end-of-epoch checkpoint follows
-            if args.stop_after and run.global_step >= args.stop_after:
+            if run.stop_at is not None and run.global_step >= run.stop_at:
                 checkpoint(run)
                 return False
             if args.save_every and run.global_step % args.save_every == 0:
@@ -873,7 +1020,7 @@ def checkpoint(run: Run) -> Path | None:
     path = None
     if run.main:
         state = {
-            "format": CHECKPOINT_FORMAT, "world_size": run.world, "args": vars(run.args),
+            "format": CHECKPOINT_FORMAT, "world_size": run.world, "args": common.options_record(run.args),
             "epoch": run.epoch, "step_in_epoch": run.step_in_epoch, "global_step": run.global_step,
             "scorer": run.scorer.state_dict(), "calibration": run.calibration.state_dict(),
             "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
@@ -886,24 +1033,29 @@ def checkpoint(run: Run) -> Path | None:
     return path
 
 
-def resume(run: Run) -> None:
-    """Continue from the checkpoint ``--resume`` names: trained objects, this rank's RNG state, where
-    the run was, and the log as it was then (what an interrupted run logged after the checkpoint is
-    dropped, to be logged again as it is redone); refused if it was written by another number of
-    processes or with other :data:`RESUME_FIXED` options."""
-    args = run.args
-    path = common.resume_path(args.resume, run.output / "checkpoints")
+def resume_state(args: argparse.Namespace, output: Path, world: int) -> dict:
+    """The checkpoint ``--resume`` names, read and checked before anything is written: refused in one
+    line if it is of another format, was written by another number of processes, or if any option
+    but the :data:`RESUME_FREE` ones differs from those it recorded (each named with its old and new
+    value), so that the resumed run is the interrupted one: same data, test set (and so the same
+    baseline), model and optimisation. The state has its path under ``"path"``."""
+    path = common.resume_path(args.resume, output / "checkpoints")
     state = load_checkpoint(path)
     if state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path}: checkpoint format {state.get('format')!r}, expected {CHECKPOINT_FORMAT}")
-    if state["world_size"] != run.world:
-        raise ValueError(f"{path} was written by {state['world_size']} process(es), this run has {run.world}: "
-                         "resume with the same number of processes (the data order depends on it)")
-    changed = {k: (state["args"].get(k), getattr(args, k)) for k in RESUME_FIXED
-               if state["args"].get(k) != getattr(args, k)}
-    if changed:
-        raise ValueError(f"{path}: --resume needs the options of the interrupted run; changed: "
-                         + ", ".join(f"--{k.replace('_', '-')} {old!r} -> {new!r}" for k, (old, new) in changed.items()))
+        raise refuse(f"{path}: checkpoint format {state.get('format')!r}, expected {CHECKPOINT_FORMAT}")
+    if state["world_size"] != world:
+        raise refuse(f"{path} was written by {state['world_size']} process(es), this run has {world}: "
+                     "resume with the same number of processes (the data order depends on it)")
+    common.refuse_changed_options(PROG, f"--resume: {path}", state["args"], args, RESUME_FREE)
+    return {**state, "path": path}
+
+
+def resume(run: Run, state: dict) -> None:
+    """Continue from the checkpoint ``state`` (:func:`resume_state`): trained objects, this rank's RNG
+    state, where the run was, and the log as it was then (what an interrupted run logged after the
+    checkpoint is dropped, to be logged again as it is redone); the ``resume`` event records this
+    invocation's provenance."""
+    path = state["path"]
     run.scorer.load_state_dict(state["scorer"])
     run.calibration.load_state_dict(state["calibration"])
     run.optimizer.load_state_dict(state["optimizer"])
@@ -918,23 +1070,27 @@ def resume(run: Run) -> None:
     else:  # a checkpoint of an earlier version of the recipe: the events of later steps
         run.log.truncate_after(run.global_step)
     run.say(f"resumed from {path}: epoch {run.epoch + 1}, step {run.step_in_epoch} of {run.steps_per_epoch}")
-    run.log("resume", checkpoint=str(path), epoch=run.epoch, step=run.global_step)
+    run.log("resume", checkpoint=str(path), epoch=run.epoch, step=run.global_step, provenance=run.provenance)
 
 
 # the end
 
 def run_result(run: Run, stopped: bool) -> dict:
-    """The run's summary (``result.json`` without ``final``)."""
-    return {"stopped": stopped, "global_step": run.global_step, "calibration": run.calibration.to_dict(),
-            "best_epoch": run.best["epoch"] if run.best else None,
+    """The run's summary (``result.json`` without ``final``): where it stopped, the calibration, the
+    best dev epoch, the before/after report's ``report`` set (:func:`report_set`), its options and
+    provenance."""
+    return {"stopped": stopped, "global_step": run.global_step, "steps_run": run.global_step - run.start_step,
+            "calibration": run.calibration.to_dict(), "best_epoch": run.best["epoch"] if run.best else None,
             "pairs_per_s": run.pairs_seen / run.train_seconds if run.train_seconds else None,
-            "train_seconds": run.train_seconds, "baseline": run.baseline, "dev_history": run.dev_history,
-            "output": str(run.output)}
+            "train_seconds": run.train_seconds, "report": report_set(run.args), "baseline": run.baseline,
+            "dev_history": run.dev_history, "output": str(run.output), "args": common.options_record(run.args),
+            "provenance": run.provenance}
 
 
 def stop(run: Run) -> dict:
     """A run ended by ``--stop-after`` (its checkpoint written): the summary so far."""
-    run.say(f"stopped after {run.global_step} steps (--stop-after); continue with --resume")
+    run.say(f"stopped after {run.global_step - run.start_step} steps of this invocation (--stop-after), at "
+            f"step {run.global_step} of {run.total_steps}; continue with --resume")
     common.barrier()
     return run_result(run, stopped=True)
 
@@ -976,13 +1132,30 @@ def training_name(records: list[Rating]) -> str:
     return f"da:{years}:{pairs}:{len(records)}-pairs"
 
 
+def report_split(args: argparse.Namespace) -> str:
+    """The set of the before/after report: ``"test"`` (``--test``), else ``"dev"``: the dev split,
+    which chose the epoch, so not held out."""
+    return "test" if args.test else "dev"
+
+
+def report_set(args: argparse.Namespace) -> dict:
+    """How the outputs name the before/after report's set: ``split`` (:func:`report_split`), whether
+    it is ``held_out`` (never used for a choice), its ``file`` and the ``title`` of ``table.txt``."""
+    split = report_split(args)
+    title = (f"test set: {', '.join(args.test)}" if args.test else
+             f"dev split (--dev-fraction {args.dev_fraction} of the training ratings; it chose the epoch, "
+             "so it is not held out)")
+    return {"split": split, "held_out": split == "test", "file": f"{split}_report.json", "title": title}
+
+
 def write_test_report(run: Run, report: Report) -> dict:
-    """``test_report.json`` and the before/after ``table.txt`` of the final model; its summary."""
-    after = summary(report)
-    atomic_write_text(run.output / "test_report.json", report.to_json() + "\n")
-    run.log("eval", split="test", when="after", **after)
-    title = f"{'test' if run.args.test else 'dev'} set: {', '.join(run.args.test or ['dev split'])}"
-    text = table4(run.baseline, after, title)
+    """The report file (``test_report.json``, or ``dev_report.json`` without ``--test``: :func:`report_set`)
+    with the run's provenance, and the before/after ``table.txt`` of the final model; its summary."""
+    after, named = summary(report), report_set(run.args)
+    atomic_write_text(run.output / named["file"], json.dumps(
+        {**report.to_dict(), "provenance": run.provenance}, indent=2, ensure_ascii=False) + "\n")
+    run.log("eval", split=named["split"], when="after", **after)
+    text = table4(run.baseline, after, named["title"])
     atomic_write_text(run.output / "table.txt", text + "\n")
     run.say(text)
     return after
@@ -996,54 +1169,118 @@ SEED_COLUMNS = (("best_epoch", "best epoch", "{:.0f}"), ("dev_r", "dev r", "{:.3
 
 
 def run_seeds(args: argparse.Namespace) -> dict:
-    """One run per seed of ``--seeds`` in ``OUTPUT/seed-S``, then the seed table.
+    """One run per seed of ``--seeds`` in ``OUTPUT/seed-S``, then the seed table (:func:`write_seed_table`).
 
-    Resumable: a seed whose ``result.json`` exists is read, not rerun; one with a checkpoint
-    continues from it (``--resume``); one without starts over, as does every seed with
-    ``--overwrite``. Writes ``OUTPUT/seeds.md`` and ``OUTPUT/seeds.json``: per seed
-    the best dev epoch and its dev r, test Pearson r and Kendall τ before and after fine-tuning, and
-    their mean ± sample standard deviation and range over the seeds; and, unless ``--no-plot``,
-    ``OUTPUT/seeds.png`` (:func:`plot_seeds`). With a dev split, ``OUTPUT/final`` is the fine-tuned
-    metric to keep: the scorer (and calibration) of the seed with the best dev r — chosen on dev,
-    never on the test set — which ``Scorer.from_pretrained("OUTPUT/final")`` loads."""
-    try:
-        seeds = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds has repeated seeds: {args.seeds!r}")
-    output, rank = Path(args.output), common.rank_and_world()[0]
-    rows, results = [], {}
+    Resumable: a finished seed (its ``result.json`` exists) is read, not rerun, when the options it
+    recorded equal this command's but the :data:`RESUME_FREE` ones (else the command is refused
+    before any seed runs: :func:`check_finished_seeds`); one with a checkpoint continues from it
+    (``--resume``, under the same rule); one without starts over, as does every seed with
+    ``--overwrite``. ``--stop-after N`` counts the steps of this invocation over all its seeds."""
+    seeds = parse_seeds(args.seeds)
+    rank = common.rank_and_world()[0]
+    check_finished_seeds(args, seeds)
+    budget = args.stop_after  # steps this invocation may still run (--stop-after; 0: no limit)
     for seed in seeds:
-        out = output / f"seed-{seed}"
-        if args.overwrite or not (out / "result.json").is_file():
-            resume = None if args.overwrite else "latest" if latest_checkpoint(out / "checkpoints") else None
-            if resume is None and not args.overwrite and out.is_dir() and any(out.iterdir()) and rank == 0:
-                print(f"{out} holds no checkpoint to resume: starting the seed over", flush=True)
-            result = train(argparse.Namespace(**{**vars(args), "seeds": None, "seed": seed, "output": str(out),
-                                                 "resume": resume, "overwrite": resume is None}))
-            if result["stopped"]:
-                return {"stopped": True, "seed": seed}
-        if rank > 0:
-            continue  # rank 0 writes the results and the table
-        results[seed] = json.loads((out / "result.json").read_text(encoding="utf-8"))
-        rows.append(seed_row(seed, results[seed]))
+        out = Path(args.output) / f"seed-{seed}"
+        if not args.overwrite and (out / "result.json").is_file():
+            continue
+        if args.stop_after and budget <= 0:
+            if rank == 0:
+                print(f"stopped after {args.stop_after} steps (--stop-after), before seed {seed}; continue "
+                      "with the same command", flush=True)
+            return {"stopped": True, "seed": seed}
+        result = train(seed_options(args, seed, **seed_start(args, out, rank), stop_after=budget))
+        if result["stopped"]:
+            return {"stopped": True, "seed": seed}
+        if args.stop_after:
+            budget -= result["steps_run"]
     if rank > 0:
-        return {"stopped": False}
+        return {"stopped": False}  # rank 0 writes the results and the table
+    return write_seed_table(args, seeds)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """The seeds of ``--seeds`` (comma-separated, distinct integers), else a one-line error."""
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise refuse(f"--seeds must be comma-separated integers, got {text!r}") from None
+    if len(set(seeds)) != len(seeds):
+        raise refuse(f"--seeds has repeated seeds: {text!r}")
+    return seeds
+
+
+def seed_options(args: argparse.Namespace, seed: int, **run) -> argparse.Namespace:
+    """The options of seed ``seed``'s run: the command's, with ``--seed S`` in ``OUTPUT/seed-S`` and no
+    ``--seeds``, and ``run`` (how this invocation runs it: ``resume``, ``overwrite``, ``stop_after``)."""
+    return argparse.Namespace(**{**vars(args), "seeds": None, "seed": seed,
+                                 "output": str(Path(args.output) / f"seed-{seed}"), **run})
+
+
+def seed_start(args: argparse.Namespace, out: Path, rank: int) -> dict:
+    """How an unfinished seed in ``out`` runs: from its latest checkpoint (``resume``), else over
+    (``overwrite``, said in one line where ``out`` holds files); every seed over with ``--overwrite``."""
+    resume = None if args.overwrite else "latest" if latest_checkpoint(out / "checkpoints") else None
+    if resume is None and not args.overwrite and out.is_dir() and any(out.iterdir()) and rank == 0:
+        print(f"{out} holds no checkpoint to resume: starting the seed over", flush=True)
+    return {"resume": resume, "overwrite": resume is None}
+
+
+def check_finished_seeds(args: argparse.Namespace, seeds: list[int]) -> None:
+    """Refuse, before any seed runs, a finished seed whose ``result.json`` records other options than
+    this command gives it (:func:`seed_options`), the :data:`RESUME_FREE` ones apart, or records none
+    (naming each option with its old and new value); nothing with ``--overwrite``, which reruns them."""
+    if args.overwrite:
+        return
+    for seed in seeds:
+        path = Path(args.output) / f"seed-{seed}" / "result.json"
+        if not path.is_file():
+            continue
+        recorded = json.loads(path.read_text(encoding="utf-8")).get("args")
+        if recorded is None:
+            raise refuse(f"{path} records no options, so seed {seed} cannot be reused: pass --overwrite to rerun")
+        common.refuse_changed_options(PROG, f"seed {seed} ({path})", recorded, seed_options(args, seed),
+                                      RESUME_FREE)
+
+
+def write_seed_table(args: argparse.Namespace, seeds: list[int]) -> dict:
+    """Rank 0, after every seed finished: ``OUTPUT/seeds.md`` and ``OUTPUT/seeds.json``, per seed the
+    best dev epoch and its dev r, Pearson r and Kendall τ before and after fine-tuning on the report's
+    set (:func:`report_set`: the test set, or each seed's dev split, which chose its epoch), and their
+    mean ± sample standard deviation and range; the options each seed recorded in its ``result.json``
+    and this invocation's provenance. Unless ``--no-plot``, ``OUTPUT/seeds.png`` (:func:`plot_seeds`).
+    With a dev split, ``OUTPUT/final`` is the fine-tuned metric to keep: the scorer (and calibration)
+    of the seed with the best dev r — chosen on dev, never on the test set — which
+    ``Scorer.from_pretrained("OUTPUT/final")`` loads."""
+    output, named = Path(args.output), report_set(args)
+    results = {seed: json.loads((output / f"seed-{seed}" / "result.json").read_text(encoding="utf-8"))
+               for seed in seeds}
+    rows = [seed_row(seed, results[seed]) for seed in seeds]
     stats = {key: spread([r[key] for r in rows]) for key, _, _ in SEED_COLUMNS}
-    table = {"seeds": rows, "stats": stats, "args": {k: v for k, v in vars(args).items() if k != "seed"}}
+    table = {"seeds": rows, "stats": stats, "report": named,
+             "options": {str(seed): results[seed]["args"] for seed in seeds},
+             "provenance": run_provenance(REPO, str(common.local_device(args.device)),
+                                          [*args.train, *(args.test or [])])}
     best = max((r for r in rows if r["dev_r"] is not None), key=lambda r: r["dev_r"], default=None)
-    note = ""
+    notes = [f"r and τ before / after: {named['title']}.",
+             f"Options of every seed (from its result.json; `seed` apart): {options_text(results[seeds[0]]['args'])}."]
     if best is not None:  # the fine-tuned metric to keep: chosen on dev, never on the test set
         publish_final(output / f"seed-{best['seed']}" / "final", output / "final")
         table["final"] = {"seed": best["seed"], "dev_r": best["dev_r"], "path": str(output / "final")}
-        note = f"\n`final/`: the fine-tuned scorer of seed {best['seed']}, the best dev r ({best['dev_r']:.3f}).\n"
+        notes.append(f"`final/`: the fine-tuned scorer of seed {best['seed']}, the best dev r ({best['dev_r']:.3f}).")
     atomic_write_text(output / "seeds.json", json.dumps(table, indent=1) + "\n")
-    atomic_write_text(output / "seeds.md", seed_markdown(rows, stats) + note)
+    atomic_write_text(output / "seeds.md", seed_markdown(rows, stats) + "".join(f"\n{n}\n" for n in notes))
     if not args.no_plot:
-        plot_seeds(results, output / "seeds.png")
-    print(seed_markdown(rows, stats), flush=True)
+        plot_seeds(results, output / "seeds.png", named["split"])
+    print(named["title"] + "\n" + seed_markdown(rows, stats), flush=True)
     return {"stopped": False, **table}
+
+
+def options_text(recorded: dict) -> str:
+    """The options a seed recorded, as ``name=value`` (JSON values), but the :data:`RESUME_FREE` ones
+    and those that name the seed (``seed``, ``seeds``)."""
+    skip = {*RESUME_FREE, "seed", "seeds"}
+    return ", ".join(f"`{name}={json.dumps(value)}`" for name, value in recorded.items() if name not in skip)
 
 
 def publish_final(source: Path, target: Path) -> None:
@@ -1099,5 +1336,4 @@ def load_finetuned(path: str | os.PathLike) -> tuple[tm.Scorer, Calibration]:
 
 
 if __name__ == "__main__":
-    main()
-    sys.exit(0)
+    sys.exit(common.run_command(main))

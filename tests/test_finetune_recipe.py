@@ -1,8 +1,14 @@
 """recipes/finetune_wmt.py on the tiny random model and a 24-row TSV: training, checkpoints, exact
-resume, the saved model, and one process vs two (gloo) with synchronised batch centering."""
+resume and the options it refuses changed, one-line errors before anything is written, the report's
+set and the provenance of every output, the saved model, and one process vs two (gloo) with
+synchronised batch centering."""
+import hashlib
 import json
 import math
 import random
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -236,10 +242,168 @@ def test_least_squares_matches_polyfit():
 
 
 def test_bad_arguments_are_reported(setup, full_run, tmp_path):
-    with pytest.raises(ValueError, match="fp16 needs a GPU"):
+    with pytest.raises(SystemExit, match="fp16 needs a GPU"):
         recipe.main(argv(setup, tmp_path / "x", "--precision", "fp16", "--device", "cpu"))
-    with pytest.raises(ValueError, match="changed: --batch-size 4 -> 3"):  # the data order would change
+    with pytest.raises(SystemExit, match="--batch-size 4 -> 3"):  # the data order would change
         recipe.main(argv(setup, full_run[0], "--resume", "--batch-size", "3"))
+
+
+def test_resume_refuses_every_option_that_changes_the_numbers_before_writing(setup, full_run, tmp_path):
+    """--resume with another test set (the restored baseline would be another set's), or other
+    optimisation options (applied or silently ignored before), is refused in one line naming each
+    option with its old and new value, and nothing is written; the allow-listed options are not."""
+    out = full_run[0]
+    other = write_ratings(tmp_path / "other.tsv", seed=1)
+    before = files(out)
+    changed = ("--test", str(other), "--year", "2016", "--lr", "5e-2", "--weight-decay", "0.5", "--max-grad-norm",
+               "1e-4", "--precision", "bf16", "--calibration-lr", "0", "--seed", "3")
+    with pytest.raises(SystemExit) as refused:
+        recipe.main(argv(setup, out, "--resume", "--stop-after", "1", "--keep-checkpoints", "3", *changed))
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("finetune_wmt.py: error: --resume: ")
+    for option in ("--test None -> ['", "--year None -> 2016", "--lr 0.001 -> 0.05", "--weight-decay 0.01 -> 0.5",
+                   "--max-grad-norm 1.0 -> 0.0001", "--precision 'fp32' -> 'bf16'", "--calibration-lr None -> 0.0",
+                   "--seed 0 -> 3"):
+        assert option in message, option
+    assert "--stop-after" not in message and "--keep-checkpoints" not in message  # they change no number
+    assert files(out) == before
+
+
+def test_errors_are_one_line_with_exit_status_2_at_the_command_line(setup, tmp_path):
+    done = subprocess.run([sys.executable, str(RECIPE), "--model", str(setup[0]), "--train", str(setup[1]),
+                           "--dev-fraction", "1", "--output", str(tmp_path / "run")], capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == "finetune_wmt.py: error: --dev-fraction must be in [0, 1), got 1.0"
+    assert not (tmp_path / "run").exists()
+
+
+def one_reference(path: Path, n: int = 8) -> Path:
+    """Ratings that all share one reference: a dev split takes them all."""
+    rows = [f"de-en\t2016\tthe cat sat\thyp {i}\t{i / n:.3f}" for i in range(n)]
+    path.write_text("lp\tyear\tref\thyp\tscore\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no training left", "--dev-fraction 0.6 leaves no training rating (8 of 8 ratings in 1 language pair(s)"),
+    ("test pair of one", "test_one.tsv: language pair cs-en/2016 has 1 rating; a correlation needs at least 2"),
+    ("missing model", "--model ./no/such/model: no such directory"),
+    ("dev fraction 1", "--dev-fraction must be in [0, 1), got 1.0"),
+    ("output is a file", "is a file, not a directory"),
+    ("missing test", "ratings file not found"),
+    ("no dev rows", "--dev-fraction 0.01 holds out no rating (0 of 24 ratings in 2 language pair(s) held out"),
+    ("dev pair of one", "--dev-fraction 0.05 puts 1 rating of"),
+])
+def test_bad_inputs_stop_in_one_line_before_anything_is_written(setup, tmp_path, case, message):
+    """Before, the first two ended in a traceback after log.jsonl was written (so the corrected command
+    was refused until --overwrite), the next three in a traceback, a missing --test path created the
+    output directory, and a dev split of no rows turned model selection off silently."""
+    out, extra = tmp_path / "run", []
+    if case == "no training left":
+        extra = ["--train", str(one_reference(tmp_path / "one_ref.tsv")), "--dev-fraction", "0.6"]
+    elif case == "test pair of one":
+        test = tmp_path / "test_one.tsv"
+        test.write_text(setup[1].read_text(encoding="utf-8").splitlines()[0] + "\n"
+                        + "\n".join(setup[1].read_text(encoding="utf-8").splitlines()[1:4]) + "\n", encoding="utf-8")
+        extra = ["--test", str(test)]
+    elif case == "missing model":
+        extra = ["--model", "./no/such/model"]
+    elif case == "dev fraction 1":
+        extra = ["--dev-fraction", "1"]
+    elif case == "output is a file":
+        out.write_text("notes")
+    elif case == "missing test":
+        extra = ["--test", str(tmp_path / "missing.tsv")]
+    elif case == "no dev rows":
+        extra = ["--dev-fraction", "0.01"]
+    elif case == "dev pair of one":
+        extra = ["--dev-fraction", "0.05"]
+    with pytest.raises(SystemExit) as refused:
+        recipe.main(argv(setup, out, *extra))
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    assert out.is_file() if case == "output is a file" else not out.exists()
+
+
+def test_output_inside_a_saved_scorer_or_another_run_is_refused(setup, full_run):
+    """Before, --output RUN/final wrote a whole run (checkpoints, log) into the published scorer."""
+    out = full_run[0]
+    before = files(out)
+    for inside, owner, what in ((out / "final", out / "final", "a saved scorer"),
+                                (out / "final" / "more", out / "final", "a saved scorer"),
+                                (out / "elsewhere", out, "another run")):
+        with pytest.raises(SystemExit, match=re.escape(f"is inside {owner}, which holds {what}")):
+            recipe.main(argv(setup, inside))
+    assert files(out) == before
+
+
+def test_empty_texts_are_counted_once_in_a_warning(setup, tmp_path, capsys):
+    data = tmp_path / "ratings.tsv"
+    lines = setup[1].read_text(encoding="utf-8").splitlines()
+    lp, year, ref, hyp, score = lines[1].split("\t")
+    lines[1] = "\t".join((lp, year, ref, "", score))
+    lines[2] = "\t".join(lines[2].split("\t")[:2] + ["", *lines[2].split("\t")[3:]])
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    recipe.main(argv((setup[0], data), tmp_path / "run", "--dev-fraction", "0", "--epochs", "1", "--skip-baseline",
+                     "--calibration-init", "identity"))
+    err = capsys.readouterr().err
+    assert err.count("finetune_wmt.py: warning:") == 1
+    assert "2 of 24 training ratings have an empty hypothesis or reference" in err
+
+
+def test_stop_after_counts_the_steps_of_each_invocation(setup, full_run, tmp_path):
+    """A time-limited job resubmits the same command with --resume: each invocation runs up to 4 more
+    steps, and the run ends as the uninterrupted one (before, every resume ran one step)."""
+    out, steps = tmp_path / "run", []
+    result = recipe.main(argv(setup, out, "--stop-after", "4"))
+    while result["stopped"]:
+        steps.append(result["global_step"])
+        result = recipe.main(argv(setup, out, "--stop-after", "4", "--resume"))
+    assert steps == [4, 8] and result["global_step"] == 10 and result["steps_run"] == 2
+    assert result["calibration"] == full_run[1]["calibration"] and result["after"] == full_run[1]["after"]
+
+
+def test_without_test_the_report_is_named_as_the_dev_split(full_run):
+    """The dev split chose the epoch: its report is dev_report.json, result.json says it is not held
+    out, and the table's title and the log say dev (before, test_report.json)."""
+    out, result = full_run
+    assert (out / "dev_report.json").is_file() and not (out / "test_report.json").exists()
+    saved = json.loads((out / "result.json").read_text())
+    assert saved["report"]["split"] == "dev" and saved["report"]["held_out"] is False
+    assert saved["report"]["file"] == "dev_report.json" and result["report"] == saved["report"]
+    assert (out / "table.txt").read_text().startswith("dev split (--dev-fraction 0.25 of the training ratings; "
+                                                      "it chose the epoch, so it is not held out)")
+    logged = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert {e["split"] for e in logged if e["event"] == "eval"} == {"dev"}
+
+
+def check_provenance(record: dict, data: Path) -> None:
+    assert record["command"].startswith("python ") and record["device"]["name"] == "cpu"
+    assert set(record["versions"]) == {"python", "torchmover", "torch", "transformers"}
+    assert record["code"]["commit"] is None or re.fullmatch(r"[0-9a-f]{40}", record["code"]["commit"])
+    assert record["data"] == [{"path": str(data), "bytes": data.stat().st_size,
+                               "sha256": hashlib.sha256(data.read_bytes()).hexdigest()}]
+
+
+def test_every_output_records_its_provenance(setup, full_run):
+    """result.json, the report, the log's config event carry the command, versions, commit, device
+    and data files (before, result.json had none of them)."""
+    out = full_run[0]
+    result = json.loads((out / "result.json").read_text())
+    check_provenance(result["provenance"], setup[1])
+    assert result["args"]["lr"] == 1e-3 and result["args"]["train"] == [str(setup[1])]
+    check_provenance(json.loads((out / "dev_report.json").read_text())["provenance"], setup[1])
+    config = json.loads((out / "log.jsonl").read_text().splitlines()[0])
+    assert config["event"] == "config"
+    check_provenance(config["provenance"], setup[1])
+
+
+def test_the_curves_name_the_loss_that_was_trained(setup, full_run, monkeypatch):
+    from matplotlib.figure import Figure
+
+    labels = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, out, **kw: labels.append(fig.axes[0].get_ylabel()))
+    recipe.plot_curves(full_run[0] / "log.jsonl", full_run[0] / "unused.png")
+    assert labels == ["train loss (MSE + 1 × pearson term)"]  # the default --loss mse+pearson
 
 
 def _ddp_worker(rank, world_size, model, data, output):
@@ -338,7 +502,15 @@ def test_seeds_table_is_written_and_finished_seeds_are_not_rerun(setup, tmp_path
     assert not (out / "seeds.png").exists()  # --no-plot
     recipe.main([a for a in argv(setup, out, *extra) if a != "--no-plot"])  # reads the seeds, draws the plot
     assert (out / "seeds.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    with pytest.raises(ValueError, match="--seeds"):
+    saved = (out / "seeds.json").read_text()
+    with pytest.raises(SystemExit, match="seed 0 .*--lr 0.03 -> 0.05"):  # before: reused, and seeds.json said 0.05
+        recipe.main(argv(setup, out, *extra, "--lr", "5e-2"))
+    assert (out / "seeds.json").read_text() == saved
+    saved = json.loads(saved)
+    assert saved["options"]["0"]["lr"] == 3e-2 and saved["options"]["1"]["seed"] == 1
+    assert "`lr=0.03`" in (out / "seeds.md").read_text() and saved["report"]["split"] == "dev"
+    check_provenance(saved["provenance"], setup[1])
+    with pytest.raises(SystemExit, match="--seeds"):
         recipe.main(argv(setup, out, "--seeds", "0,x"))
 
 
