@@ -7,7 +7,9 @@ with the self-critical baseline of Rennie et al. (2017):
     L_RL  = −(r(ŷ) − r(ỹ)) · Σ_t log p(ŷ_t | ŷ_<t, x)               (mean over the batch)
     L_MLE = −(1/|y|) Σ_t log p(y_t | y_<t, x)                          (teacher forcing)
 
-``ŷ`` is a summary sampled from the model (pure ancestral sampling: no top-k/top-p, temperature 1),
+``ŷ`` is a summary sampled from the model (pure ancestral sampling: no top-k/top-p, temperature 1,
+and none of the forced, suppressed or banned tokens, repetition or length rules that the model's
+generation config may set: :func:`generation_config`),
 ``ỹ`` the greedy summary, ``y`` the reference and ``r`` the reward: the :class:`torchmover.Scorer`
 similarity of a summary to its reference (TWMD by default), through
 :class:`torchmover.reward.SelfCriticalReward`, which centers every text on a fixed mean fitted once
@@ -49,10 +51,18 @@ Outputs (``--output-dir DIR``):
   its latest checkpoint with the same data order, RNG states and optimiser state; its rewards match the
   uninterrupted run's to float32 rounding only (the reward's reference cache starts empty, and a
   self-term computed beside other batch-mates rounds differently), so the resumed run agrees with it
-  to rounding, not to the bit;
-- ``DIR/<phase>/final/``: the trained model and tokenizer (``save_pretrained``);
-- ``DIR/summary.json`` and ``DIR/reward_curves.png`` (matplotlib, if installed): the sampled and greedy
-  rewards of every run over training.
+  to rounding, not to the bit. Before anything runs, it refuses in one line (exit status 2), naming
+  each option with its old and new value, a run any phase of which, finished or not, was started with
+  other options than the command's, but those that cannot change the numbers (:data:`RESUME_FREE`:
+  ``--resume``, ``--overwrite``, ``--stop-after-steps``, ``--save-every``, ``--keep-checkpoints``,
+  ``--output-dir``, ``--quiet``); ``--stop-after-steps`` counts the steps of this invocation;
+- ``DIR/<phase>/final/``: the trained model and tokenizer (``save_pretrained``), and
+  ``DIR/<phase>/done.json`` (written atomically): the finished phase's summary;
+- ``DIR/summary.json`` (written atomically) and ``DIR/reward_curves.png`` (matplotlib, if installed):
+  the sampled and greedy rewards of every run over training; ``summary.json`` also holds the options
+  and the provenance (:func:`torchmover.runtime.provenance.run_provenance`: the command line as run,
+  the versions of Python, torchmover, torch and transformers, the commit of the code's git checkout
+  and whether it had uncommitted changes, the device, and the data file with its size and SHA-256).
 
 A directory that already holds a run (a phase directory, ``summary.json`` or the plot) is never
 overwritten silently: run again without ``--resume`` and the recipe refuses before writing anything,
@@ -77,6 +87,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import sys
@@ -86,16 +97,28 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from torchmover.runtime.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from torchmover.runtime.checkpoint import (
+    atomic_write_text, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state,
+)
+from torchmover.runtime.provenance import run_provenance
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # recipes/common.py, also when loaded from its path
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
+PROG = "self_critical_summarization.py"
 REPO = Path(__file__).resolve().parents[1]
 TOY_DATA = REPO / "recipes" / "data" / "toy_summarization.jsonl"
 # What a run writes in --output-dir: a directory with any of them holds a run (common.claim_run_directory).
-RUN_OUTPUTS = ("warmstart", "mle", "mixed", "summary.json", "reward_curves.png")
+PHASES = ("warmstart", "mle", "mixed")
+RUN_OUTPUTS = (*PHASES, "summary.json", "reward_curves.png")
+# The options that cannot change a run's numbers, so --resume accepts them changed: how this invocation
+# claims the directory (--resume, --overwrite), where it stops (--stop-after-steps), how often and how
+# many checkpoints it keeps (--save-every, --keep-checkpoints: a checkpoint reads the RNG states, never
+# draws from them), where it writes (--output-dir) and whether it shows progress bars (--quiet). Every
+# other option (γ, lengths, seed, learning rates, data, model, reward, --threads, --device, the
+# evaluation options, ...) is refused changed for every phase, finished or not, before anything runs.
+RESUME_FREE = ("resume", "overwrite", "stop_after_steps", "save_every", "keep_checkpoints", "output_dir", "quiet")
 
 
 # --- the toy task ------------------------------------------------------------------------------------
@@ -262,14 +285,42 @@ def load_model(args, train: list[dict]):
     return AutoModelForSeq2SeqLM.from_pretrained(args.model), AutoTokenizer.from_pretrained(args.model)
 
 
+# What generation_config() keeps of the model's generation config: the special tokens, which say where
+# a sequence starts and ends and how it is padded. Every other option is left at GenerationConfig's
+# default (off), among them each one that would draw ŷ from another distribution than p: forced
+# tokens (forced_bos/eos_token_id), suppressed or banned tokens (suppress_tokens,
+# begin_suppress_tokens, bad_words_ids, sequence_bias), repetition and length rules
+# (no_repeat_ngram_size, repetition_penalty, min_length, min_new_tokens, exponential_decay_length_penalty),
+# warpers (top_k, top_p, min_p, typical_p, epsilon/eta cutoffs, temperature), renormalize_logits,
+# guidance_scale, watermarking, stop_strings and max_time, beams and assisted decoding.
+GENERATION_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+
+
 def generation_config(model, max_new_tokens: int, sample: bool):
-    """The model's generation config with every policy-changing option off: pure sampling (or greedy
-    search), no beams, length or repetition constraints, so ``ŷ`` is drawn from ``p`` itself."""
-    config = model.generation_config.__class__.from_dict(model.generation_config.to_dict())
-    config.update(do_sample=sample, num_beams=1, top_k=0 if sample else None, top_p=1.0, temperature=1.0,
-                  max_new_tokens=max_new_tokens, max_length=None, min_length=0, min_new_tokens=None,
-                  no_repeat_ngram_size=0, repetition_penalty=1.0, length_penalty=1.0, early_stopping=False)
-    return config
+    """A generation config that draws ``ŷ`` from ``p`` itself: the model's special tokens
+    (:data:`GENERATION_TOKENS`) and nothing else of its generation config, then pure ancestral sampling
+    (``sample``: temperature 1, no top-k/top-p) or greedy search, one beam, at most ``max_new_tokens``
+    tokens. Used through :func:`only_generation_config`, ``generate`` applies no logits processor, so
+    each token is drawn from (or is the argmax of) the policy's softmax, the distribution whose
+    log-probability :func:`sequence_logprob` sums."""
+    from transformers import GenerationConfig
+
+    tokens = {name: getattr(model.generation_config, name) for name in GENERATION_TOKENS}
+    return GenerationConfig(**tokens, do_sample=sample, num_beams=1, top_k=0 if sample else None, top_p=1.0,
+                            temperature=1.0, max_new_tokens=max_new_tokens)
+
+
+@contextlib.contextmanager
+def only_generation_config(model, config):
+    """Inside the block, ``config`` is ``model.generation_config`` too: ``generate`` fills each option
+    that the config it is given leaves unset (``None``) from the model's own, which would bring back
+    the forced and suppressed tokens :func:`generation_config` leaves out. Restored after the block."""
+    own = model.generation_config
+    model.generation_config = config
+    try:
+        yield config
+    finally:
+        model.generation_config = own
 
 
 # --- the objective -------------------------------------------------------------------------------------
@@ -296,8 +347,9 @@ class Batch:
 def decode(model, tokenizer, inputs, max_new_tokens: int, sample: bool) -> tuple[Tensor, list[str]]:
     """Sampled or greedy summaries (dropout off): ids ``[B, T]`` starting with the decoder start
     token, and their texts."""
-    with common.eval_mode(model):
-        ids = model.generate(**inputs, generation_config=generation_config(model, max_new_tokens, sample))
+    config = generation_config(model, max_new_tokens, sample)
+    with common.eval_mode(model), only_generation_config(model, config):
+        ids = model.generate(**inputs, generation_config=config)
     return ids, tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
@@ -442,16 +494,16 @@ def start_phase(name: str, gamma: float, total: int, run_dir: Path, log: common.
     """The step the phase starts at. With ``--resume`` and a checkpoint: its step, with the model,
     optimiser, schedule and RNG states restored and the log cut back to the events it held then (what
     an interrupted run logged after the checkpoint is dropped, to be logged again as it is redone;
-    refused if the checkpoint was written for another length or γ). Otherwise 0: a fresh log, the RNGs
-    seeded with ``--seed``."""
+    refused if the checkpoint was written for another length or γ: the options are checked before
+    (:func:`check_resume_options`), so this is data that changed under the same path). Otherwise 0: a
+    fresh log, the RNGs seeded with ``--seed``."""
     path = latest_checkpoint(run_dir / "checkpoints") if args.resume else None
     if path is None:
         run_dir.mkdir(parents=True, exist_ok=True)
         log.path.unlink(missing_ok=True)
         torch.manual_seed(args.seed)
         random.seed(args.seed)
-        log("config", step=0, phase=name, gamma=gamma, total_steps=total,
-            args={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()})
+        log("config", step=0, phase=name, gamma=gamma, total_steps=total, args=common.options_record(args))
         return 0
     state = load_checkpoint(path)
     if state["total_steps"] != total or state["gamma"] != gamma:
@@ -490,7 +542,7 @@ def finish_phase(name: str, gamma: float, total: int, run_dir: Path, log: common
                "eval": [{k: e[k] for k in ("step", "split", "reward_sampled", "reward_greedy")}
                         for e in log.events("eval")]}
     log("done", step=total, phase=name)
-    (run_dir / "done.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    atomic_write_text(run_dir / "done.json", json.dumps(summary, indent=1))
     return summary
 
 
@@ -617,8 +669,34 @@ def main(argv: list[str] | None = None, scorer=None) -> dict:
         torch.set_num_threads(threads)
 
 
+def recorded_options(run_dir: Path) -> dict | None:
+    """The options a phase in ``run_dir`` was started with (the ``config`` event, its log's first line),
+    or ``None`` where it logged none whole (a later line that a kill cut short is not read)."""
+    path = run_dir / "log.jsonl"
+    if not path.is_file():
+        return None
+    try:
+        first = json.loads(path.read_text(encoding="utf-8").split("\n", 1)[0])
+    except ValueError:
+        return None
+    return first.get("args") if first.get("event") == "config" else None
+
+
+def check_resume_options(args) -> None:
+    """``--resume``: refuse, before anything runs and in one line, a run any of whose phases (finished
+    or not) was started with other options than ``args``, the :data:`RESUME_FREE` ones apart, naming
+    each with its old and new value (:func:`common.refuse_changed_options`)."""
+    for name in PHASES:
+        recorded = recorded_options(args.output_dir / name)
+        if recorded is not None:
+            common.refuse_changed_options(PROG, f"--resume: phase {name} in {args.output_dir}", recorded, args,
+                                          RESUME_FREE)
+
+
 def _run(args, scorer) -> dict:
     started = time.perf_counter()
+    if args.resume:
+        check_resume_options(args)
     common.claim_run_directory(args.output_dir, RUN_OUTPUTS, resume=args.resume, overwrite=args.overwrite)
 
     from torchmover import Scorer
@@ -660,8 +738,11 @@ def run_phases(model, tokenizer, train, evaluation, reward, args) -> dict[str, d
 
 
 def write_summary(summaries: dict[str, dict], reward_signature: str, wall_seconds: float, args) -> dict:
-    """``summary.json`` (and printed): each run's held-out rewards at its start and end; and the plot."""
-    result = {"wall_seconds": wall_seconds, "reward": reward_signature, "runs": {}}
+    """``summary.json`` (written atomically, and printed): each run's held-out rewards at its start and
+    end, the options, this invocation's provenance (command, versions, commit, device, the data file);
+    and the plot."""
+    result = {"wall_seconds": wall_seconds, "reward": reward_signature, "runs": {},
+              "args": common.options_record(args), "provenance": run_provenance(REPO, args.device, [args.dataset])}
     for name, summary in summaries.items():
         evals = [e for e in summary["eval"] if e["split"] == "eval"]
         if evals:
@@ -671,10 +752,10 @@ def write_summary(summaries: dict[str, dict], reward_signature: str, wall_second
                                     **{f"{k}_end": last[k] for k in ("reward_sampled", "reward_greedy")}}
     plot = plot_rewards(summaries, args.output_dir / "reward_curves.png")
     result["plot"] = None if plot is None else str(plot)
-    (args.output_dir / "summary.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    atomic_write_text(args.output_dir / "summary.json", json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
     return result
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(common.run_command(main))

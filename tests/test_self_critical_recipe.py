@@ -239,3 +239,99 @@ def test_rl_step_raises_logprob_of_samples_that_beat_greedy(recipe, scorer):
                 p -= 1e-3 * p.grad
         model.eval()
         assert objective() > before
+
+
+def test_summary_records_options_and_provenance(recipe, straight_run):
+    """summary.json names the command, options, versions, commit, device and the data file's hash
+    (before, only the rewards and the reward's signature)."""
+    import hashlib
+    import re
+
+    summary = json.loads((straight_run / "summary.json").read_text())
+    p = summary["provenance"]
+    assert summary["args"]["gamma"] == 0.9 and summary["args"]["output_dir"] == str(straight_run)
+    assert p["command"].startswith("python ") and p["device"]["name"] == "cpu"
+    assert set(p["versions"]) == {"python", "torchmover", "torch", "transformers"}
+    assert p["code"]["commit"] is None or re.fullmatch(r"[0-9a-f]{40}", p["code"]["commit"])
+    assert p["data"] == [{"path": str(recipe.TOY_DATA), "bytes": recipe.TOY_DATA.stat().st_size,
+                          "sha256": hashlib.sha256(recipe.TOY_DATA.read_bytes()).hexdigest()}]
+
+
+def test_resume_refuses_changed_options_of_every_phase_before_running(recipe, scorer, straight_run, tmp_path):
+    """A finished run resumed with another γ (before: accepted, summary.json kept the old γ's phase),
+    and an interrupted one resumed with another seed and learning rate (before: the phase went on
+    with another data order), are refused in one line naming each option; nothing is written."""
+    files = lambda root: {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}  # noqa: E731
+    before = files(straight_run)
+    with pytest.raises(SystemExit) as refused:
+        recipe.main(args(straight_run, "--resume", "--gamma", "0.5", "--quiet", "--keep-checkpoints", "3"),
+                    scorer=scorer)
+    assert "--gamma 0.9 -> 0.5" in str(refused.value) and "keep-checkpoints" not in str(refused.value)
+    assert "\n" not in str(refused.value) and files(straight_run) == before
+    out = tmp_path / "run"
+    recipe.main(args(out, "--stop-after-steps", "3"), scorer=scorer)  # in the MLE run, at its step 1
+    before = files(out)
+    with pytest.raises(SystemExit, match=r"phase warmstart .*--lr 0.001 -> 0.05, .*--seed 0 -> 7"):
+        recipe.main(args(out, "--resume", "--seed", "7", "--lr", "5e-2"), scorer=scorer)
+    assert files(out) == before
+
+
+def test_a_kill_while_writing_done_json_leaves_a_resumable_run(recipe, scorer, straight_run, tmp_path, monkeypatch):
+    """done.json is written atomically: killed while writing it, the phase is finished again on
+    --resume (before, a truncated done.json stopped the resume with a JSONDecodeError)."""
+    import os
+
+    write_text, replace = Path.write_text, os.replace
+
+    def killed_writing(path, text, *a, **kw):
+        if Path(path).name == "done.json":
+            write_text(path, text[:len(text) // 2], *a, **kw)
+            raise Killed
+        return write_text(path, text, *a, **kw)
+
+    def killed_replacing(src, dst, *a, **kw):
+        if Path(dst).name == "done.json":
+            raise Killed
+        return replace(src, dst, *a, **kw)
+
+    monkeypatch.setattr(Path, "write_text", killed_writing)
+    monkeypatch.setattr(os, "replace", killed_replacing)
+    out = tmp_path / "run"
+    with pytest.raises(Killed):
+        recipe.main(args(out), scorer=scorer)
+    monkeypatch.undo()
+    resumed = recipe.main(args(out, "--resume"), scorer=scorer)
+    assert set(resumed["runs"]) == set(RUNS)
+    for name in ("warmstart", *RUNS):
+        assert events(out / name) == events(straight_run / name), name
+
+
+def test_samples_are_drawn_from_the_policy_whatever_the_generation_config_sets(recipe):
+    """With forced, suppressed and banned tokens, repetition and length rules and warpers in the
+    model's generation config, the sampled sequences are the draws of hand-rolled ancestral sampling
+    from the policy's softmax (same seed), and the loss's log p(ŷ) is the sum of the policy's
+    log-softmax at each chosen token (before, every sample started with the forced token)."""
+    rows, options, tokenizer, model = tiny_setup(recipe)
+    model.generation_config.update(forced_bos_token_id=5, forced_eos_token_id=7, suppress_tokens=[6],
+                                   begin_suppress_tokens=[8], bad_words_ids=[[9]], sequence_bias={(10,): -5.0},
+                                   no_repeat_ngram_size=1, repetition_penalty=2.0, min_new_tokens=4, top_k=3,
+                                   temperature=0.5, renormalize_logits=True)
+    batch = recipe.Batch(rows, tokenizer, options)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    torch.manual_seed(0)
+    ids, _ = recipe.decode(model, tokenizer, batch.inputs, 10, sample=True)
+    torch.manual_seed(0)
+    drawn = torch.full((len(rows), 1), model.config.decoder_start_token_id)
+    logp, done = torch.zeros(len(rows)), torch.zeros(len(rows), dtype=torch.bool)
+    with torch.no_grad():
+        for _ in range(10):
+            policy = torch.log_softmax(model(**batch.inputs, decoder_input_ids=drawn).logits[:, -1].float(), -1)
+            token = torch.multinomial(policy.exp(), 1).squeeze(1)
+            token = torch.where(done, torch.full_like(token, pad), token)
+            logp += torch.where(done, 0.0, policy.gather(1, token[:, None]).squeeze(1))
+            drawn, done = torch.cat([drawn, token[:, None]], 1), done | (token == eos)
+            if done.all():
+                break
+        assert torch.equal(ids, drawn)
+        assert not (ids[:, 1] == 5).all()
+        torch.testing.assert_close(recipe.sequence_logprob(model, batch.inputs, ids, eos), logp, rtol=0, atol=1e-4)
