@@ -83,3 +83,55 @@ def test_a_mean_over_ranks_is_one_texts_own_only_if_no_rank_has_another(tmp_path
         for rank, out in enumerate(ranks):
             torch.testing.assert_close(out[name], single, rtol=0, atol=1e-6)
             torch.testing.assert_close(out[name + ":group"], single[2 * rank:2 * rank + 2], rtol=0, atol=1e-6)
+
+
+# Calls whose ranks differ in something their scores depend on: (name, rank 0's, rank 1's) options, each
+# {"scorer": Scorer options, "call": score options, "fit": a corpus the fixed mean is fitted on}.
+TWMD_BATCH = {"method": "twmd", "centering": "batch"}
+MISMATCHED_CALLS = [
+    ("method", {"scorer": TWMD_BATCH}, {"scorer": {**TWMD_BATCH, "method": "bertscore"}}),
+    ("return_all", {"scorer": TWMD_BATCH, "call": {"return_all": True}}, {"scorer": TWMD_BATCH}),
+    ("centering", {"scorer": TWMD_BATCH}, {"scorer": {**TWMD_BATCH, "centering": "none"}}),
+    ("center_scope", {"scorer": TWMD_BATCH}, {"scorer": {**TWMD_BATCH, "center_scope": "separate"}}),
+    ("multi_ref", {"scorer": TWMD_BATCH}, {"scorer": {**TWMD_BATCH, "multi_ref": "mean"}}),
+    ("fitted mean", {"scorer": {"centering": "fixed"}, "fit": HYPS}, {"scorer": {"centering": "fixed"}, "fit": REFS[2:]}),
+]
+EXPECTED_DIFFERENCE = {"method": "method: twmd on rank 0, bertscore on rank 1", "return_all": "return_all",
+                       "centering": "center: batch on rank 0, none on rank 1",
+                       "center_scope": "center: batch on rank 0, batch-separate on rank 1",
+                       "multi_ref": "refs: max on rank 0, mean on rank 1", "fitted mean": "center: fixed-"}
+
+
+def flat_refs(refs) -> list[str]:
+    return [r for g in refs for r in ([g] if isinstance(g, str) else g)]
+
+
+def mismatched_calls_worker(rank: int, world_size: int) -> dict:
+    """Each call of ``MISMATCHED_CALLS`` with this rank's options (its error, or its scores), then one
+    whose ranks differ in ``batch_size`` only (its scores)."""
+    out = {}
+    for name, *options in MISMATCHED_CALLS:
+        mine = options[rank]
+        scorer = _ddp.sharded_scorer(mine["scorer"])
+        if "fit" in mine:
+            scorer.fit_centering(flat_refs(mine["fit"]), distributed=False, progress=False)
+        try:
+            out[name] = scorer.score(HYPS, REFS, distributed=True, **mine.get("call", {}))
+        except ValueError as error:
+            out[name] = str(error)
+    out["batch_size"] = _ddp.sharded_scorer(TWMD_BATCH).score(HYPS, REFS, batch_size=1 + 3 * rank, distributed=True)
+    return out
+
+
+def test_ranks_whose_calls_differ_in_what_a_score_depends_on_are_told_what(tmp_path):
+    """Every rank raises the same ``ValueError``, naming what differs (a signature by its fields), instead of
+    returning scores mixed from two scorers, zeros for the other rank's share, or hanging; a different
+    ``batch_size``, which no score depends on, is allowed."""
+    ranks = _ddp.run(mismatched_calls_worker, 2, tmp_path, timeout=120)
+    for name, _, _ in MISMATCHED_CALLS:
+        assert isinstance(ranks[0][name], str) and ranks[0][name] == ranks[1][name], name
+        assert "every rank must pass the same hyps and refs" in ranks[0][name]
+        assert EXPECTED_DIFFERENCE[name] in ranks[0][name], ranks[0][name]
+    single = _ddp.sharded_scorer(TWMD_BATCH).score(HYPS, REFS, progress=False)
+    for out in ranks:
+        torch.testing.assert_close(out["batch_size"], single, rtol=0, atol=1e-6)

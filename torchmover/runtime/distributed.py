@@ -82,13 +82,20 @@ def shard(texts: list[str], device: torch.device | str = "cpu", group=None) -> l
 
 def check_same_on_every_rank(value, device: torch.device | str, group, message: str) -> None:
     """Raise ``ValueError(message)`` on every rank of ``group`` unless every rank passed the same
-    JSON-serialisable ``value``: one all-reduce of a digest of it (a tensor on ``device``: the CPU
-    for gloo, the rank's GPU for NCCL)."""
-    digest = int.from_bytes(hashlib.sha256(json.dumps(value).encode()).digest()[:7], "big")
-    extremes = torch.tensor([digest, -digest], dtype=torch.long, device=device)
-    dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)  # (max digest, −min digest)
-    if extremes.tolist() != [digest, -digest]:
+    JSON-serialisable ``value`` (:func:`differing_on_ranks`: one all-reduce)."""
+    if differing_on_ranks({"value": value}, device, group):
         raise ValueError(message)
+
+
+def differing_on_ranks(values: dict[str, object], device: torch.device | str, group) -> list[str]:
+    """The names of ``values`` (JSON-serialisable; every rank of ``group`` passes the same names, in the
+    same order) whose value is not the same on every rank: the same list on every rank, in the order of
+    ``values``. One all-reduce of a 56-bit digest of each value and its negation (a tensor on
+    ``device``: the CPU for gloo, the rank's GPU for NCCL)."""
+    digests = [int.from_bytes(hashlib.sha256(json.dumps(v).encode()).digest()[:7], "big") for v in values.values()]
+    extremes = torch.tensor([[d, -d] for d in digests], dtype=torch.long, device=device).reshape(len(digests), 2)
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)  # per value: (max digest, −min digest)
+    return [name for name, d, (high, low) in zip(values, digests, extremes.tolist()) if high != d or low != -d]
 
 
 def all_gather_shares(share: Tensor, sizes: list[int], group=None) -> Tensor:

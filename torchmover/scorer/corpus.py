@@ -63,12 +63,13 @@ from .._internal.transfer import send_plans
 from ..functional.centering import token_sum
 from ..functional.family import unit_vectors_
 from ..functional.members import get_member
-from ..runtime.distributed import all_gather_shares, all_reduce_sum, check_same_on_every_rank, is_distributed
+from ..runtime.distributed import all_gather_shares, all_reduce_sum, differing_on_ranks, is_distributed
 from ..runtime.heap import release_free_heap
 from ..runtime.progress import PairProgress
 from ..text.encoder import take_tokens
 from .inputs import distinct_texts
 from .plan import BatchPlan, call_plan, length_batches
+from .signature import signature_diff
 from .units import PRF, BatchMeans, Units
 
 HEAP_TRIMS = 4  # on the CPU, the C heap's free pages go back to the system after each quarter of a chunk's tokens
@@ -98,9 +99,7 @@ def score_corpus(scorer: nn.Module, hyps: list[str], groups: list[list[str]], ba
     check_batch_size(batch_size)
     group = sharding_group(scorer, distributed, centering_group)
     if group is not None:
-        check_same_on_every_rank([hyps, groups], scorer.encoder.device, group,
-                                 "score(distributed=True): every rank must pass the same hyps and refs (each scores "
-                                 "a share of them); the ranks passed different lists")
+        check_same_call(scorer, hyps, groups, return_all, group)
     chunks = [(hyps[run], groups[run]) for run in score_chunks(groups)]
     centered = scorer.config.centering == "batch"
     with eval_mode(scorer), PairProgress(len(hyps), progress) as bar:
@@ -116,6 +115,37 @@ def score_corpus(scorer: nn.Module, hyps: list[str], groups: list[list[str]], ba
             kept = None
     out = torch.cat(parts[::-1], dim=1).cpu() if parts else torch.zeros(3 if return_all else 1, 0, device="cpu")
     return PRF(*out) if return_all else out[0]
+
+
+def check_same_call(scorer: nn.Module, hyps: list[str], groups: list[list[str]], return_all: bool, group) -> None:
+    """Raise ``ValueError`` on every rank of ``group`` unless every rank called with what its share of the
+    scores depends on: the same lists, the same ``return_all``, a scorer of the same
+    :attr:`~torchmover.Scorer.signature` (every option that changes a score, the fitted IDF, centering
+    mean and baseline by digest, the encoder's dtype, the library versions), and the same chunk sizes
+    (which set the collectives). ``batch_size`` may differ: no score depends on it. The message names
+    what differs (a signature by its fields, from rank 0 and the first rank that differs). One
+    all-reduce of digests (:func:`differing_on_ranks`); one all-gather more where the signatures differ."""
+    signature = scorer.signature
+    differing = differing_on_ranks({"hyps and refs": [hyps, groups], "return_all": return_all,
+                                    "scorer signature": signature,
+                                    "SCORE_CHUNK": [SCORE_CHUNK, SCORE_CHUNK_REFERENCES]}, scorer.encoder.device, group)
+    if "scorer signature" in differing:
+        differing[differing.index("scorer signature")] = "scorer signature (" + signature_fields_differing(
+            signature, group) + ")"
+    if differing:
+        raise ValueError("score(distributed=True): every rank must pass the same hyps and refs, with the same "
+                         "return_all, to a scorer of the same signature (each scores a share of the pairs); "
+                         f"these differ between the ranks: {'; '.join(differing)}")
+
+
+def signature_fields_differing(signature: str, group) -> str:
+    """The fields in which some rank's ``signature`` differs from rank 0's, with both values, named for the
+    first rank that differs: the same text on every rank (one ``all_gather_object``)."""
+    every = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, signature, group=group)
+    rank = next(r for r, other in enumerate(every) if other != every[0])
+    return ", ".join(f"{field}: {ours or '(absent)'} on rank 0, {theirs or '(absent)'} on rank {rank}"
+                     for field, (ours, theirs) in signature_diff(every[0], every[rank]).items())
 
 
 def check_batch_size(batch_size) -> None:
