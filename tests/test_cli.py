@@ -273,3 +273,47 @@ def test_every_file_of_lines_names_an_undecodable_line_as_score_does(tmp_path, t
     config = RewardConfig(model=str(tiny_model_dir), fit_references=str(bad), options={"layer": 2, "centering": "none"})
     with pytest.raises(InputError, match=re.escape(message)):
         build_reward(config)
+
+
+def score_on_rank(rank: int, world_size: int, argv_by_rank: list[list[str]]) -> dict:
+    """``main(argv)`` with this rank's ``argv`` inside a process group: its exit status and standard error."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main(argv_by_rank[rank])
+        except SystemExit as exit_:
+            code = exit_.code
+    return {"code": code, "err": err.getvalue()}
+
+
+def test_under_torchrun_only_rank_0_reads_the_stopword_file_and_the_baseline_corpus(tmp_path, tiny_model_dir, capsys):
+    """Every other rank is given paths that exist nowhere (as on a second machine): the run scores with rank 0's
+    files, as one process does; a file rank 0 cannot read is the same one-line error on every rank."""
+    import _ddp
+
+    hyps = write(tmp_path / "hyps.txt", ["the cat sat", "", "a dog barked", "the sun is red"])
+    refs = write(tmp_path / "refs.txt", ["a cat sat", "the sun", "the dog barked", "a red sun"])
+    stop = write(tmp_path / "stop.txt", ["the", "a"])
+    base = write(tmp_path / "base.txt", ["the moon is blue", "a small child", "she eats food", "we ran"])
+    nowhere = tmp_path / "nowhere"
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "missing").mkdir()
+
+    def argv(folder, output, stopwords="stop.txt"):
+        return ["score", "--hyps", str(folder / "hyps.txt"), "--refs", str(folder / "refs.txt"),
+                "--stopwords", str(folder / stopwords), "--rescale", "--baseline-corpus", str(folder / "base.txt"),
+                "--output", str(folder / output), "--model", str(tiny_model_dir), "--layer", "2", "--no-progress"]
+
+    assert main(argv(tmp_path, "single.txt")) == 0
+    one_process = capsys.readouterr().err
+    ranks = _ddp.run(score_on_rank, 2, tmp_path / "ranks", [argv(tmp_path, "out.txt"), argv(nowhere, "out.txt")],
+                     timeout=120)
+    assert [r["code"] for r in ranks] == [0, 0], ranks
+    assert (tmp_path / "out.txt").read_text() == (tmp_path / "single.txt").read_text()
+    assert ranks[0]["err"] == one_process and "stop:custom-" in one_process and "rescale:b=" in one_process
+    missing = _ddp.run(score_on_rank, 2, tmp_path / "missing", [argv(tmp_path, "x.txt", "gone.txt")] * 2, timeout=120)
+    for rank in missing:
+        assert rank == {"code": 2, "err": f"torchmover: error: no such file: {tmp_path / 'gone.txt'}\n"}

@@ -38,8 +38,9 @@ from pathlib import Path
 
 from ._version import __version__
 import torch
+import torch.distributed as dist
 
-from .evaluation.corpus import Column, check_output, format_rows, read_lines, score_files
+from .evaluation.corpus import Column, check_output, format_rows, on_rank0, read_lines, score_files
 from .evaluation.correlation import score_and_correlate
 from .evaluation.data import read_ratings
 from .evaluation.scoring import fit_to_call
@@ -47,7 +48,7 @@ from .evaluation.sensitivity import FACTORS, STATISTICS, run_sensitivity, select
 from .integrations.config import RewardConfig, build_reward
 from .integrations.server import RewardServer, ServerLimits, require_aiohttp
 from .reward import BatchedReward
-from .runtime.distributed import destroy_distributed, init_distributed_from_environment, is_rank0
+from .runtime.distributed import destroy_distributed, init_distributed_from_environment, is_distributed, is_rank0
 from .runtime.checkpoint import atomic_write_text
 from .runtime.progress import silenced
 from .scorer import PRESETS, Scorer, ScorerConfig
@@ -140,15 +141,21 @@ def add_scorer_arguments(parser: argparse.ArgumentParser) -> None:
                                    help="no progress bars (default: bars where standard error is a terminal)")
 
 
-def given_scorer_options(args: argparse.Namespace) -> dict:
-    """The Scorer options given as flags (a ``--stopwords`` file read into its words)."""
+def given_scorer_options(args: argparse.Namespace, stopwords: list[str] | None = None) -> dict:
+    """The Scorer options given as flags, a ``--stopwords`` file as its words: ``stopwords`` where given
+    (read already), else read from it now (:func:`stopwords_of`)."""
     if args.preset and args.signature:
         raise CLIError("give --preset or --signature, not both")
     given = {k: getattr(args, k) for k in SCORER_OPTIONS if hasattr(args, k)}
-    path = stopword_file(args)
-    if path is not None:
-        given["stopwords"] = [w.strip() for w in read_lines(path) if w.strip()]
+    if stopword_file(args) is not None:
+        given["stopwords"] = stopwords_of(args) if stopwords is None else stopwords
     return given
+
+
+def stopwords_of(args: argparse.Namespace) -> list[str] | None:
+    """The words of the ``--stopwords`` file, one a line (None: no file given)."""
+    path = stopword_file(args)
+    return None if path is None else [w.strip() for w in read_lines(path) if w.strip()]
 
 
 def stopword_file(args: argparse.Namespace) -> str | None:
@@ -167,23 +174,45 @@ def scorer_from_args(args: argparse.Namespace, references: list[str], hypotheses
                        baseline_corpus=baseline_corpus_of(args))
 
 
-def build_scorer(args: argparse.Namespace) -> Scorer:
+def build_scorer(args: argparse.Namespace, stopwords: list[str] | None = None, encoder=None) -> Scorer:
     """The Scorer the options describe (:meth:`Scorer.from_config <torchmover.Scorer.from_config>`), its
-    statistics not fitted yet."""
-    given = given_scorer_options(args)
+    statistics not fitted yet. ``stopwords``: the words of the ``--stopwords`` file, read already (default:
+    read now); ``encoder``: the options' encoder, loaded already (default: loaded now)."""
+    given = given_scorer_options(args, stopwords)
     options = (preset_options(args.preset, **given) if args.preset
                else {**signature_options(args.signature, given.get("stopwords")), **given} if args.signature
                else given)
     run = {k: options.pop(k) for k in list(options) if k in RunOptions.__dataclass_fields__}
-    scorer = Scorer.from_config(ScorerConfig(**options), **run)
+    scorer = Scorer.from_config(ScorerConfig(**options), encoder, **run)
     if getattr(args, "baseline_corpus", None) is not None and not scorer.config.rescale:
         raise CLIError("--baseline-corpus needs --rescale")
     return scorer
 
 
 def baseline_corpus_of(args: argparse.Namespace) -> list[str] | None:
+    """The texts of the ``--baseline-corpus`` file (None: none given)."""
     path = getattr(args, "baseline_corpus", None)
     return None if path is None else read_lines(path)
+
+
+def encoder_scorer(args: argparse.Namespace) -> Scorer:
+    """A scorer of the options, for its encoder, loaded before any file is read (:func:`run_score` loads
+    it before joining the process group, where only rank 0 reads files): a ``--stopwords`` file, which
+    chooses no encoder, is taken as no stopwords, and so is a ``--signature``'s stopword field.
+    :func:`build_scorer` then makes the scorer of the file's words on its encoder."""
+    if stopword_file(args) is None:
+        return build_scorer(args)
+    signature = args.signature and "|".join(f for f in args.signature.split("|") if not f.startswith("stop:"))
+    return build_scorer(argparse.Namespace(**{**vars(args), "signature": signature}), stopwords=[])
+
+
+def rank0_files(args: argparse.Namespace, device) -> tuple[list[str] | None, list[str] | None]:
+    """The words of the ``--stopwords`` file and the texts of ``--baseline-corpus`` (None where not given),
+    read by rank 0 of a ``torch.distributed`` job and sent to every rank, so that every rank uses rank
+    0's (:func:`~torchmover.evaluation.corpus.on_rank0`: a file rank 0 cannot read is the same error on
+    every rank); read here outside one. ``device``: where the broadcast travels."""
+    group = dist.group.WORLD if is_distributed() else None
+    return on_rank0(lambda: (stopwords_of(args), baseline_corpus_of(args)), device, group)
 
 
 def progress_of(args: argparse.Namespace) -> bool | None:
@@ -210,8 +239,9 @@ def score_inputs(args: argparse.Namespace) -> dict[str, list[str]]:
 def run_score(args: argparse.Namespace) -> None:
     """``--hyp``: one literal pair, scored in memory (:func:`run_literal_score`). ``--hyps FILE``: the
     files, streamed, sharded under ``torchrun`` and resumable with ``--output``
-    (:func:`torchmover.evaluation.corpus.score_files`). An ``--output`` that is a directory or one of
-    the inputs is refused first."""
+    (:func:`torchmover.evaluation.corpus.score_files`); under ``torchrun`` only rank 0 reads the files,
+    the ``--stopwords`` file and ``--baseline-corpus`` included (:func:`rank0_files`). An ``--output``
+    that is a directory or one of the inputs is refused first."""
     if args.output:
         check_output(args.output, score_inputs(args))
     if args.hyp is not None:
@@ -223,13 +253,16 @@ def run_score(args: argparse.Namespace) -> None:
         raise CLIError("--hyps FILE needs its references: --refs FILE (one reference per hypothesis line; "
                        "repeat --refs for several)")
     progress = progress_of(args)
-    scorer = build_scorer(args)  # before joining the process group: loading a model in one leaves it referenced
+    scorer = encoder_scorer(args)  # before joining the process group: loading a model in one leaves it referenced
     launched = init_distributed_from_environment(scorer.encoder.device)
     try:
-        result = score_files(scorer, Column(args.hyps, args.hyp_field), [Column(path, args.ref_field) for path in args.refs],
-                             args.output, format=args.format, return_all=args.all, chunk_pairs=args.chunk_size,
-                             batch_size=args.batch_size, progress=progress, overwrite=args.overwrite,
-                             baseline_corpus=baseline_corpus_of(args))
+        stopwords, baseline_corpus = rank0_files(args, scorer.encoder.device)
+        if stopwords is not None:
+            scorer = build_scorer(args, stopwords, encoder=scorer.encoder)
+        result = score_files(scorer, Column(args.hyps, args.hyp_field),
+                             [Column(path, args.ref_field) for path in args.refs], args.output, format=args.format,
+                             return_all=args.all, chunk_pairs=args.chunk_size, batch_size=args.batch_size,
+                             progress=progress, overwrite=args.overwrite, baseline_corpus=baseline_corpus)
         if is_rank0():
             if result.already_finished:
                 print(f"torchmover: {args.output} is complete (run recorded in {args.output}.manifest.json): "
