@@ -244,3 +244,46 @@ def test_errors_name_preds_and_target(fixed_scorer, tiny_encoder, centering):
         metric.update(["a"], [[]])
     with pytest.raises(ValueError, match=r"target\[1\] is not valid Unicode"):
         metric.update(["a", "b"], ["a", "b\udc80"])
+
+
+@pytest.mark.parametrize("copy", ["clone", "deepcopy", "pickle"])
+@pytest.mark.parametrize("centering", ["none", "batch"])
+def test_per_sample_stays_1d_in_a_copy(tiny_encoder, copy, centering):
+    """A copy of the metric (what torchmetrics collections, Lightning and spawned DDP workers make) keeps
+    ``per_sample`` 1-D for a single prediction (the unpickled copy lost it: shape ())."""
+    import copy as copy_module
+    import pickle
+
+    metric = MoverMetric(Scorer(tiny_encoder, centering=centering), return_per_sample=True)
+    make = {"clone": MoverMetric.clone, "deepcopy": copy_module.deepcopy,
+            "pickle": lambda m: pickle.loads(pickle.dumps(m))}[copy]
+    for m in (metric, make(metric)):
+        m.update(["the cat sat"], ["a cat sat"])
+        assert m.compute()["per_sample"].shape == (1,)
+
+
+def step_worker(rank: int, world_size: int, hyps, refs) -> dict:
+    """``metric(preds, target)`` with ``dist_sync_on_step=True`` on this rank's slice, for each centering: the
+    step value's scores, and whether they keep a graph."""
+    out = {}
+    for centering in ("none", "batch"):
+        metric = MoverMetric(_ddp.sharded_scorer({"centering": centering}), return_per_sample=True,
+                             dist_sync_on_step=True)
+        value = metric(hyps[rank::world_size], refs[rank::world_size])
+        out[centering] = value["per_sample"].detach()
+        out[centering + ":grad"] = value["per_sample"].requires_grad
+    return out
+
+
+def test_dist_sync_on_step_gathers_every_ranks_step_value(tmp_path):
+    """With ``dist_sync_on_step=True`` the step value holds every rank's batch, in rank order, each scored as
+    ``forward`` scores it alone (``batch`` centering: on its batch's mean), this rank's with their graph,
+    whatever the centering (``batch`` centering returned this rank's scores alone)."""
+    ranks = _ddp.run(step_worker, 2, tmp_path, HYPS[:4], REFS[:4], timeout=90)
+    for centering in ("none", "batch"):
+        scorer = _ddp.sharded_scorer({"centering": centering})
+        with torch.no_grad():
+            expected = torch.cat([scorer(HYPS[r:4:2], REFS[r:4:2]) for r in range(2)])
+        for out in ranks:
+            torch.testing.assert_close(out[centering], expected)
+            assert out[centering + ":grad"]

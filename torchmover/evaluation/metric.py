@@ -64,7 +64,10 @@ class MoverMetric(Metric):
     ``preds`` and ``target`` may also be a single string each (one pair).
     ``metric(preds, target)`` (``forward``) returns the batch's value — the scorer's ``forward`` on
     the batch alone, whose ``batch`` centering uses the batch's mean — with autograd intact, e.g. as a
-    loss for fine-tuning the scorer; ``update`` runs without grad, as in every torchmetrics metric,
+    loss for fine-tuning the scorer. With ``dist_sync_on_step=True`` it is the value of every rank's
+    batch, their scores gathered in rank order (``per_sample``: ``[Σ_r B_r]``), whatever the centering:
+    each rank's batch scored as above (in eval mode, the default, on its own batch's mean), this
+    rank's scores with their graph. ``update`` runs without grad, as in every torchmetrics metric,
     and the accumulated state never keeps a graph. The scorer is a submodule: ``.to(device)``
     moves it, and its weights are part of the metric's ``state_dict``.
 
@@ -109,7 +112,6 @@ class MoverMetric(Metric):
         self.add_state("preds", default=[], dist_reduce_fx=None)
         self.add_state("targets", default=[], dist_reduce_fx=None)
         self.to(scorer.encoder.device)  # the metric follows the scorer's device (Scorer(device="auto"))
-        self.compute = self._with_1d_per_sample(self.compute)
 
     @property
     def _scores_at_compute(self) -> bool:
@@ -140,34 +142,40 @@ class MoverMetric(Metric):
         mean = scores.mean() if scores.numel() else torch.tensor(float("nan"), device=scores.device)
         return {"score": mean, "per_sample": scores} if self.return_per_sample else mean
 
-    @staticmethod
-    def _with_1d_per_sample(compute):
-        """``compute`` with ``per_sample`` always 1-D: torchmetrics squeezes every one-element tensor of
-        a result, which would make the scores of a single prediction a 0-d tensor."""
-        def wrapped(*args, **kwargs):
-            value = compute(*args, **kwargs)
+    def _wrap_compute(self, compute):
+        """torchmetrics' wrapping of ``compute`` (sync, cache, every one-element tensor squeezed), then
+        ``per_sample`` made 1-D again, so that the scores of a single prediction are ``[1]``, not 0-d.
+        torchmetrics wraps ``compute`` here at construction and again when a metric is unpickled, so
+        a copy (``clone``, ``copy.deepcopy``, a pickle round trip) keeps the guarantee."""
+        wrapped = super()._wrap_compute(compute)
+
+        def with_1d_per_sample(*args, **kwargs):
+            value = wrapped(*args, **kwargs)
             if isinstance(value, dict):
                 value["per_sample"] = value["per_sample"].reshape(-1)
             return value
-        return wrapped
+        return with_1d_per_sample
 
     def _scores_of_texts(self) -> Tensor:
         """``batch`` centering: the kept texts scored together. In ``forward`` (the batch's texts
-        only) by the scorer's differentiable ``forward``; else by ``Scorer.score`` on the mean of
-        every rank's texts, then gathered rank by rank."""
+        only) by the scorer's differentiable ``forward``, on the batch's mean; else by ``Scorer.score``
+        on the mean of every rank's texts. Where the call syncs under ``torch.distributed``
+        (``compute`` with ``sync_on_compute``, ``forward`` with ``dist_sync_on_step``), every rank's
+        scores are then gathered in rank order, this rank's with their graph."""
         import torch.distributed as dist
         from torchmetrics.utilities.distributed import gather_all_tensors
 
         from ..runtime.distributed import is_distributed
 
         refs = [list(group) for group in self.targets]
-        if self._enable_grad:  # set by torchmetrics while forward computes the batch value
-            with self._scoring_mode():
-                return self.scorer(self.preds, refs)
         group = self.process_group or (dist.group.WORLD if dist.is_available() else None)
         synced = self._to_sync and is_distributed(self.process_group)
-        scores = self.scorer.score(self.preds, refs, progress=False, centering_group=group if synced else None)
-        scores = scores.to(self.device)
+        if self._enable_grad:  # set by torchmetrics while forward computes the batch value
+            with self._scoring_mode():
+                scores = self.scorer(self.preds, refs)
+        else:
+            scores = self.scorer.score(self.preds, refs, progress=False,
+                                       centering_group=group if synced else None).to(self.device)
         return torch.cat(gather_all_tensors(scores, group)) if synced else scores
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
