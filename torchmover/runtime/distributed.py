@@ -13,10 +13,13 @@ rank's token vectors through μ:
 
     ∂/∂x^s (Σ_r L_r) = ∂L_s/∂x^s |_μ + (m^s / n) · Σ_r ∂L_r/∂μ.
 
-Hence one process on the concatenated batch and ``W`` processes on its slices give the same μ and the
-same loss ``Σ_r L_r``, and the parameter gradients summed over ranks equal the single-process
-gradient. (``DistributedDataParallel`` *averages* gradients over ranks: scale each rank's loss by
-``W`` for the sum, or use a mean-reduced loss ``Σ_r L_r / N_global`` throughout.)
+Each rank sums the tokens of its own slice's texts, so μ is equal to one process's on the concatenated
+batch where no text is on two ranks; a text on k ranks counts k times in the mean (one process encodes
+each distinct text of its batch once). Where no text is on two ranks, one process on the concatenated
+batch and ``W`` processes on its slices give the same μ and the same loss ``Σ_r L_r``, and the
+parameter gradients summed over ranks equal the single-process gradient. (``DistributedDataParallel``
+*averages* gradients over ranks: scale each rank's loss by ``W`` for the sum, or use a mean-reduced
+loss ``Σ_r L_r / N_global`` throughout.)
 
 Every rank must call the collective the same number of times, forward and backward, like
 SyncBatchNorm: a rank that skips a step (e.g. an empty batch) stalls the others.
