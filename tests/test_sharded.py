@@ -94,7 +94,8 @@ MISMATCHED_CALLS = [
     ("centering", {"scorer": TWMD_BATCH}, {"scorer": {**TWMD_BATCH, "centering": "none"}}),
     ("center_scope", {"scorer": TWMD_BATCH}, {"scorer": {**TWMD_BATCH, "center_scope": "separate"}}),
     ("multi_ref", {"scorer": TWMD_BATCH}, {"scorer": {**TWMD_BATCH, "multi_ref": "mean"}}),
-    ("fitted mean", {"scorer": {"centering": "fixed"}, "fit": HYPS}, {"scorer": {"centering": "fixed"}, "fit": REFS[2:]}),
+    ("fitted mean", {"scorer": {"centering": "fixed"}, "fit": HYPS},
+     {"scorer": {"centering": "fixed"}, "fit": REFS[2:]}),
 ]
 EXPECTED_DIFFERENCE = {"method": "method: twmd on rank 0, bertscore on rank 1", "return_all": "return_all",
                        "centering": "center: batch on rank 0, none on rank 1",
