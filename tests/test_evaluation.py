@@ -295,6 +295,20 @@ def test_one_call_score_builds_caches_and_fits_on_the_call(tiny_encoder, monkeyp
     torch.testing.assert_close(rescaled, manual.score(HYPS, REFS, progress=False))
 
 
+def test_fit_to_call_fits_on_the_distinct_stripped_texts(tiny_encoder):
+    """Texts equal up to outer whitespace are one text, counted once (as by correlate / sensitivity,
+    which pass rating texts as they were read): IDF documents and the centering mean."""
+    from torchmover.evaluation.scoring import fit_to_call
+
+    references, hypotheses = CORPUS[:3], HYPS[:3]
+    repeated = fit_to_call(Scorer(tiny_encoder, idf=True, centering="fixed"),
+                           [references[0], f" {references[0]}", *references, f"{references[2]}\n"],
+                           [hypotheses[1], *hypotheses, f"\t{hypotheses[1]} "], progress=False)
+    distinct = fit_to_call(Scorer(tiny_encoder, idf=True, centering="fixed"), references, hypotheses, progress=False)
+    assert repeated.idf["ref"].num_documents == repeated.idf["hyp"].num_documents == 3
+    assert repeated.signature == distinct.signature  # the same IDF dictionaries and centering mean
+
+
 def test_one_call_score_checks_its_arguments(tiny_encoder):
     with pytest.raises(TypeError, match="hashable"):
         torchmover.score(HYPS, REFS, model=tiny_encoder, stopwords={"the": 1})

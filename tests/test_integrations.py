@@ -435,6 +435,42 @@ def test_fit_references_fit_the_scorers_statistics_as_serve_does(tiny_model_dir,
         build_reward(RewardConfig(model=str(tiny_model_dir), fit_references=str(fit), options={"layer": 2}))
 
 
+# The references of REFS repeated, and with outer whitespace: the same four distinct references
+REPEATED_REFS = [REFS[0], REFS[0], f" {REFS[1]}", REFS[1], f"{REFS[2]}\t", REFS[0] + "  ", REFS[3], REFS[3]]
+
+
+@pytest.mark.parametrize("options", [dict(centering="none", idf=True), dict(centering="batch"),
+                                     dict(centering="fixed", idf=True)])
+def test_fit_references_count_each_distinct_reference_once(tiny_model_dir, tmp_path, options):
+    """A file whose lines repeat, or differ only by outer whitespace, fits what the same references
+    once each fit (the command line's rule): the same IDF, the same centering mean, the same rewards."""
+    rewards = {}
+    for name, lines in (("repeated", REPEATED_REFS), ("distinct", REFS)):
+        path = tmp_path / f"{name}.txt"
+        path.write_text("\n".join(lines) + "\n")
+        rewards[name] = build_reward(RewardConfig(model=str(tiny_model_dir), fit_references=str(path),
+                                                  options={"layer": 2, **options}))
+    repeated, distinct = rewards["repeated"], rewards["distinct"]
+    assert {side: idf.to_dict() for side, idf in repeated.scorer.idf.items()} == \
+        {side: idf.to_dict() for side, idf in distinct.scorer.idf.items()}
+    if options["centering"] != "none":
+        torch.testing.assert_close(repeated.centering.mean, distinct.centering.mean, atol=1e-7, rtol=0)
+    torch.testing.assert_close(repeated.score(HYPS, REFS), distinct.score(HYPS, REFS), atol=ATOL, rtol=0)
+
+
+def test_an_adapter_fitted_on_repeated_references_gives_the_rewards_of_the_distinct_ones(
+        monkeypatch, tiny_model_dir, tmp_path, direct):
+    """verl's compute_score, configured with a reference file that repeats lines (batch centering: the
+    reward centered on the references' mean), rewards as a reward fitted on each reference once."""
+    configure_reward_env(monkeypatch, tiny_model_dir, tmp_path / "references.txt", REPEATED_REFS)
+    try:
+        out = [verl.compute_score(data_source="s", solution_str=h, ground_truth=r, extra_info={})
+               for h, r in zip(HYPS, REFS)]
+    finally:
+        reset_process_reward()
+    assert out == pytest.approx(direct.score(HYPS, REFS).tolist(), abs=ATOL)
+
+
 def test_the_user_guide_lists_every_setting_as_it_is():
     """docs/guide/rewards.md's table: one row per setting, with its variable and its serve flag."""
     from pathlib import Path

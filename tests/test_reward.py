@@ -126,6 +126,15 @@ def test_fit_matches_scorer_fit_centering(tiny_encoder, fixed_scorer):
     assert center[0].startswith("center:fixed-") and "center:batch" in reward.scorer.signature
 
 
+def test_fit_counts_each_distinct_text_once(tiny_encoder):
+    """Repeated texts, and texts equal up to outer whitespace, are one text of the corpus mean."""
+    repeated = [REFS[0], REFS[0], f" {REFS[1]}\t", *REFS[1:], REFS[2] + " ", REFS[2]]
+    fitted = MoverReward(Scorer(tiny_encoder)).fit(repeated, batch_size=2)
+    distinct = MoverReward(Scorer(tiny_encoder)).fit(REFS, batch_size=2)
+    torch.testing.assert_close(fitted.centering.mean, distinct.centering.mean, atol=1e-7, rtol=0)
+    torch.testing.assert_close(fitted(HYPS, REFS), distinct(HYPS, REFS), atol=ATOL, rtol=0)
+
+
 def test_fit_validates(tiny_scorer):
     with pytest.raises(ValueError, match="texts is empty"):
         MoverReward(tiny_scorer).fit([])

@@ -44,16 +44,24 @@ def cached_scorer(**options: Any) -> Scorer:
     return scorer
 
 
+def distinct_texts(name: str, texts: Sequence[str]) -> list[str]:
+    """The distinct texts of ``texts``, each stripped of its outer whitespace first (texts equal up to
+    it are one text), in order of first appearance: the corpus that every statistic is fitted on.
+    ``name`` names ``texts`` in the error a non-text raises."""
+    return list(dict.fromkeys(check_texts(name, texts)))
+
+
 def fit_to_call(scorer: Scorer, references: Sequence[str], hypotheses: Sequence[str], *, batch_size: int = 64,
                 progress: bool | None = None, baseline_corpus: Sequence[str] | None = None,
                 baseline_pairs: int = 1000) -> Scorer:
     """Fit the corpus statistics ``scorer`` needs on the texts of a call (the command line's and
     :func:`score`'s rule): IDF dictionaries on the distinct references and hypotheses, a ``fixed`` /
-    ``running`` centering mean on the distinct references, the rescaling baseline on
-    ``baseline_corpus`` (default: the references; ``baseline_pairs`` random pairs, seed 0)."""
-    references = list(dict.fromkeys(references))
+    ``running`` centering mean on the distinct references (:func:`distinct_texts`: texts equal up to
+    outer whitespace counted once), the rescaling baseline on ``baseline_corpus`` (default: the
+    references; ``baseline_pairs`` random pairs, seed 0)."""
+    references = distinct_texts("references", references)
     if scorer.config.idf:
-        scorer.fit_idf(references, list(dict.fromkeys(hypotheses)))
+        scorer.fit_idf(references, distinct_texts("hypotheses", hypotheses))
     if scorer.config.centering in ("fixed", "running"):
         scorer.fit_centering(references, batch_size, progress=progress)
     if scorer.config.rescale:

@@ -35,7 +35,7 @@ from types import MappingProxyType
 from typing import ClassVar, Mapping
 
 from ..evaluation.corpus import read_lines
-from ..evaluation.scoring import fit_to_call
+from ..evaluation.scoring import distinct_texts, fit_to_call
 from ..reward.rewards import MoverReward
 from ..scorer import Scorer
 from .parsing import ON_MISMATCH, Parser, strip_reasoning
@@ -312,9 +312,10 @@ def _build_scorer(config: RewardConfig) -> Scorer:
 
 
 def _read_references(path: str) -> list[str]:
-    """The non-blank lines of ``path``, read as ``torchmover score`` reads a text file
-    (:func:`~torchmover.evaluation.corpus.read_lines`: an undecodable line is named)."""
-    references = [line for line in read_lines(path) if line.strip()]
+    """The distinct non-blank lines of ``path``, stripped (lines equal up to outer whitespace are one
+    reference: :func:`~torchmover.evaluation.scoring.distinct_texts`), read as ``torchmover score`` reads
+    a text file (:func:`~torchmover.evaluation.corpus.read_lines`: an undecodable line is named)."""
+    references = [line for line in distinct_texts(path, read_lines(path)) if line]
     if not references:
         raise ValueError(f"{setting_names('fit_references')}: {path} has no reference")
     return references
@@ -323,9 +324,10 @@ def _read_references(path: str) -> list[str]:
 def build_reward(config: RewardConfig, *, batch_size: int = 64, progress: bool = False) -> MoverReward:
     """The :class:`~torchmover.reward.MoverReward` that ``config`` describes.
 
-    With ``fit_references``, the scorer's corpus statistics are fitted on those references by the
-    command line's rule (:func:`~torchmover.evaluation.scoring.fit_to_call`: IDF, a fixed centering
-    mean, the rescaling baseline), and a batch-centered scorer's reward is centered on their mean
+    With ``fit_references``, the scorer's corpus statistics are fitted on the distinct references of
+    that file, lines equal up to outer whitespace being one, by the command line's rule
+    (:func:`~torchmover.evaluation.scoring.fit_to_call`: IDF, a fixed centering mean, the rescaling
+    baseline), and a batch-centered scorer's reward is centered on their mean
     (:meth:`MoverReward.fit <torchmover.reward.MoverReward.fit>`): a reward must not depend on the other
     samples of its batch. A batch-centered scorer without them is refused here, before any sample.
 
