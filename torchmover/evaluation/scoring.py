@@ -53,17 +53,23 @@ def distinct_texts(name: str, texts: Sequence[str]) -> list[str]:
 
 def fit_to_call(scorer: Scorer, references: Sequence[str], hypotheses: Sequence[str], *, batch_size: int = 64,
                 progress: bool | None = None, baseline_corpus: Sequence[str] | None = None,
-                baseline_pairs: int = 1000) -> Scorer:
+                baseline_pairs: int = 1000, distributed: bool = False) -> Scorer:
     """Fit the corpus statistics ``scorer`` needs on the texts of a call (the command line's and
     :func:`score`'s rule): IDF dictionaries on the distinct references and hypotheses, a ``fixed`` /
     ``running`` centering mean on the distinct references (:func:`distinct_texts`: texts equal up to
     outer whitespace counted once), the rescaling baseline on ``baseline_corpus`` (default: the
-    references; ``baseline_pairs`` random pairs, seed 0)."""
+    references; ``baseline_pairs`` random pairs, seed 0).
+
+    ``distributed``: whether the call is a collective (every rank of an initialised
+    ``torch.distributed`` group passes the same texts): the IDF and the centering mean are then fitted
+    over the ranks, each encoding a share (:meth:`Scorer.fit_idf <torchmover.Scorer.fit_idf>`,
+    :meth:`Scorer.fit_centering <torchmover.Scorer.fit_centering>`). By default they are fitted on
+    this process alone, so a call on one rank, or on each rank's own texts, never waits for the others."""
     references = distinct_texts("references", references)
     if scorer.config.idf:
-        scorer.fit_idf(references, distinct_texts("hypotheses", hypotheses))
+        scorer.fit_idf(references, distinct_texts("hypotheses", hypotheses), distributed=distributed)
     if scorer.config.centering in ("fixed", "running"):
-        scorer.fit_centering(references, batch_size, progress=progress)
+        scorer.fit_centering(references, batch_size, progress=progress, distributed=distributed)
     if scorer.config.rescale:
         corpus = references if baseline_corpus is None else baseline_corpus
         scorer.fit_baseline(corpus, n_pairs=baseline_pairs, batch_size=batch_size, progress=progress)
@@ -72,7 +78,7 @@ def fit_to_call(scorer: Scorer, references: Sequence[str], hypotheses: Sequence[
 
 def score(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]], *, batch_size: int = 64,
           progress: bool | None = None, return_all: bool = False, baseline_corpus: Sequence[str] | None = None,
-          baseline_pairs: int = 1000, **options: Any) -> Tensor | PRF:
+          baseline_pairs: int = 1000, distributed: bool = False, **options: Any) -> Tensor | PRF:
     """Score ``hyps`` against ``refs`` in one call: ``Tensor[B]``, or ``PRF(precision, recall, f1)``
     with ``return_all=True``.
 
@@ -83,6 +89,11 @@ def score(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]], *,
     (default: its references). The scorer, with its :attr:`~torchmover.Scorer.signature`, is
     ``cached_scorer(**options)``.
 
+    ``distributed=True`` under ``torch.distributed``: a collective, as :meth:`Scorer.score
+    <torchmover.Scorer.score>`'s: every rank passes the same lists, the statistics are fitted and the
+    pairs scored over the ranks, and every rank returns the scores of the whole call. By default
+    (``False``) the call runs on this process alone, whether or not a process group is initialised.
+
     Example:
         >>> import torchmover
         >>> P, R, F1 = torchmover.score(["the cat sat"], ["a cat sat"], return_all=True)
@@ -92,5 +103,7 @@ def score(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]], *,
     hyps = check_texts("hyps", hyps)
     groups = check_references(hyps, refs)
     scorer = fit_to_call(cached_scorer(**options), [r for g in groups for r in g], hyps, batch_size=batch_size,
-                         progress=progress, baseline_corpus=baseline_corpus, baseline_pairs=baseline_pairs)
-    return scorer.score(hyps, groups, batch_size=batch_size, progress=progress, return_all=return_all)
+                         progress=progress, baseline_corpus=baseline_corpus, baseline_pairs=baseline_pairs,
+                         distributed=distributed)
+    return scorer.score(hyps, groups, batch_size=batch_size, progress=progress, return_all=return_all,
+                        distributed=distributed)
