@@ -1,4 +1,5 @@
 import math
+import warnings
 
 import pytest
 import torch
@@ -80,6 +81,31 @@ def test_a_stopword_with_whitespace_is_refused(stopwords):
 def test_idf_rejects_an_empty_corpus(tiny_encoder):
     with pytest.raises(ValueError, match="non-empty"):
         IDF.fit([], tiny_encoder.tokenizer)
+
+
+def test_a_dictionary_whose_every_token_is_in_every_document_weighs_nothing(tiny_encoder):
+    tok = tiny_encoder.tokenizer
+    assert IDF.fit(["the cat sat"], tok).weightless
+    assert IDF.fit(["the cat sat", "sat the cat"], tok).weightless  # the same tokens: weight 0 again
+    assert not IDF.fit(["the cat sat", "the cat"], tok).weightless
+
+
+def test_a_weightless_idf_warns_naming_its_side(tiny_encoder):
+    """One hypothesis in a call fits its side's dictionary on one document: every token weighs 0 and
+    the pair scores exactly 0 (MoverScore v2's rule), said by one warning naming the side."""
+    import torchmover
+
+    hyp, refs = "the cat sat on the mat", ["the cat sat on the mat", "a dog barked"]
+    with pytest.warns(UserWarning, match=r"dictionary of the hypotheses \(fitted on 1 document\) gives every token"
+                                         r".* weight 0.*fit_idf") as caught:
+        scores = torchmover.score([hyp, hyp], refs, model=tiny_encoder, idf=True, progress=False)
+    assert len([w for w in caught if "IDF" in str(w.message)]) == 1
+    assert scores.tolist() == [0.0, 0.0]
+    with pytest.warns(UserWarning, match=r"dictionary of the references \(fitted on 1 document\)"):
+        Scorer(tiny_encoder, idf=True).fit_idf(refs[:1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Scorer(tiny_encoder, idf=True).fit_idf(refs, ["the cat sat", "a dog"])
 
 
 def tokens(encoder, texts):

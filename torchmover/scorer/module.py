@@ -29,7 +29,7 @@ from ..runtime.progress import show_progress
 from ..text.documents import encode_documents
 from ..text.encoder import DEFAULT_MODEL, Encoder, weights_digest
 from ..text.length_groups import check_pass_cost
-from ..text.weights import IDF, fit_idf_over_ranks, keep_mask, ngrams, pool_subwords
+from ..text.weights import IDF, fit_idf_over_ranks, keep_mask, ngrams, pool_subwords, warn_if_weightless
 from . import corpus, serialization
 from .config import ScorerConfig
 from .inputs import check_references, check_texts, distinct_texts
@@ -257,7 +257,12 @@ class Scorer(nn.Module):
         Under ``torch.distributed`` (and ``distributed=True``) every rank passes the same corpus and
         tokenizes its share ``texts[rank::world_size]``; document frequencies and counts are
         all-reduced (:func:`torchmover.text.weights.fit_idf_over_ranks`), so every rank gets the same dictionaries
-        as one process on the whole corpus. A collective: every rank must call it."""
+        as one process on the whole corpus. A collective: every rank must call it.
+
+        A dictionary whose every token is in every document (always so with one document, e.g. the
+        hypotheses of a one-pair call) weighs every token of its corpus 0, so a text of its corpus has
+        no mass and scores exactly 0: one ``UserWarning`` per fit names each such side and its number
+        of documents (:func:`torchmover.text.weights.warn_if_weightless`)."""
         if not self.config.idf:
             raise ValueError("fit_idf needs a scorer built with idf=True")
         references = check_texts("references", references)
@@ -270,6 +275,8 @@ class Scorer(nn.Module):
             return IDF.fit(texts, tokenizer, max_length)
         ref = fit(references)  # one dictionary serves both sides when no hypotheses are given
         self.idf = {"ref": ref, "hyp": ref if hypotheses is None else fit(hypotheses)}
+        warn_if_weightless({"references": ref} if hypotheses is None else
+                           {"references": ref, "hypotheses": self.idf["hyp"]})
         return self
 
     @torch.no_grad()

@@ -22,8 +22,9 @@ import hashlib
 import math
 import string
 import unicodedata
+import warnings
 from collections import Counter
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -76,6 +77,13 @@ class IDF:
     def value(self, token_id: int) -> float:
         return math.log((self.num_documents + 1) / (self.document_frequency.get(token_id, 0) + 1))
 
+    @property
+    def weightless(self) -> bool:
+        """Whether every token of the fitted corpus is in every one of its documents, so that each weighs
+        ``log((N + 1) / (N + 1)) = 0``: always so with one document. A text made of those tokens has
+        no mass and scores exactly 0."""
+        return all(df == self.num_documents for df in self.document_frequency.values())
+
     def table(self, device: torch.device | str = "cpu") -> Tensor:
         """The dense float32 table ``[max_id + 2]`` on ``device``: entry ``t`` is ``idf(t)`` for every id
         up to the largest one seen in the corpus, the last entry the unseen value (any larger id).
@@ -107,6 +115,22 @@ class IDF:
     @classmethod
     def from_dict(cls, data: dict) -> "IDF":
         return cls({int(k): v for k, v in data["document_frequency"].items()}, data["num_documents"])
+
+
+def warn_if_weightless(dictionaries: Mapping[str, IDF], stacklevel: int = 3) -> None:
+    """One ``UserWarning`` naming each side of ``dictionaries`` (e.g. ``{"hypotheses": idf}``) whose
+    dictionary is :attr:`IDF.weightless`, with its number of documents, and what to do; nothing when
+    none is. ``stacklevel``: as :func:`warnings.warn`'s, counted from the caller of this function."""
+    sides = [f"of the {side} (fitted on {idf.num_documents} document{'s' if idf.num_documents != 1 else ''})"
+             for side, idf in dictionaries.items() if idf.weightless]
+    if sides:
+        noun, verb = ("dictionary", "gives") if len(sides) == 1 else ("dictionaries", "give")
+        warnings.warn(f"IDF: the {noun} {' and '.join(sides)} {verb} every token of its corpus weight 0: each "
+                      "is in every document, as always with one distinct document. A text made only of those "
+                      "tokens has no mass and scores exactly 0 (with the statistics fitted on a call's own texts, "
+                      "as torchmover.score and the command line fit them: every pair of the call). Fit the "
+                      "dictionaries on a larger corpus with Scorer.fit_idf(references, hypotheses), e.g. the "
+                      "training references, or score more texts in one call", UserWarning, stacklevel=stacklevel)
 
 
 def document_frequencies(texts: Sequence[str], tokenizer, max_length: int | None = None) -> Counter:
