@@ -44,7 +44,7 @@ def cached_scorer(**options: Any) -> Scorer:
     return scorer
 
 
-def distinct_texts(name: str, texts: Sequence[str]) -> list[str]:
+def distinct_stripped(name: str, texts: Sequence[str]) -> list[str]:
     """The distinct texts of ``texts``, each stripped of its outer whitespace first (texts equal up to
     it are one text), in order of first appearance: the corpus that every statistic is fitted on.
     ``name`` names ``texts`` in the error a non-text raises."""
@@ -56,7 +56,7 @@ def fit_to_call(scorer: Scorer, references: Sequence[str], hypotheses: Sequence[
                 baseline_pairs: int = 1000, distributed: bool = False) -> Scorer:
     """Fit the corpus statistics ``scorer`` needs on the texts of a call (the command line's and
     :func:`score`'s rule): IDF dictionaries on the distinct references and hypotheses, a ``fixed`` /
-    ``running`` centering mean on the distinct references (:func:`distinct_texts`: texts equal up to
+    ``running`` centering mean on the distinct references (:func:`distinct_stripped`: texts equal up to
     outer whitespace counted once), the rescaling baseline on ``baseline_corpus`` (default: the
     references; ``baseline_pairs`` random pairs, seed 0).
 
@@ -65,9 +65,9 @@ def fit_to_call(scorer: Scorer, references: Sequence[str], hypotheses: Sequence[
     over the ranks, each encoding a share (:meth:`Scorer.fit_idf <torchmover.Scorer.fit_idf>`,
     :meth:`Scorer.fit_centering <torchmover.Scorer.fit_centering>`). By default they are fitted on
     this process alone, so a call on one rank, or on each rank's own texts, never waits for the others."""
-    references = distinct_texts("references", references)
+    references = distinct_stripped("references", references)
     if scorer.config.idf:
-        scorer.fit_idf(references, distinct_texts("hypotheses", hypotheses), distributed=distributed)
+        scorer.fit_idf(references, distinct_stripped("hypotheses", hypotheses), distributed=distributed)
     if scorer.config.centering in ("fixed", "running"):
         scorer.fit_centering(references, batch_size, progress=progress, distributed=distributed)
     if scorer.config.rescale:

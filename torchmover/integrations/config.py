@@ -35,7 +35,7 @@ from types import MappingProxyType
 from typing import ClassVar, Mapping
 
 from ..evaluation.corpus import read_lines
-from ..evaluation.scoring import distinct_texts, fit_to_call
+from ..evaluation.scoring import distinct_stripped, fit_to_call
 from ..reward.rewards import MoverReward
 from ..scorer import Scorer
 from .parsing import ON_MISMATCH, Parser, strip_reasoning
@@ -313,9 +313,9 @@ def _build_scorer(config: RewardConfig) -> Scorer:
 
 def _read_references(path: str) -> list[str]:
     """The distinct non-blank lines of ``path``, stripped (lines equal up to outer whitespace are one
-    reference: :func:`~torchmover.evaluation.scoring.distinct_texts`), read as ``torchmover score`` reads
+    reference: :func:`~torchmover.evaluation.scoring.distinct_stripped`), read as ``torchmover score`` reads
     a text file (:func:`~torchmover.evaluation.corpus.read_lines`: an undecodable line is named)."""
-    references = [line for line in distinct_texts(path, read_lines(path)) if line]
+    references = [line for line in distinct_stripped(path, read_lines(path)) if line]
     if not references:
         raise ValueError(f"{setting_names('fit_references')}: {path} has no reference")
     return references

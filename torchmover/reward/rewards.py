@@ -72,7 +72,7 @@ from torch import Tensor, nn
 
 from .._internal.moduletree import eval_mode, submodules, weights_fingerprint
 from .._internal.transfer import to_device
-from ..evaluation.scoring import distinct_texts
+from ..evaluation.scoring import distinct_stripped
 from ..functional.centering import Centering
 from ..functional.family import TokenCloud
 from ..functional.members import get_member
@@ -233,7 +233,7 @@ class MoverReward:
         and center every reward on the mean of all real token vectors of the distinct texts of ``texts``
         where asked or needed; the scorer itself is not modified. Returns ``self``. Texts equal up to
         outer whitespace are one text, counted once however often it repeats
-        (:func:`~torchmover.evaluation.scoring.distinct_texts`), as ``batch`` centering counts a call's
+        (:func:`~torchmover.evaluation.scoring.distinct_stripped`), as ``batch`` centering counts a call's
         texts and as :func:`~torchmover.evaluation.scoring.fit_to_call` fits a ``fixed`` mean.
 
         ``centering``: ``None`` (default) fits that corpus mean only where the scorer's centering
@@ -246,7 +246,7 @@ class MoverReward:
         encodes (and caches) its share ``texts[rank::world_size]``, and the (sum, count) is
         all-reduced: every rank gets the mean of the whole corpus (as
         :meth:`Scorer.fit_centering`). A collective: every rank must call it."""
-        texts = distinct_texts("texts", texts)
+        texts = distinct_stripped("texts", texts)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if centering not in (None, "fixed"):
