@@ -117,20 +117,21 @@ class IDF:
         return cls({int(k): v for k, v in data["document_frequency"].items()}, data["num_documents"])
 
 
-def warn_if_weightless(dictionaries: Mapping[str, IDF], stacklevel: int = 3) -> None:
+def warn_if_weightless(dictionaries: Mapping[str, IDF]) -> None:
     """One ``UserWarning`` naming each side of ``dictionaries`` (e.g. ``{"hypotheses": idf}``) whose
     dictionary is :attr:`IDF.weightless`, with its number of documents, and what to do; nothing when
-    none is. ``stacklevel``: as :func:`warnings.warn`'s, counted from the caller of this function."""
+    none is. The warning points at the line that called the fitting function calling this one."""
     sides = [f"of the {side} (fitted on {idf.num_documents} document{'s' if idf.num_documents != 1 else ''})"
              for side, idf in dictionaries.items() if idf.weightless]
     if sides:
-        noun, verb = ("dictionary", "gives") if len(sides) == 1 else ("dictionaries", "give")
-        warnings.warn(f"IDF: the {noun} {' and '.join(sides)} {verb} every token of its corpus weight 0: each "
+        noun, verb, corpus = ("dictionary", "gives", "its corpus") if len(sides) == 1 else \
+            ("dictionaries", "give", "their corpora")
+        warnings.warn(f"IDF: the {noun} {' and '.join(sides)} {verb} every token of {corpus} weight 0: each "
                       "is in every document, as always with one distinct document. A text made only of those "
                       "tokens has no mass and scores exactly 0 (with the statistics fitted on a call's own texts, "
                       "as torchmover.score and the command line fit them: every pair of the call). Fit the "
                       "dictionaries on a larger corpus with Scorer.fit_idf(references, hypotheses), e.g. the "
-                      "training references, or score more texts in one call", UserWarning, stacklevel=stacklevel)
+                      "training references, or score more texts in one call", UserWarning, stacklevel=3)
 
 
 def document_frequencies(texts: Sequence[str], tokenizer, max_length: int | None = None) -> Counter:
