@@ -75,7 +75,9 @@ class CloudCall(NamedTuple):
     pairs: PairIndex
     slots: list[int] | Tensor | None
 
-    to_device = plan_to_device
+    def to_device(self, device: torch.device | str | None) -> CloudCall:
+        """This plan with its index fields on ``device``: :func:`~torchmover._internal.transfer.plan_to_device`."""
+        return plan_to_device(self, device)
 
 
 class SelfTermPlan(NamedTuple):
@@ -89,7 +91,9 @@ class SelfTermPlan(NamedTuple):
     store_slots: list[int] | Tensor
     store_rows: list[int] | Tensor
 
-    to_device = plan_to_device
+    def to_device(self, device: torch.device | str | None) -> SelfTermPlan:
+        """This plan with its index fields on ``device``: :func:`~torchmover._internal.transfer.plan_to_device`."""
+        return plan_to_device(self, device)
 
 
 class UnitsCall(NamedTuple):
@@ -103,7 +107,9 @@ class UnitsCall(NamedTuple):
     keep: list[int] | Tensor
     self_terms: SelfTermPlan | None
 
-    to_device = plan_to_device
+    def to_device(self, device: torch.device | str | None) -> UnitsCall:
+        """This plan with its index fields on ``device``: :func:`~torchmover._internal.transfer.plan_to_device`."""
+        return plan_to_device(self, device)
 
 
 class ReferenceCache:
