@@ -390,7 +390,7 @@ class Scorer(nn.Module):
         <torchmover.scorer.units.Units.centered>`)."""
         return units.centered(self.centering, mean)
 
-    def score_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int,
+    def score_pairs(self, hyp: Units, ref: Units | TokenCloud, index: PairIndex, n_hyps: int,
                     ref_self: Tensor | None = None, *, nonempty: bool = False, unit_vectors: bool = False,
                     groups: Sequence[PairGroup] | None = None, balanced: Balanced = (False, False)) -> Tensor:
         """Scores ``[n_hyps]`` of centered units: rows ``index.hyp`` of ``hyp`` against rows
