@@ -135,7 +135,7 @@ def _save(scorer, target: Path) -> None:
         _install(tmp, target, meta)
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: str | os.PathLike) -> str:
     """Hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
