@@ -511,8 +511,8 @@ def score_files(scorer: Scorer, hyps: Column, refs: Sequence[Column], output: st
     run = on_rank0(lambda: describe_run(scorer, hyps, refs, format, return_all, chunk_pairs, baseline_corpus),
                    device, group)
     files = None if output is None else RunFiles(output)
-    state: dict[str, Any] = {"done": [], "finished": False} if files is None else on_rank0(lambda: files.begin(run, overwrite),
-                                                                            device, group)
+    state: dict[str, Any] = {"done": [], "finished": False} if files is None else \
+        on_rank0(lambda: files.begin(run, overwrite), device, group)
     columns = ["precision", "recall", "f1"] if return_all else ["score"]
     if state["finished"]:
         return CorpusResult(state["rows"], dict(zip(columns, state["means"])), state["signature"], str(output),

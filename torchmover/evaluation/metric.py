@@ -24,7 +24,7 @@ unless ``train_scorer=True``.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 from torch import Tensor
@@ -109,7 +109,7 @@ class MoverMetric(Metric):
         self.add_state("preds", default=[], dist_reduce_fx=None)
         self.add_state("targets", default=[], dist_reduce_fx=None)
         self.to(scorer.encoder.device)  # the metric follows the scorer's device (Scorer(device="auto"))
-        self.compute = self._with_1d_per_sample(self.compute)
+        setattr(self, "compute", self._with_1d_per_sample(self.compute))  # wraps the bound method (as torchmetrics)
 
     @property
     def _scores_at_compute(self) -> bool:
@@ -123,7 +123,7 @@ class MoverMetric(Metric):
         """Score ``preds`` against ``target`` (one reference per prediction, or a list of them; or
         one string each)."""
         if isinstance(preds, str):
-            preds, target = [preds], [target]
+            preds, target = [preds], cast(Sequence[Any], [target])  # one text: its reference(s)
         preds = check_texts("preds", preds)  # checked here, so that errors name this method's arguments
         groups = check_references(preds, target, names=("preds", "target"))
         if self._scores_at_compute:
@@ -167,7 +167,7 @@ class MoverMetric(Metric):
         group = self.process_group or (dist.group.WORLD if dist.is_available() else None)
         synced = self._to_sync and is_distributed(self.process_group)
         scores = self.scorer.score(self.preds, refs, progress=False, centering_group=group if synced else None)
-        scores = scores.to(self.device)
+        scores = cast(Tensor, scores).to(self.device)  # no return_all: a tensor
         return torch.cat(gather_all_tensors(scores, group)) if synced else scores
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -176,7 +176,8 @@ class MoverMetric(Metric):
         self.scores = [s.detach() for s in self.scores]
         return value
 
-    def plot(self, val: Tensor | Sequence[Tensor] | None = None, ax: Any = None) -> Any:
+    def plot(self, val: Tensor | dict[str, Tensor] | Sequence[Tensor] | Sequence[dict[str, Tensor]] | None = None,
+             ax: Any = None) -> Any:
         """Plot a value of :meth:`compute` / ``forward`` (or a sequence of them, e.g. one per epoch);
         default: the current :meth:`compute`. Needs ``matplotlib``. Returns ``(figure, axes)``.
 
@@ -189,7 +190,7 @@ class MoverMetric(Metric):
         if isinstance(val, dict):
             val = val["score"]
         elif isinstance(val, Sequence) and val and isinstance(val[0], dict):
-            val = [v["score"] for v in val]
+            val = [cast(dict[str, Tensor], v)["score"] for v in val]  # a sequence of dicts, as its first
         return plot_single_or_multi_val(
             val, ax=ax, higher_is_better=self.higher_is_better, name=type(self).__name__,
             lower_bound=None if self.scorer.config.rescale else self.plot_lower_bound,

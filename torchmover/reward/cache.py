@@ -278,7 +278,8 @@ class ReferenceCache:
             if store_slots.shape[0]:
                 if self.self_term_values is None:
                     self.self_term_values = computed.new_zeros(self.size)
-                self.self_term_values.index_copy_(0, store_slots, computed.index_select(0, cast(Tensor, plan.store_rows)))
+                store_rows = cast(Tensor, plan.store_rows)
+                self.self_term_values.index_copy_(0, store_slots, computed.index_select(0, store_rows))
                 self.known_self_terms.update(t for t in texts if t in self.lru)
         if known_slots.shape[0]:  # known slots: their values were stored
             known = cast(Tensor, self.self_term_values).index_select(0, known_slots)
