@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence, cast
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence, cast
 
 import numpy as np
 import torch
@@ -60,19 +60,39 @@ from torch import Tensor
 
 from .._internal.arena import TokenArena
 from .._internal.transfer import send_plans
-from ..functional.centering import token_sum
+from ..functional.centering import Centering, token_sum
 from ..functional.family import unit_vectors_
 from ..functional.members import get_member
 from ..runtime.distributed import all_gather_shares, all_reduce_sum, check_same_on_every_rank, is_distributed
 from ..runtime.heap import release_free_heap
 from ..runtime.progress import PairProgress
-from ..text.encoder import take_tokens
+from ..text.encoder import Encoder, take_tokens
+from .config import ScorerConfig
 from .inputs import distinct_texts
-from .plan import BatchPlan, call_plan, length_batches
+from .plan import BatchPlan, CallPlan, call_plan, length_batches
 from .units import PRF, BatchMeans, Units
 
-if TYPE_CHECKING:
-    from .module import Scorer
+
+class CorpusScorer(Protocol):
+    """What the functions here read of a :class:`~torchmover.Scorer` (a protocol, so that this module
+    does not import the scorer's, which imports it)."""
+
+    config: ScorerConfig
+    encoder: Encoder
+    centering: Centering
+    training: bool
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    def eval(self) -> Any: ...
+
+    def tokenize(self, texts: Sequence[str]) -> Any: ...
+
+    def embed_with_spans(self, texts: Sequence[str], tokenized=None) -> tuple[Units, list[tuple[int, int]]]: ...
+
+    def score_call(self, plan: CallPlan, units: Units, *, return_all: bool = False, means: BatchMeans | None = None,
+                   nonempty: bool = False, unit_vectors: bool = False) -> Tensor | PRF: ...
+
 
 HEAP_TRIMS = 4  # on the CPU, the C heap's free pages go back to the system after each quarter of a chunk's tokens
 SCORE_CHUNK = 8192  # hypotheses whose distinct texts Scorer.score encodes and holds at once
@@ -93,7 +113,7 @@ def score_chunks(groups: list[list[str]]) -> list[slice]:
     return chunks
 
 
-def score_corpus(scorer: Scorer, hyps: list[str], groups: list[list[str]], batch_size: int = 64,
+def score_corpus(scorer: CorpusScorer, hyps: list[str], groups: list[list[str]], batch_size: int = 64,
                  progress: bool | None = None, *, return_all: bool = False, centering_group=None,
                  distributed: bool = False) -> Tensor | PRF:
     """:meth:`Scorer.score <torchmover.Scorer.score>` of ``scorer`` (a :class:`~torchmover.Scorer`; see
@@ -128,7 +148,7 @@ def check_batch_size(batch_size) -> None:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
 
 
-def sharding_group(scorer: Scorer, distributed: bool, centering_group=None):
+def sharding_group(scorer: CorpusScorer, distributed: bool, centering_group=None):
     """The process group that shares out a call: the world under ``distributed=True`` in a
     ``torch.distributed`` job of more than one process, else None (``distributed=True`` outside one
     is a one-process call). Checks the options."""
@@ -141,7 +161,7 @@ def sharding_group(scorer: Scorer, distributed: bool, centering_group=None):
 
 
 @contextlib.contextmanager
-def eval_mode(scorer: Scorer) -> Iterator[None]:
+def eval_mode(scorer: CorpusScorer) -> Iterator[None]:
     """``scorer`` in eval mode inside the block, its mode restored after."""
     was_training = scorer.training
     scorer.eval()
@@ -159,7 +179,7 @@ class Share(NamedTuple):
     sizes: list[int]
 
 
-def chunk_share(scorer: Scorer, hyps: list[str], groups: list[list[str]], group=None) -> Share:
+def chunk_share(scorer: CorpusScorer, hyps: list[str], groups: list[list[str]], group=None) -> Share:
     """This rank's share of the pairs ``(hyps, groups)`` among the ranks of ``group`` (all of them
     outside one): contiguous, balanced by token count (:func:`balanced_bounds` of each pair's tokens,
     its hypothesis and references, counted by the tokenizer: a pair's cost is its encoder work)."""
@@ -187,7 +207,7 @@ def balanced_bounds(costs: Sequence[int], parts: int) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
 
 
-def score_chunk(scorer: Scorer, hyps: list[str], groups: list[list[str]], batch_size: int, *,
+def score_chunk(scorer: CorpusScorer, hyps: list[str], groups: list[list[str]], batch_size: int, *,
                 means: BatchMeans | None = None, return_all: bool = False, group=None,
                 arena: TokenArena | None = None, share: Share | None = None,
                 bar: PairProgress | None = None) -> Tensor:
@@ -210,7 +230,7 @@ def score_chunk(scorer: Scorer, hyps: list[str], groups: list[list[str]], batch_
     return out if group is None else all_gather_shares(out, share.sizes, group)
 
 
-def unit_vectors_once(scorer: Scorer, arena: TokenArena, means: BatchMeans | None) -> bool:
+def unit_vectors_once(scorer: CorpusScorer, arena: TokenArena, means: BatchMeans | None) -> bool:
     """Center and normalise every unit of ``arena`` in place, once, where each unit's centered unit
     vector depends on nothing but itself — ``(x − c) / ‖x − c‖`` with one vector ``c`` for every text
     (:meth:`Centering.shift <torchmover.Centering.shift>`: no centering, a fitted mean, or the call's
@@ -256,7 +276,7 @@ def batch_plans(arena: TokenArena, hyps: list[str], groups: list[list[str]], bat
     return plans
 
 
-def centering_sides(scorer: Scorer) -> tuple[str | None, ...]:
+def centering_sides(scorer: CorpusScorer) -> tuple[str | None, ...]:
     """The sides whose mean ``batch`` centering takes: one for both (``joint``), or each apart."""
     return (None,) if scorer.config.center_scope == "joint" else ("hyp", "ref")
 
@@ -280,7 +300,7 @@ def pair_texts(hyps: list[str], groups: list[list[str]], side: str) -> list[str]
     return [r for g in groups for r in g]
 
 
-def call_means(scorer: Scorer, chunks: Iterable[tuple[list[str], list[list[str]]]], batch_size: int, *,
+def call_means(scorer: CorpusScorer, chunks: Iterable[tuple[list[str], list[list[str]]]], batch_size: int, *,
                group=None, sum_group=None,
                bar: PairProgress | None = None) -> tuple[BatchMeans, TokenArena | None, Share | None]:
     """The first pass under ``batch`` centering: the mean unit vector of the distinct texts of every
@@ -295,7 +315,7 @@ def call_means(scorer: Scorer, chunks: Iterable[tuple[list[str], list[list[str]]
     return BatchMeans(vectors, stats[:, dim + 1] == 1), arena, share
 
 
-def token_sums(scorer: Scorer, chunks: Iterable[tuple[list[str], list[list[str]]]], batch_size: int,
+def token_sums(scorer: CorpusScorer, chunks: Iterable[tuple[list[str], list[list[str]]]], batch_size: int,
                sides: Sequence[str | None], *, group=None, sum_group=None, bar: PairProgress | None = None,
                weight: float = 1.0) -> tuple[Tensor, TokenArena | None, Share | None]:
     """``[len(sides), D + 2]`` float64: per side (:func:`side_texts`), the sum of the unit vectors of the
@@ -366,7 +386,7 @@ def owned_texts(new: list[str], texts: list[str], side: str | None, groups: list
 
 
 @torch.no_grad()
-def embed_distinct(scorer: Scorer, texts: Sequence[str], batch_size: int, on_batch=None) -> TokenArena:
+def embed_distinct(scorer: CorpusScorer, texts: Sequence[str], batch_size: int, on_batch=None) -> TokenArena:
     """Units of every distinct text of ``texts`` (keyed by text), without a graph, encoded in batches of
     similar length, of at most ``batch_size`` texts and a token budget
     (:func:`~torchmover.scorer.plan.length_batches`), the longest batch first, each batch's units
