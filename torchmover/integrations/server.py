@@ -93,7 +93,8 @@ RESERVED_DESCRIPTORS = 64  # kept for the process's own files (model, logs) belo
 def require_aiohttp() -> None:
     """Raise an ``ImportError`` that says how to install the server's dependency if it is missing."""
     try:
-        import aiohttp  # noqa: F401
+        import aiohttp
+        del aiohttp  # the import is the check (pyflakes reads no noqa: the name is used here)
     except ImportError as error:
         raise ImportError('the reward server needs aiohttp: pip install "torchmover[serve]"') from error
 
