@@ -35,6 +35,7 @@ import re
 import signal
 import sys
 from pathlib import Path
+from typing import Any, Callable, cast
 
 from ._version import __version__
 import torch
@@ -126,7 +127,8 @@ def add_scorer_arguments(parser: argparse.ArgumentParser) -> None:
         if kind == "bool":
             group.add_argument(flag, action="store_const", const=True, default=argparse.SUPPRESS, help=meta["help"])
             continue
-        reader = {"iterations": _n_iter, "pass_cost": _pass_cost}.get(meta.get("cli_type")) or (
+        readers: dict[str | None, Callable[[str], Any]] = {"iterations": _n_iter, "pass_cost": _pass_cost}
+        reader = readers.get(meta.get("cli_type")) or (
             int if kind.startswith("int") else float if kind.startswith("float") else str)
         choices = meta.get("choices")
         group.add_argument(flag, type=reader, choices=choices() if choices else None, default=argparse.SUPPRESS,
@@ -511,7 +513,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     for setting in dataclasses.fields(RewardConfig):
         if setting.name in _SCORER_SETTINGS:
             continue
-        default = setting.default_factory() if setting.default is dataclasses.MISSING else setting.default
+        # a field without a default has a default_factory (every setting has a default)
+        default = cast(Callable[[], Any], setting.default_factory)() if setting.default is dataclasses.MISSING \
+            else setting.default
         const = setting.metadata.get("flag_const")
         r.add_argument("--" + setting.name.replace("_", "-"), dest=setting.name, nargs="?" if const else None,
                        const=const, help=setting.metadata["help"] + ("" if default is None else f" (default: {default})"))

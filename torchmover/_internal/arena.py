@@ -34,7 +34,7 @@ zero, its mask False: there the padding read is already masked, and a gather is 
 from __future__ import annotations
 
 import math
-from typing import Hashable, Iterator, NamedTuple, Sequence
+from typing import Hashable, Iterable, Iterator, NamedTuple, Sequence, cast
 
 import numpy as np
 import torch
@@ -108,6 +108,10 @@ class TokenArena:
         self.written = 0  # rows written (live or holes)
         self.live = 0  # rows within the spans of the texts present
 
+    def _field(self, k: int) -> Tensor:
+        """Field ``k`` of the block, which must exist; ``0`` (vectors) and ``1`` (mask) are never None."""
+        return cast(Tensor, cast(list[Tensor | None], self.fields)[k])
+
     def __contains__(self, key) -> bool:
         return key in self.spans
 
@@ -136,19 +140,22 @@ class TokenArena:
         require grad). A key already present is replaced (its old rows become a hole)."""
         n, width = _shape(keys, units)
         _check_spans(keys, spans, width)
-        flat = [None if t is None else flat_rows(t) for t in units]
-        pitch = flat[0][1]
+        flat: list[tuple[Tensor, int] | None] = [None if t is None else flat_rows(t) for t in units]
+        first_flat = cast(tuple[Tensor, int], flat[0])  # the vectors: never None
+        pitch = first_flat[1]
         if any(f is not None and f[1] != pitch for f in flat):  # fields cut from batches of other widths
             flat = [None if t is None else (t.reshape(n * width, *t.shape[2:]), width) for t in units]
             pitch = width
+            first_flat = cast(tuple[Tensor, int], flat[0])
         firsts = np.array([first for first, _ in spans], dtype=np.int64).reshape(-1)
         widths = np.array([stop - first for first, stop in spans], dtype=np.int64).reshape(-1)
         rows = span_rows(np.arange(n) * pitch + firsts, widths)
         fields, start = self._reserve(len(rows), units), self.written
-        (index,) = to_device([rows], flat[0][0].device)
+        (index,) = to_device([rows], first_flat[0].device)
         for field, values in zip(fields, flat):
-            if field is not None:
-                torch.index_select(values[0], 0, index, out=field[start:start + len(rows)])
+            if field is not None:  # then the batch has the field too (a field None in the first batch stays None)
+                torch.index_select(cast(tuple[Tensor, int], values)[0], 0, index,
+                                   out=field[start:start + len(rows)])
         self._record(keys, (start + np.cumsum(widths) - widths).tolist(), widths.tolist())
         self.written += len(rows)
 
@@ -167,7 +174,7 @@ class TokenArena:
         ``zero_padding`` arena (masked) is passed too: ``fn`` must leave a zero row off the mask zero."""
         if self.fields is None:
             return
-        vectors, mask = self.fields[0][:self.written], self.fields[1][:self.written]
+        vectors, mask = self._field(0)[:self.written], self._field(1)[:self.written]
         for start in range(0, self.written, step):
             fn(vectors[start:start + step], mask[start:start + step])
 
@@ -185,18 +192,19 @@ class TokenArena:
             first_row = ends[cuts[-1]] - spans[cuts[-1], 1]
             cuts.append(max(int(np.searchsorted(ends, first_row + step, side="right")), cuts[-1] + 1))
         pieces = [span_rows(spans[a:b, 0], spans[a:b, 1]) for a, b in zip(cuts[:-1], cuts[1:])]
-        for index in to_device(pieces, self.fields[0].device):
-            yield self.units_type(*(None if f is None else f.index_select(0, index) for f in self.fields))
+        for index in to_device(pieces, self._field(0).device):  # keys are held: the block exists
+            yield self.units_type(*(None if f is None else f.index_select(0, index)
+                                    for f in cast(list[Tensor | None], self.fields)))
 
     def unit_counts(self, keys: Sequence[Hashable]) -> Tensor:
         """``[len(keys)]`` int64 on the block's device: each text's number of unmasked units (a span
         may hold masked ones: pooled subwords give a text its whole row), from one cumulative sum of
         the block's mask and two gathers with indices sent from the host."""
-        device = self.fields[1].device if self.fields else torch.device("cpu")
+        device = self._field(1).device if self.fields else torch.device("cpu")
         if self.fields is None or not keys:  # nothing written: no text has a unit
             return torch.zeros(len(keys), dtype=torch.long, device=device)
         spans = np.array([self.spans[key] for key in keys], dtype=np.int64).reshape(-1, 2)
-        before = torch.nn.functional.pad(self.fields[1][:self.written].long().cumsum(0), (1, 0))  # [written + 1]
+        before = torch.nn.functional.pad(self._field(1)[:self.written].long().cumsum(0), (1, 0))  # [written + 1]
         first, stop = to_device([spans[:, 0], spans[:, 0] + spans[:, 1]], device)
         return before.index_select(0, stop) - before.index_select(0, first)
 
@@ -212,7 +220,7 @@ class TokenArena:
         """Whether every text of ``keys`` has a unit (a non-empty span), known on the host."""
         return all(self.spans[key][1] > 0 for key in keys)
 
-    def in_storage_order(self, keys: Sequence[Hashable]) -> list[Hashable]:
+    def in_storage_order(self, keys: Iterable[Hashable]) -> list[Hashable]:
         """``keys`` sorted by where their rows lie (a read of them then runs through the block in order)."""
         return sorted(keys, key=self.spans.__getitem__)
 
@@ -242,7 +250,7 @@ class TokenArena:
         keys = self.in_storage_order(self.spans)
         spans = np.array([self.spans[key] for key in keys], dtype=np.int64).reshape(-1, 2)
         rows = np.concatenate([np.arange(self._first_row), span_rows(spans[:, 0], spans[:, 1])])  # row 0 kept
-        (index,) = to_device([rows], self.fields[0].device)
+        (index,) = to_device([rows], self._field(0).device)
         self.fields = [None if f is None else f.index_select(0, index) for f in self.fields]
         firsts = self._first_row + np.cumsum(spans[:, 1]) - spans[:, 1]
         self.spans = {key: (first, width) for key, first, width in zip(keys, firsts.tolist(), spans[:, 1].tolist())}
@@ -259,7 +267,7 @@ class TokenArena:
                 if field is not None:
                     field[:self._first_row].zero_()
             self.written = self._first_row
-        capacity, needed = self.fields[0].shape[0], self.written + rows
+        capacity, needed = self._field(0).shape[0], self.written + rows
         if needed > capacity:
             capacity = max(needed, 2 * capacity)
             for k, field in enumerate(self.fields):
@@ -293,5 +301,5 @@ class TokenArena:
             n = select.shape[0]
         index = rows if self.zero_padding else rows.clamp_min(0)
         units = self.units_type(*(None if f is None else f.index_select(0, index).view(n, width, *f.shape[1:])
-                                  for f in self.fields))
+                                  for f in cast(list[Tensor | None], self.fields)))  # R ≥ 1 texts: a block
         return units if self.zero_padding else units._replace(mask=units.mask & (rows >= 0).view(n, width))

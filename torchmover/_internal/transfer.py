@@ -9,7 +9,7 @@ index lists as one tensor, and :func:`send_plans` the index fields of many host 
 """
 from __future__ import annotations
 
-from typing import Iterator, Sequence, TypeVar
+from typing import Iterator, Sequence, TypeVar, overload
 
 import numpy as np
 import torch
@@ -26,8 +26,17 @@ def send(host: Tensor, device: torch.device | str | None) -> Tensor:
     return host.to(device, non_blocking=True)
 
 
+@overload
+def to_device(lists: Sequence[Sequence[int] | np.ndarray], device: torch.device | str | None) -> list[Tensor]: ...
+
+
+@overload
 def to_device(lists: Sequence[Sequence[int] | np.ndarray | None],
-              device: torch.device | str | None) -> list[Tensor | None]:
+              device: torch.device | str | None) -> list[Tensor | None]: ...
+
+
+def to_device(lists: Sequence[Sequence[int] | np.ndarray | None],
+              device: torch.device | str | None) -> list[Tensor | None] | list[Tensor]:
     """Long tensors of ``lists`` (of ints, or integer arrays; ``None`` stays ``None``) on ``device``,
     sent in one transfer (one host tensor, :func:`send`, then split into views on the device)."""
     present = [np.asarray(values, dtype=np.int64).reshape(-1) for values in lists if values is not None]

@@ -45,7 +45,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence, cast
 
 import torch
 import torch.distributed as dist
@@ -257,7 +257,8 @@ def shared_chunks(read: Callable[[], Iterator], device, group) -> Iterator:
         yield from read()
         return
     items = read() if dist.get_rank(group) == 0 else None
-    while (item := on_rank0(lambda: next(items, None), device, group)) is not None:
+    # the lambda runs on rank 0 only, where items is read()'s iterator
+    while (item := on_rank0(lambda: next(cast(Iterator, items), None), device, group)) is not None:
         yield item
 
 
@@ -288,7 +289,8 @@ def fit_to_corpus(scorer: Scorer, chunks: Callable[[], Iterator[tuple[list[str],
         texts = drawn_references(chunks(), set(first) | set(second))
         scorer.fit_baseline_pairs([texts[i] for i in first], [texts[j] for j in second], batch_size, progress=False)
     elif config.rescale:
-        scorer.fit_baseline(baseline_corpus, n_pairs=baseline_pairs, batch_size=batch_size, progress=False)
+        scorer.fit_baseline(cast(Sequence[str], baseline_corpus),  # given: not drawn
+                            n_pairs=baseline_pairs, batch_size=batch_size, progress=False)
     return scorer
 
 
@@ -345,7 +347,7 @@ def same_path(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return Path(a).resolve() == Path(b).resolve()
 
 
-def check_output(output: str | os.PathLike, inputs: dict[str, Sequence[str]]) -> None:
+def check_output(output: str | os.PathLike, inputs: Mapping[str, Sequence[str]]) -> None:
     """Refuse (:class:`RunError`), before anything is read or written, an ``output`` that is a
     directory, or whose run files (:class:`RunFiles`) would replace or remove one of the ``inputs``
     (the paths of each input option, by the option's name)."""
@@ -440,7 +442,8 @@ class RunFiles:
 
     def record(self, **fields) -> None:
         """Update the manifest (atomically) with ``fields``."""
-        atomic_write_text(self.manifest, json.dumps({**self.recorded(), **fields}, indent=1) + "\n")
+        recorded = cast(dict, self.recorded())  # begin wrote the manifest first
+        atomic_write_text(self.manifest, json.dumps({**recorded, **fields}, indent=1) + "\n")
 
     def write_part(self, chunk: int, text: str, rows: int, sums: list[float]) -> None:
         atomic_write_text(self.part(chunk), json.dumps({"rows": rows, "sums": sums}) + "\n" + text)
@@ -448,7 +451,7 @@ class RunFiles:
     def assemble(self, chunks: int) -> tuple[int, list[float]]:
         """Write the output from the parts ``0 … chunks − 1`` (atomically), remove the parts; returns
         the row count and the column sums."""
-        totals = {"rows": 0, "sums": None}
+        totals: dict[str, Any] = {"rows": 0, "sums": None}
 
         def copy_parts(out) -> None:
             for chunk in range(chunks):
@@ -508,8 +511,8 @@ def score_files(scorer: Scorer, hyps: Column, refs: Sequence[Column], output: st
     run = on_rank0(lambda: describe_run(scorer, hyps, refs, format, return_all, chunk_pairs, baseline_corpus),
                    device, group)
     files = None if output is None else RunFiles(output)
-    state = {"done": [], "finished": False} if files is None else on_rank0(lambda: files.begin(run, overwrite),
-                                                                            device, group)
+    state: dict[str, Any] = {"done": [], "finished": False} if files is None else \
+        on_rank0(lambda: files.begin(run, overwrite), device, group)
     columns = ["precision", "recall", "f1"] if return_all else ["score"]
     if state["finished"]:
         return CorpusResult(state["rows"], dict(zip(columns, state["means"])), state["signature"], str(output),

@@ -29,7 +29,7 @@ import textwrap
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Sequence, cast
 
 import numpy as np
 
@@ -310,7 +310,7 @@ def correlate(scores, human, groups: Sequence | None = None, *, systems: Sequenc
         replicates.append(reps)
         rows.append(_group(name, len(idx), point, reps, q))
     point = np.mean([[getattr(r, s).value for s in STATISTICS] for r in rows], axis=0)
-    reps = np.mean(replicates, axis=0) if n_boot else None
+    reps = np.mean(cast(list[np.ndarray], replicates), axis=0) if n_boot else None  # n_boot: every group has some
     average = _group("average", len(x), point, reps, q)
     system_level = None
     if systems is not None:

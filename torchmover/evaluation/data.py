@@ -123,7 +123,7 @@ def _year(value, path, line: int) -> int:
     return year
 
 
-def _lp(value, path, line: int) -> str:
+def _lp(value, path, line: int | None) -> str:
     if not isinstance(value, str) or not _LP.match(value):
         raise DataError(path, line, f"language pair must look like 'cs-en', got {value!r}")
     return value
@@ -193,11 +193,12 @@ def read_tsv(path: str | Path) -> list[Rating]:
             if len(row) != len(header):
                 raise DataError(path, line, f"expected {len(header)} tab-separated columns, got {len(row)}")
             get = {name: row[i] for name, i in col.items()}
-            segment_id = get.get("segment_id") or None
-            if segment_id is not None:
-                if not segment_id.isdigit():
-                    raise DataError(path, line, f"segment_id must be a non-negative integer, got {segment_id!r}")
-                segment_id = int(segment_id)
+            given = get.get("segment_id") or None
+            segment_id = None
+            if given is not None:
+                if not given.isdigit():
+                    raise DataError(path, line, f"segment_id must be a non-negative integer, got {given!r}")
+                segment_id = int(given)
             records.append(Rating(
                 lp=_lp(get["lp"], path, line), year=_year(get["year"], path, line), ref=get["ref"],
                 hyp=get["hyp"], score=_score(get["score"], path, line), system=get.get("system") or None,
@@ -345,7 +346,7 @@ def read_wmt17(directory: str | Path) -> list[Rating]:
         lp = _lp(lp, table, line)
         if not sid.isdigit() or int(sid) < 1:
             raise DataError(table, line, f"SID must be a positive integer, got {sid!r}")
-        sid = int(sid)
+        segment = int(sid)
         year = re.search(r"\d{4}", data)
         if year is None:
             raise DataError(table, line, f"DATA must name a test set with its year (newstest2017), got {data!r}")
@@ -360,9 +361,9 @@ def read_wmt17(directory: str | Path) -> list[Rating]:
             raise DataError(table, line, f"reference not found: {directory / 'references' / ref_name} "
                                          f"(nor {directory / ref_name})")
         records.append(Rating(
-            lp=lp, year=int(year[0]), ref=line_of(reference, sid, line, "reference"),
-            hyp=line_of(output, sid, line, "system output"), score=_score(human, table, line, "HUMAN"),
-            system=system, segment_id=sid,
+            lp=lp, year=int(year[0]), ref=line_of(reference, segment, line, "reference"),
+            hyp=line_of(output, segment, line, "system output"), score=_score(human, table, line, "HUMAN"),
+            system=system, segment_id=segment,
         ))
     return records
 

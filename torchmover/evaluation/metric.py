@@ -24,7 +24,7 @@ unless ``train_scorer=True``.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 from torch import Tensor
@@ -125,7 +125,7 @@ class MoverMetric(Metric):
         """Score ``preds`` against ``target`` (one reference per prediction, or a list of them; or
         one string each)."""
         if isinstance(preds, str):
-            preds, target = [preds], [target]
+            preds, target = [preds], cast(Sequence[Any], [target])  # one text: its reference(s)
         preds = check_texts("preds", preds)  # checked here, so that errors name this method's arguments
         groups = check_references(preds, target, names=("preds", "target"))
         if self._scores_at_compute:
@@ -174,8 +174,8 @@ class MoverMetric(Metric):
             with self._scoring_mode():
                 scores = self.scorer(self.preds, refs)
         else:
-            scores = self.scorer.score(self.preds, refs, progress=False,
-                                       centering_group=group if synced else None).to(self.device)
+            scores = self.scorer.score(self.preds, refs, progress=False, centering_group=group if synced else None)
+            scores = cast(Tensor, scores).to(self.device)  # no return_all: a tensor
         return torch.cat(gather_all_tensors(scores, group)) if synced else scores
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -184,7 +184,8 @@ class MoverMetric(Metric):
         self.scores = [s.detach() for s in self.scores]
         return value
 
-    def plot(self, val: Tensor | Sequence[Tensor] | None = None, ax: Any = None) -> Any:
+    def plot(self, val: Tensor | dict[str, Tensor] | Sequence[Tensor] | Sequence[dict[str, Tensor]] | None = None,
+             ax: Any = None) -> Any:
         """Plot a value of :meth:`compute` / ``forward`` (or a sequence of them, e.g. one per epoch);
         default: the current :meth:`compute`. Needs ``matplotlib``. Returns ``(figure, axes)``.
 
@@ -197,7 +198,7 @@ class MoverMetric(Metric):
         if isinstance(val, dict):
             val = val["score"]
         elif isinstance(val, Sequence) and val and isinstance(val[0], dict):
-            val = [v["score"] for v in val]
+            val = [cast(dict[str, Tensor], v)["score"] for v in val]  # a sequence of dicts, as its first
         return plot_single_or_multi_val(
             val, ax=ax, higher_is_better=self.higher_is_better, name=type(self).__name__,
             lower_bound=None if self.scorer.config.rescale else self.plot_lower_bound,

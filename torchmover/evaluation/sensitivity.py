@@ -59,7 +59,7 @@ import textwrap
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, cast
 
 import numpy as np
 import torch
@@ -232,9 +232,8 @@ class SensitivityReport:
         d = json.loads(text)
 
         def level(x: dict) -> Level:
-            return Level(x["level"], x["signature"],
-                         *({g: math.nan if v is None else v for g, v in x[s].items()} for s in STATISTICS),
-                         x["seconds"])
+            pearson, kendall = ({g: math.nan if v is None else v for g, v in x[s].items()} for s in STATISTICS)
+            return Level(x["level"], x["signature"], pearson, kendall, x["seconds"])
 
         factors = tuple(FactorResult(f["factor"], tuple(level(x) for x in f["levels"]),
                                      [x["level"] for x in f["levels"]].index(f["base_level"])) for f in d["factors"])
@@ -375,7 +374,8 @@ def _levels(factor: str, config, idf_corpus: str, n_layers: int) -> tuple[list[s
     """``(names, changes, base_index)`` of ``factor``: the option changes of each level from the base
     config (``{"layer": k}``, scoring options, ``{"idf_corpus": ...}``)."""
     if factor == "stopwords":
-        names, changes = ["none", "english"], [{"stopwords": ()}, {"stopwords": NAMED_STOPWORDS["english"]}]
+        names = ["none", "english"]
+        changes: list[dict[str, Any]] = [{"stopwords": ()}, {"stopwords": NAMED_STOPWORDS["english"]}]
         current = config.stopwords
         base = 0 if not current else 1 if current == NAMED_STOPWORDS["english"] else None
         if base is None:
@@ -384,9 +384,10 @@ def _levels(factor: str, config, idf_corpus: str, n_layers: int) -> tuple[list[s
             base = 2
         return names, changes, base
     if factor == "idf":
-        changes = [{"idf": False, "idf_corpus": "uniform"}, {"idf": True, "idf_corpus": "references"},
-                   {"idf": True, "idf_corpus": "separate"}]
-        return list(IDF_CORPORA), changes, IDF_CORPORA.index(idf_corpus)
+        idf_changes: list[dict[str, Any]] = [{"idf": False, "idf_corpus": "uniform"},
+                                             {"idf": True, "idf_corpus": "references"},
+                                             {"idf": True, "idf_corpus": "separate"}]
+        return list(IDF_CORPORA), idf_changes, IDF_CORPORA.index(idf_corpus)
     if factor == "subwords":
         return list(SUBWORD_POLICIES), [{"subwords": s} for s in SUBWORD_POLICIES], SUBWORD_POLICIES.index(config.subwords)
     if factor == "punctuation":
@@ -397,22 +398,25 @@ def _levels(factor: str, config, idf_corpus: str, n_layers: int) -> tuple[list[s
         layers = sorted(set(range(first, n_layers + 1)) | {config.layer})
         return [str(k) for k in layers], [{"layer": k} for k in layers], layers.index(config.layer)
     if factor == "centering":
-        values = list(CENTERINGS)
-        if config.centering not in values:
-            values.append(config.centering)
-        changes = [{"centering": c, "center_scope": config.center_scope if c == "batch" else "joint"} for c in values]
-        names = [c + (f"-{config.center_scope}" if c == "batch" and config.center_scope != "joint" else "") for c in values]
-        return names, changes, values.index(config.centering)
+        centerings = list(CENTERINGS)
+        if config.centering not in centerings:
+            centerings.append(config.centering)
+        changes = [{"centering": c, "center_scope": config.center_scope if c == "batch" else "joint"}
+                   for c in centerings]
+        names = [c + (f"-{config.center_scope}" if c == "batch" and config.center_scope != "joint" else "")
+                 for c in centerings]
+        return names, changes, centerings.index(config.centering)
     if factor == "temperature":
-        values = sorted(set(TEMPERATURES) | {config.temperature})
-        return [f"{t:g}" for t in values], [{"temperature": t} for t in values], values.index(config.temperature)
+        temperatures = sorted(set(TEMPERATURES) | {config.temperature})
+        return ([f"{t:g}" for t in temperatures], [{"temperature": t} for t in temperatures],
+                temperatures.index(config.temperature))
     if factor == "iterations":
-        values = [n for n in ITERATIONS if n is not None]
-        if config.n_iter is not None and config.n_iter not in values:
-            values.append(config.n_iter)
-        values = sorted(values) + [None]
-        names = ["converged" if n is None else str(n) for n in values]
-        return names, [{"n_iter": n} for n in values], values.index(config.n_iter)
+        fixed = [n for n in ITERATIONS if n is not None]
+        if config.n_iter is not None and config.n_iter not in fixed:
+            fixed.append(config.n_iter)
+        iterations: list[int | None] = [*sorted(fixed), None]
+        names = ["converged" if n is None else str(n) for n in iterations]
+        return names, [{"n_iter": n} for n in iterations], iterations.index(config.n_iter)
     raise ValueError(f"unknown factor {factor!r}; choose from {FACTORS}")
 
 
@@ -569,7 +573,8 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
     distinct_refs, distinct_hyps = list(dict.fromkeys(refs)), list(dict.fromkeys(hyps))
     scoring = {name: getattr(config, name) for name in _SCORING_FIELDS}
 
-    encoders: dict[int, Encoder] = {config.layer: _MemoEncoder(base.encoder)}
+    base_layer = cast(int, config.layer)  # a scorer's config is resolved (ScorerConfig.resolve): its layer is set
+    encoders: dict[int, Encoder] = {base_layer: _MemoEncoder(base.encoder)}
 
     def encoder_at(layer: int) -> Encoder:
         if layer not in encoders:
@@ -577,8 +582,10 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
                 encoder = encoder_for_layer(layer)
             else:
                 encoder = Encoder.from_pretrained(base.encoder.source, layer=layer, revision=config.revision,
-                                                  max_length=config.max_length, special_tokens=config.special_tokens,
-                                                  power_mean_layers=config.power_mean_layers, model_name=config.model)
+                                                  max_length=config.max_length,
+                                                  special_tokens=cast(str, config.special_tokens),  # resolved: set
+                                                  power_mean_layers=cast(int, config.power_mean_layers),
+                                                  model_name=config.model)
                 encoder.to(base.encoder.device)
             if encoder.layer != layer:
                 raise ValueError(f"encoder_for_layer({layer}) returned an encoder at layer {encoder.layer}")
@@ -590,7 +597,7 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
     for name in factor_names:
         if name == "layer" and n_layers is None:
             n_layers = _original_layers(base.encoder)
-        level_names, changes, base_index = _levels(name, config, base_idf, n_layers or config.layer)
+        level_names, changes, base_index = _levels(name, config, base_idf, n_layers or base_layer)
         variants = []
         for change in changes:
             change = dict(change)
@@ -617,10 +624,9 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # a constant variable: NaN, reported as such
             report = correlate(scores, human, groups_of, n_boot=0, metric=scorer.signature)
-        results[variant] = Level("", scorer.signature,
-                                 *({**{g.name: getattr(g, s).value for g in report.groups},
-                                    "average": getattr(report.average, s).value} for s in STATISTICS),
-                                 time.perf_counter() - t0)
+        pearson, kendall = ({**{g.name: getattr(g, s).value for g in report.groups},
+                             "average": getattr(report.average, s).value} for s in STATISTICS)
+        results[variant] = Level("", scorer.signature, pearson, kendall, time.perf_counter() - t0)
         if variant.layer != config.layer and not any(v.layer == variant.layer for v in distinct if v not in results):
             encoders.pop(variant.layer, None)  # free a per-layer encoder once its variants are done
 
@@ -628,7 +634,7 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
         FactorResult(name, tuple(dataclasses.replace(results[v], name=n) for n, v in zip(level_names, variants)),
                      base_index)
         for name, level_names, variants, base_index in plan)
-    base_variant = _Variant(config.layer, tuple(sorted(scoring.items())), base_idf)  # in every factor
+    base_variant = _Variant(base_layer, tuple(sorted(scoring.items())), base_idf)  # in every factor
     return SensitivityReport(factor_results, tuple(sorted(counts)), results[base_variant].signature, batch_size,
                              len(records), time.perf_counter() - start)
 

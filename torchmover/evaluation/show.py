@@ -34,11 +34,13 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import Tensor
 
 from .. import functional as F
+from ..functional.family import FamilyScore
 from ..functional.members import get_member
 from ..text.weights import keep_mask
 
@@ -88,18 +90,20 @@ def plan_terms(method: str, direction: str, x: Tensor, y: Tensor, a: Tensor, b: 
     s = x @ y.T  # [L1, L2] cosine similarities
     if method in ("twmd", "wmd", "moverscore"):
         solve = {"twmd": lambda: F.tempered_wmd(y[None], x[None], hyp_weights=b[None], ref_weights=a[None],
-                                                temperature=temperature, n_iter=n_iter, direction=direction,
+                                                temperature=cast(float, temperature),  # twmd: given one
+                                                n_iter=n_iter, direction=direction,
                                                 normalize=False, return_plan=True),
                  "wmd": lambda: F.wmd(y[None], x[None], hyp_weights=b[None], ref_weights=a[None], normalize=False,
                                       return_plan=True),
                  "moverscore": lambda: F.moverscore(y[None], x[None], hyp_weights=b[None], ref_weights=a[None],
                                                     return_plan=True)}[method]
-        plan = solve().plan.plan[0]
+        plan = cast(FamilyScore, solve()).plan.plan[0]  # return_plan=True: a FamilyScore
         gain = 1 - torch.cdist(x, y) if method == "moverscore" else s
         return plan, plan * gain
-    if method == "trwmd":
-        plan = (a[:, None] * torch.softmax(s / temperature, dim=1) if direction == "recall"
-                else b[None, :] * torch.softmax(s / temperature, dim=0))
+    if method == "trwmd":  # a tuned member: given its temperature
+        t = cast(float, temperature)
+        plan = (a[:, None] * torch.softmax(s / t, dim=1) if direction == "recall"
+                else b[None, :] * torch.softmax(s / t, dim=0))
     elif method == "bertscore":
         plan = (a[:, None] * torch.nn.functional.one_hot(s.argmax(1), s.shape[1]) if direction == "recall"
                 else b[None, :] * torch.nn.functional.one_hot(s.argmax(0), s.shape[0]).T)

@@ -16,6 +16,8 @@ is saved with ``state_dict``.
 """
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
@@ -89,6 +91,7 @@ def center(x: Tensor, mask: Tensor, mode: str = "batch", mean: Tensor | None = N
     elif mode == "batch":
         x = x - token_mean(x, mask)
     elif mode == "fixed":
+        mean = cast(Tensor, mean)  # not None: checked above ("fixed" exactly when a mean is given)
         if mean.shape != x.shape[-1:]:
             raise ValueError(f"mean must have shape {tuple(x.shape[-1:])}, got {tuple(mean.shape)}")
         x = x - mean.to(x)  # x is float32 or wider here: the mean is never rounded to bf16
@@ -113,6 +116,9 @@ class Centering(nn.Module):
     locally, so evaluating on one rank never waits for the others (``Scorer.score(...,
     centering_group=...)``, as ``MoverMetric.compute`` uses it, centers on every rank's texts instead).
     """
+
+    mean: Tensor  # buffers (register_buffer in __init__)
+    num_tokens: Tensor
 
     def __init__(self, mode: str = "batch", dim: int | None = None, momentum: float = 0.1,
                  sync: bool = True):
@@ -240,7 +246,8 @@ class Centering(nn.Module):
                 total = torch.zeros_like(self.mean, dtype=torch.float64)
             stats = all_reduce_sum(torch.cat([total, total.new_tensor([count])]))  # [D + 1]  (Σ x, count)
             total, count = stats[:-1], int(stats[-1])
-        return self.fit_sums(total, count)
+        # total is None only without a batch, when count == 0, which fit_sums rejects before reading it
+        return self.fit_sums(cast(Tensor, total), count)
 
     @torch.no_grad()
     def fit_sums(self, total: Tensor, count: int) -> "Centering":

@@ -206,7 +206,7 @@ def has_direction(x: Tensor, mask: Tensor) -> Tensor:
     return ((x != 0).any(-1) & mask).any(-1)
 
 
-def _placeholder_for_empty(x: Tensor, mask: Tensor, w: Tensor, empty: Tensor):
+def _placeholder_for_empty(x: Tensor, mask: Tensor, w: Tensor, empty: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Replace the texts where ``empty`` ``[B]`` by one placeholder unit token (e₀, mass 1) so that all
     arithmetic stays finite; their pairs' scores are set to 0 afterwards. ``x`` must be a fresh
     tensor of the caller's (e.g. from :func:`_unit_vectors`): its first token row is written in place.
@@ -238,13 +238,13 @@ class TokenCloud(NamedTuple):
         """The texts ``index``: views for a slice, else one ``index_select`` per field (as
         :meth:`Units.select <torchmover.scorer.units.Units.select>`)."""
         if isinstance(index, slice):
-            return TokenCloud(*(None if t is None else t[index] for t in self))
-        return TokenCloud(*(None if t is None else t.index_select(0, index) for t in self))
+            return TokenCloud._make(None if t is None else t[index] for t in self)
+        return TokenCloud._make(None if t is None else t.index_select(0, index) for t in self)
 
     def narrow(self, width: int) -> "TokenCloud":
         """Every text cut to its first ``width`` tokens (views): the same clouds wherever every token
         of theirs lies within them."""
-        return TokenCloud(*(None if t is None else t if t.dim() == 1 else t[:, :width] for t in self))
+        return TokenCloud._make(None if t is None else t if t.dim() == 1 else t[:, :width] for t in self)
 
 
 def token_cloud(x: Tensor, mask: Tensor, weights: Tensor | None = None, *, dtype: torch.dtype | None = None,
@@ -357,10 +357,10 @@ def pair_similarities(
                 ref_selves = {directions[0]: ref_self}
             hyp_selves = combine({name: _cross(fn, hyp, hyp) for name, fn in terms.items()})
             cross = {d: _normalized(cross[d], ref_selves[d], hyp_selves[d], ref_index, hyp_index) for d in directions}
-        empty = [c.empty for c in (h, r) if c.empty is not None]
-        if not empty:  # no text is empty
+        flags = [c.empty for c in (h, r) if c.empty is not None]
+        if not flags:  # no text is empty
             return cross
-        empty = functools.reduce(torch.logical_or, empty)
+        empty = functools.reduce(torch.logical_or, flags)
         return {d: torch.where(empty, torch.zeros_like(c), c) for d, c in cross.items()}
 
 

@@ -24,7 +24,7 @@ them (:func:`~torchmover.functional.family.pair_similarity`):
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, cast
 
 import torch
 
@@ -199,9 +199,12 @@ def _cka_term(x, y, rows, cols, a, b):
 
 
 for _member in (
-    Member("twmd", lambda t, n: {"recall": _twmd_term(t, n, "rows"), "precision": _twmd_term(t, n, "columns")},
+    # a "tuned" member's temperature is required (member_term): the callers pass a float
+    Member("twmd", lambda t, n: {"recall": _twmd_term(cast(float, t), n, "rows"),
+                                 "precision": _twmd_term(cast(float, t), n, "columns")},
            directed=True, temperature="tuned", default_temperature=0.10, iterations=True, compilable=True),
-    Member("trwmd", lambda t, n: {"recall": _relaxed_term(t, "rows"), "precision": _relaxed_term(t, "columns")},
+    Member("trwmd", lambda t, n: {"recall": _relaxed_term(cast(float, t), "rows"),
+                                  "precision": _relaxed_term(cast(float, t), "columns")},
            directed=True, temperature="tuned", default_temperature=0.15, compilable=True, matching=True),
     Member("wmd", lambda t, n: _twmd_term(t or WMD_TEMPERATURE, None, "rows"),  # both marginals exact
            temperature="fixed"),

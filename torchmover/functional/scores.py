@@ -14,6 +14,8 @@ Example:
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -114,7 +116,7 @@ def moverscore(
     options of :class:`~torchmover.Scorer`; the ``moverscore`` preset sets them all.
     """
     check_temperature(temperature)
-    kw = dict(hyp_weights=hyp_weights, ref_weights=ref_weights)
+    kw: dict[str, Any] = dict(hyp_weights=hyp_weights, ref_weights=ref_weights)
     score = family_similarity(member_term("moverscore", temperature), hyp, ref, hyp_mask, ref_mask,
                               normalize=False, **kw)
     return _with_plan(score, moverscore_transport(temperature), hyp, ref, hyp_mask, ref_mask, **kw) \
@@ -188,7 +190,7 @@ def bertscore(
     (reference ``{0, e₁}``, hypothesis ``{e₁}``: ``P = 1/sqrt(1/2) = 1.41``).
     ``validate=False`` skips the weights' check and its device read (:func:`tempered_rwmd`).
     """
-    kw = dict(hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=normalize, validate=validate)
+    kw: dict[str, Any] = dict(hyp_weights=hyp_weights, ref_weights=ref_weights, normalize=normalize, validate=validate)
     terms = member_term("bertscore")
     p = family_similarity(terms, hyp, ref, hyp_mask, ref_mask, direction="precision", **kw)
     r = family_similarity(terms, hyp, ref, hyp_mask, ref_mask, direction="recall", **kw)

@@ -39,7 +39,7 @@ import contextlib
 import contextvars
 import numbers
 import warnings
-from typing import Iterator, NamedTuple
+from typing import Iterator, NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -200,14 +200,15 @@ def _sweep(problem: _Problem, epsilons: list, exact: str, centered: bool = False
     last) at each ``ε`` of ``epsilons``, from ``F = 0`` (``centered``: see :func:`_exponent`).
     The last half-step is left open: returns the potentials before it, its exponent and its ``dim``
     (:func:`_close` completes it; :func:`sinkhorn_value` reads the value off the exponent instead)."""
-    sides = {}
+    sides: dict[int, Side] = {}
     steps = [(eps, dim) for eps in epsilons for dim in _dims(exact)]
     for eps, dim in steps[:-1]:
         sides[dim] = softmin(problem.masked, sides.get(-3 - dim), eps, dim, problem.real[dim], problem.log_mass[dim],
                              centered)
     eps, dim = steps[-1]
     exponent, shift = _exponent(problem.masked, sides.get(-3 - dim), eps, dim, problem.real[dim], centered)
-    sides[dim] = Side(shift, None)  # its potential: _close
+    # its potential: _close; the open side's None is a placeholder that nothing reads before _close replaces it
+    sides[dim] = Side(shift, cast(Tensor, None))
     return sides, exponent, dim
 
 
@@ -537,8 +538,9 @@ def warn_if_not_converged() -> Iterator[ConvergenceTally]:
     tolerance: a call of ``Scorer.score`` or of a reward is one block, however many batches and
     transport problems (cross and self terms) it solves. Nested blocks count into the outermost one.
     Nothing is read where no converged solver runs (the one-iteration members stay sync-free)."""
-    if _TALLY.get() is not None:
-        yield _TALLY.get()
+    outer = _TALLY.get()
+    if outer is not None:
+        yield outer
         return
     tally = ConvergenceTally()
     token = _TALLY.set(tally)

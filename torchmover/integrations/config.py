@@ -32,7 +32,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping, cast
 
 from ..evaluation.corpus import read_lines
 from ..evaluation.scoring import distinct_stripped, fit_to_call
@@ -140,7 +140,7 @@ class RewardConfig:
                              f"{sorted(_variables().values())} and {ENV_PREFIX}CONFIG")
         for source, values in (("the environment", variables), ("the command line", flags or {})):
             layers.append((source, _parse_values(values, source)))
-        merged: dict[str, object] = {}
+        merged: dict[str, Any] = {}
         read_from: dict[str, str] = {}  # options: every source that gave some
         for source, layer in layers:
             options = {**merged.get("options", {}), **layer.get("options", {})}
@@ -179,7 +179,8 @@ def settings_table() -> list[tuple[str, str, str, str, str]]:
     """``(config key, environment variable, serve flag, default, meaning)`` of every setting."""
     rows = []
     for f in dataclasses.fields(RewardConfig):
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        # a field without a default has a default_factory (every setting has a default)
+        default = cast(Callable[[], Any], f.default_factory)() if f.default is dataclasses.MISSING else f.default
         rows.append((f.name, ENV_PREFIX + f.name.upper(), "--" + f.name.replace("_", "-"),
                      "" if default is None else json.dumps(default), f.metadata["help"]))
     return rows
@@ -203,7 +204,7 @@ def _read_file(path: str) -> dict:
     return values
 
 
-def _parse_values(values: Mapping[str, object], source: str) -> dict[str, object]:
+def _parse_values(values: Mapping[str, object], source: str) -> dict[str, Any]:
     """Each value read by its field's type; an unknown key raises a ValueError naming ``source``."""
     known = _variables()
     unknown = sorted(set(values) - set(known))

@@ -30,12 +30,14 @@ and pass the directory). The default model's measured default centering is ``non
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+from torch import Tensor
 
 from ..scorer import Scorer
 from ..scorer.inputs import as_list
+from ..scorer.units import PRF
 from .parsing import reference_list
 
 
@@ -112,9 +114,10 @@ class ScoreBatches:
         refs = reference_lists(batch[self.refs], self.refs)
         scores = self.scorer.score(batch[self.hyps], refs, batch_size=self.batch_size, progress=False,
                                    return_all=self.return_all)
-        if self.return_all:
-            for name, values in zip(scores._fields, scores):
+        if self.return_all:  # a PRF exactly with return_all, else a tensor
+            prf = cast(PRF, scores)
+            for name, values in zip(prf._fields, prf):
                 batch[f"{self.output}_{name}"] = values.numpy().astype(np.float32)
         else:
-            batch[self.output] = scores.numpy().astype(np.float32)
+            batch[self.output] = cast(Tensor, scores).numpy().astype(np.float32)
         return batch

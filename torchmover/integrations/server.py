@@ -73,7 +73,7 @@ import os
 import socket
 import threading
 import time
-from typing import Sequence
+from typing import Sequence, cast
 
 from ..reward.batching import BatchedReward
 from ..scorer.inputs import check_references, check_text, check_texts, check_unicode
@@ -93,7 +93,8 @@ RESERVED_DESCRIPTORS = 64  # kept for the process's own files (model, logs) belo
 def require_aiohttp() -> None:
     """Raise an ``ImportError`` that says how to install the server's dependency if it is missing."""
     try:
-        import aiohttp  # noqa: F401
+        import aiohttp
+        del aiohttp  # the import is the check (pyflakes reads no noqa: the name is used here)
     except ImportError as error:
         raise ImportError('the reward server needs aiohttp: pip install "torchmover[serve]"') from error
 
@@ -284,7 +285,9 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, server: "RewardServer", protocol_factory):
         self.server, self.protocol_factory = server, protocol_factory
-        self.inner = self.transport = self.timer = None
+        self.inner: asyncio.Protocol | None = None  # aiohttp's, the transport and the timer: from connection_made
+        self.transport: asyncio.BaseTransport | None = None
+        self.timer: asyncio.TimerHandle | None = None
         self.state = "head"
 
     def connection_made(self, transport) -> None:
@@ -335,12 +338,12 @@ class _Connection(asyncio.Protocol):
         self.state, self.timer = state, None
         limits = self.server.limits
         timeout = {"head": limits.header_timeout, "idle": limits.idle_timeout}.get(state)
-        if timeout is not None and not self.transport.is_closing():
+        if timeout is not None and not cast(asyncio.BaseTransport, self.transport).is_closing():  # connected
             self.timer = asyncio.get_running_loop().call_later(timeout, self.expire, state)
 
     def expire(self, state: str) -> None:
         if self.state == state:
-            self.transport.close()
+            cast(asyncio.BaseTransport, self.transport).close()  # a timer runs on a connection
 
 
 class RewardServer:
@@ -383,7 +386,9 @@ class RewardServer:
         self._tickets = itertools.count()  # arrival order of the requests being scored
         self._scoring: dict[int, asyncio.Event] = {}  # ticket -> set when it is that request's turn (draining)
         self._draining = False
-        self._quiet = self._expired = None  # asyncio.Events: no request is handled; the drain deadline passed
+        # asyncio.Events (made when serving starts): no request is handled; the drain deadline passed
+        self._quiet: asyncio.Event | None = None
+        self._expired: asyncio.Event | None = None
         self._accepting = self._spare = None  # a duplicate of the listening socket, a spare descriptor
         self._descriptor_refusals, self._descriptor_warned = 0, float("-inf")
         self._connections: dict = {}  # transport -> _Connection (event loop thread only)
@@ -668,9 +673,11 @@ class RewardServer:
         self._draining = True
         if self._scoring:
             next(iter(self._scoring.values())).set()
-        loop.call_later(self.limits.drain_timeout, self._expired.set)
-        quiet = asyncio.ensure_future(self._quiet.wait())
-        expired = asyncio.ensure_future(self._expired.wait())
+        # serving: both events are made
+        quiet_event, expired_event = cast(asyncio.Event, self._quiet), cast(asyncio.Event, self._expired)
+        loop.call_later(self.limits.drain_timeout, expired_event.set)
+        quiet = asyncio.ensure_future(quiet_event.wait())
+        expired = asyncio.ensure_future(expired_event.wait())
         await asyncio.wait({quiet, expired}, return_when=asyncio.FIRST_COMPLETED)
         expired.cancel()
         try:
@@ -696,7 +703,7 @@ class RewardServer:
     def stop(self) -> None:
         """Stop serving after draining (see the module docs); idempotent."""
         if self._loop is not None and not self._finished.is_set():
-            self._loop.call_soon_threadsafe(self._stopped.set)
+            self._loop.call_soon_threadsafe(cast(asyncio.Event, self._stopped).set)  # made with the loop
         if self._thread is not None:
             self._finished.wait()
             self._thread.join()

@@ -153,7 +153,8 @@ class BatchedReward:
         return {"reward": self.reward, "max_batch_size": self.max_batch_size, "max_wait_ms": self.max_wait_ms}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["reward"], max_batch_size=state["max_batch_size"], max_wait_ms=state["max_wait_ms"])
+        type(self).__init__(self, state["reward"], max_batch_size=state["max_batch_size"],
+                            max_wait_ms=state["max_wait_ms"])
 
     # --- worker ------------------------------------------------------------------------------------
 

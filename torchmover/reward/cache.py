@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -75,7 +75,9 @@ class CloudCall(NamedTuple):
     pairs: PairIndex
     slots: list[int] | Tensor | None
 
-    to_device = plan_to_device
+    def to_device(self, device: torch.device | str | None) -> CloudCall:
+        """This plan with its index fields on ``device``: :func:`~torchmover._internal.transfer.plan_to_device`."""
+        return plan_to_device(self, device)
 
 
 class SelfTermPlan(NamedTuple):
@@ -89,7 +91,9 @@ class SelfTermPlan(NamedTuple):
     store_slots: list[int] | Tensor
     store_rows: list[int] | Tensor
 
-    to_device = plan_to_device
+    def to_device(self, device: torch.device | str | None) -> SelfTermPlan:
+        """This plan with its index fields on ``device``: :func:`~torchmover._internal.transfer.plan_to_device`."""
+        return plan_to_device(self, device)
 
 
 class UnitsCall(NamedTuple):
@@ -103,7 +107,9 @@ class UnitsCall(NamedTuple):
     keep: list[int] | Tensor
     self_terms: SelfTermPlan | None
 
-    to_device = plan_to_device
+    def to_device(self, device: torch.device | str | None) -> UnitsCall:
+        """This plan with its index fields on ``device``: :func:`~torchmover._internal.transfer.plan_to_device`."""
+        return plan_to_device(self, device)
 
 
 class ReferenceCache:
@@ -122,7 +128,7 @@ class ReferenceCache:
         return {"size": self.size, "hits": self.hits, "misses": self.misses, "invalidations": self.invalidations}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["size"])
+        type(self).__init__(self, state["size"])
         self.hits, self.misses, self.invalidations = state["hits"], state["misses"], state["invalidations"]
 
     def info(self) -> CacheInfo:
@@ -232,8 +238,10 @@ class ReferenceCache:
     def gather_clouds(self, call: CloudCall) -> tuple[TokenCloud, Tensor | None]:
         """Each pair's reference cloud ``[P, W]`` and self-term ``[P]`` (None without self-terms), read
         from the cache by a sent :class:`CloudCall`."""
-        clouds = self.clouds.gather(call.rows, call.where, call.pairs.ref)
-        self_terms = None if call.slots is None else self.self_term_values.index_select(0, call.slots)
+        # a sent plan: its index fields are tensors; slots are given where the self-terms were stored
+        clouds = self.clouds.gather(cast(Tensor, call.rows), call.where, cast(Tensor | None, call.pairs.ref))
+        self_terms = None if call.slots is None else \
+            cast(Tensor, self.self_term_values).index_select(0, cast(Tensor, call.slots))
         return clouds, self_terms
 
     def gather_units(self, plan: ReferencePlan, rows: Tensor, where: Gather,
@@ -241,7 +249,7 @@ class ReferenceCache:
         """Padded units of ``plan.texts`` — the cached ones gathered by the sent ``rows`` (``where``:
         their host side), the missing ones encoded by ``encode`` and stored — and the span of each row's
         units (known on the host); evicts ``plan.evicted``. Call it under :meth:`undo_on_error`."""
-        spans = []
+        spans: Spans = []
         if plan.missing:
             new, spans = encode(plan.missing)
             if self.size:
@@ -259,20 +267,25 @@ class ReferenceCache:
         """``C(ref, ref)`` ``[N]`` of the centered references ``refs`` (rows = ``texts``): read from the
         cache where known, the others by ``compute`` (None: the member has no self-terms) and stored,
         as the sent :class:`SelfTermPlan` says."""
+        # a sent plan (SelfTermPlan.to_device): its index fields are tensors, or None
+        need, order = cast(Tensor | None, plan.need), cast(Tensor | None, plan.order)
+        known_slots, store_slots = cast(Tensor, plan.known), cast(Tensor, plan.store_slots)
         computed = None
-        if plan.need is None or plan.need.shape[0]:
-            computed = compute(refs if plan.need is None else refs.select(plan.need))
+        if need is None or need.shape[0]:
+            computed = compute(refs if need is None else refs.select(need))
             if computed is None:
                 return None
-            if plan.store_slots.shape[0]:
+            if store_slots.shape[0]:
                 if self.self_term_values is None:
                     self.self_term_values = computed.new_zeros(self.size)
-                self.self_term_values.index_copy_(0, plan.store_slots, computed.index_select(0, plan.store_rows))
+                store_rows = cast(Tensor, plan.store_rows)
+                self.self_term_values.index_copy_(0, store_slots, computed.index_select(0, store_rows))
                 self.known_self_terms.update(t for t in texts if t in self.lru)
-        if plan.known.shape[0]:
-            known = self.self_term_values.index_select(0, plan.known)
+        if known_slots.shape[0]:  # known slots: their values were stored
+            known = cast(Tensor, self.self_term_values).index_select(0, known_slots)
             computed = known if computed is None else torch.cat([known, computed])
-        return computed if plan.order is None else computed.index_select(0, plan.order)
+        # computed is None only where every row is known: then it is set just above
+        return cast(Tensor, computed) if order is None else cast(Tensor, computed).index_select(0, order)
 
     def store_clouds(self, texts: list[str], clouds: TokenCloud, keep: list[int], keep_rows: Tensor,
                      spans: Spans) -> None:

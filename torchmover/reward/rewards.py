@@ -64,7 +64,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence, cast
 
 import numpy as np
 import torch
@@ -86,7 +86,7 @@ from ..scorer.references import needs_pieces, score_in_pieces, split_references
 from ..scorer.signature import tensor_digest
 from ..scorer.units import Units
 from ..text.encoder import take_tokens
-from .cache import CacheInfo, ReferenceCache, ReferencePlan
+from .cache import CacheInfo, ReferenceCache, ReferencePlan, Spans
 
 __all__ = ["CacheInfo", "GroupReward", "GroupRewardResult", "MoverReward", "SelfCriticalResult",
            "SelfCriticalReward", "group_advantages"]
@@ -140,7 +140,9 @@ class _Hypotheses(NamedTuple):
         pairs, which map its pairs to those rows)."""
         if self.groups is None:
             return None
-        return pair_groups(self.groups, [b for _, b in spans], [ref_spans[r][1] for r in pairs.ref])
+        # with groups, the references' spans are given and pairs is a host plan of pairs_by_group (lists)
+        return pair_groups(self.groups, [b for _, b in spans],
+                           [cast(Spans, ref_spans)[r][1] for r in cast(list[int], pairs.ref)])
 
 
 class MoverReward:
@@ -305,11 +307,11 @@ class MoverReward:
         where = self.cache.units.index(plan.cached)
         row = {t: i for i, t in enumerate(plan.texts)}
         order = [row[t] for t in texts]
-        rows, order = to_device([where.rows, None if order == list(range(len(plan.texts))) else order],
-                                self._scorer.encoder.device)
+        rows, sent_order = to_device([where.rows, None if order == list(range(len(plan.texts))) else order],
+                                     self._scorer.encoder.device)
         with self.cache.undo_on_error(plan):
-            units, _ = self.cache.gather_units(plan, rows, where, self._encode)
-        return units if order is None else units.select(order)
+            units, _ = self.cache.gather_units(plan, cast(Tensor, rows), where, self._encode)  # rows: an array
+        return units if sent_order is None else units.select(sent_order)
 
     def _plan_references(self, texts: list[str], walk: list[nn.Module] | None = None) -> ReferencePlan:
         """The cache's :meth:`~torchmover.reward.cache.ReferenceCache.plan` of the distinct ``texts``,
@@ -348,9 +350,9 @@ class MoverReward:
         if not hyps:
             return torch.zeros(0, dtype=torch.promote_types(encoder.dtype, torch.float32), device=device)
         if needs_pieces(groups):  # many references: scored in pieces, in bounded memory
-            scores = score_in_pieces(split_references(hyps, groups), len(hyps), self._scorer.config.multi_ref,
-                                     lambda piece_hyps, piece_groups: self._scores(piece_hyps, piece_groups,
-                                                                                   centering, device))
+            scores = cast(Tensor, score_in_pieces(  # pieces of _scores: a tensor each, never a PRF
+                split_references(hyps, groups), len(hyps), self._scorer.config.multi_ref,
+                lambda piece_hyps, piece_groups: self._scores(piece_hyps, piece_groups, centering, device)))
         else:
             scores = self._scores(hyps, groups, centering, device)
         if self.shaping is not None:
@@ -422,7 +424,8 @@ class MoverReward:
         with eval_mode(self._scorer, walk), torch.no_grad():
             with self.cache.undo_on_error(plan):
                 hyp_units, hyp_spans = self._scorer.embed_with_spans(hyp.texts, hyp.tokens)
-                ref_units, ref_spans = self.cache.gather_units(plan, call.rows, host.where, self._encode)
+                ref_units, ref_spans = self.cache.gather_units(plan, cast(Tensor, call.rows), host.where,
+                                                               self._encode)  # a sent plan: its rows are a tensor
             hyp_units, ref_units = hyp_units.centered(centering), ref_units.centered(centering)
             balanced = centering.mode == "sentence"  # each text on its own mean (a reward's never depends on the batch)
             refs = ref_units if get_member(self._scorer.config.method).documents else \
@@ -432,7 +435,7 @@ class MoverReward:
             if call.self_terms is not None:
                 ref_self = self.cache.self_terms(ref_texts, refs, call.self_terms, self._scorer.self_similarities)
             if isinstance(refs, TokenCloud):
-                self.cache.store_clouds(ref_texts, refs, host.keep, call.keep, ref_spans)
+                self.cache.store_clouds(ref_texts, refs, cast(list[int], host.keep), cast(Tensor, call.keep), ref_spans)
             return self._scorer.score_pairs(hyp_units, refs, call.pairs, n_hyps, ref_self,
                                             nonempty=all(b > a for a, b in hyp_spans),
                                             groups=hyp.pair_groups(hyp_spans, pairs, ref_spans),
@@ -459,7 +462,7 @@ class SelfCriticalReward(MoverReward):
         >>> loss = -(out.advantage * sampled_logprob).mean()
     """
 
-    def __call__(self, sampled: Sequence[str], greedy: Sequence[str],
+    def __call__(self, sampled: Sequence[str], greedy: Sequence[str],  # type: ignore[override]  # its own call
                  refs: Sequence[str] | Sequence[Sequence[str]]) -> SelfCriticalResult:
         sampled, greedy = check_texts("sampled", sampled), check_texts("greedy", greedy)
         if len(sampled) != len(greedy):
@@ -493,7 +496,7 @@ class GroupReward(MoverReward):
             raise ValueError(f"eps must be positive, got {eps!r}")
         self.baseline, self.normalize_std, self.eps = baseline, bool(normalize_std), eps
 
-    def __call__(self, completions: Sequence[Sequence[str]],
+    def __call__(self, completions: Sequence[Sequence[str]],  # type: ignore[override]  # its own call
                  refs: Sequence[str] | Sequence[Sequence[str]]) -> GroupRewardResult:
         completions = as_list("completions", completions, "lists of strings", ndim=2)
         groups = [check_texts(f"completions[{i}]", c) for i, c in enumerate(completions)]

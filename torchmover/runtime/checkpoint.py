@@ -33,7 +33,7 @@ import torch
 try:
     import fcntl
 except ImportError:  # Windows: no flock (see the module docs)
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # mypy has no optional module type for a failed import
 
 HELD = ".torchmover-held"  # the lock file inside a staging directory
 

@@ -66,7 +66,7 @@ def _gpu_driver() -> str | None:
 def device_info() -> dict:
     """The CPU (``cpu``: model, ``cores``: logical cores) and, where the process imported torch,
     ``torch_threads`` and, when CUDA is available, ``gpu`` (name, memory in MiB, driver, CUDA)."""
-    info = {"cpu": _cpu_name(), "cores": os.cpu_count()}
+    info: dict[str, object] = {"cpu": _cpu_name(), "cores": os.cpu_count()}
     if "torch" in sys.modules:  # a script that never imported torch did not use it
         import torch
 

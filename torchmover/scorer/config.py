@@ -18,7 +18,7 @@ runs, never its scores.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypedDict
 
 from ..functional.centering import MODULE_MODES
 from ..functional.family import DIRECTIONS
@@ -31,6 +31,13 @@ MULTI_REF = ("max", "mean")
 CENTER_SCOPES = ("joint", "separate", "pairs")
 NAMED_STOPWORDS = {"english": ENGLISH_STOPWORDS}
 
+class ModelDefaults(TypedDict, total=False):
+    """A model's measured ``centering`` and ``temperatures`` (by member) in :data:`MODEL_DEFAULTS`."""
+
+    centering: str
+    temperatures: dict[str, float]
+
+
 # The TWMD paper's centering, for any model without a measured one.
 DEFAULT_CENTERING = "batch"
 
@@ -40,7 +47,7 @@ DEFAULT_CENTERING = "batch"
 # no centering 0.6887 (T=0.10) / 0.6884 (T=0.15); at T=0.10 fixed 0.6828, batch 0.6783, sentence 0.6644.
 # A paired bootstrap puts none − fixed (the best other centering) at +0.0059 [+0.0039, +0.0080]: this
 # contrastively trained sentence encoder gains nothing from centering (BERT/RoBERTa do, per the paper).
-MODEL_DEFAULTS = {
+MODEL_DEFAULTS: dict[str, ModelDefaults] = {
     DEFAULT_MODEL: {"centering": "none", "temperatures": {"twmd": 0.10, "trwmd": 0.15}},
     "sentence-transformers/all-mpnet-base-v2": {"centering": "none", "temperatures": {"twmd": 0.15, "trwmd": 0.15}},
 }

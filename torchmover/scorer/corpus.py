@@ -51,26 +51,52 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from typing import Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence, cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._internal.arena import TokenArena
 from .._internal.transfer import send_plans
-from ..functional.centering import token_sum
+from ..functional.centering import Centering, token_sum
 from ..functional.family import unit_vectors_
 from ..functional.members import get_member
 from ..runtime.distributed import all_gather_shares, all_reduce_sum, differing_on_ranks, is_distributed
 from ..runtime.heap import release_free_heap
 from ..runtime.progress import PairProgress
-from ..text.encoder import take_tokens
+from ..text.encoder import Encoder, take_tokens
+from .config import ScorerConfig
 from .inputs import distinct_texts
-from .plan import BatchPlan, call_plan, length_batches
+from .plan import BatchPlan, CallPlan, call_plan, length_batches
 from .signature import signature_diff
 from .units import PRF, BatchMeans, Units
+
+
+class CorpusScorer(Protocol):
+    """What the functions here read of a :class:`~torchmover.Scorer` (a protocol, so that this module
+    does not import the scorer's, which imports it)."""
+
+    config: ScorerConfig
+    encoder: Encoder
+    centering: Centering
+    training: bool
+
+    @property
+    def signature(self) -> str: ...
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    def eval(self) -> Any: ...
+
+    def tokenize(self, texts: Sequence[str]) -> Any: ...
+
+    def embed_with_spans(self, texts: Sequence[str], tokenized=None) -> tuple[Units, list[tuple[int, int]]]: ...
+
+    def score_call(self, plan: CallPlan, units: Units, *, return_all: bool = False, means: BatchMeans | None = None,
+                   nonempty: bool = False, unit_vectors: bool = False) -> Tensor | PRF: ...
+
 
 HEAP_TRIMS = 4  # on the CPU, the C heap's free pages go back to the system after each quarter of a chunk's tokens
 SCORE_CHUNK = 8192  # hypotheses whose distinct texts Scorer.score encodes and holds at once
@@ -91,7 +117,7 @@ def score_chunks(groups: list[list[str]]) -> list[slice]:
     return chunks
 
 
-def score_corpus(scorer: nn.Module, hyps: list[str], groups: list[list[str]], batch_size: int = 64,
+def score_corpus(scorer: CorpusScorer, hyps: list[str], groups: list[list[str]], batch_size: int = 64,
                  progress: bool | None = None, *, return_all: bool = False, centering_group=None,
                  distributed: bool = False) -> Tensor | PRF:
     """:meth:`Scorer.score <torchmover.Scorer.score>` of ``scorer`` (a :class:`~torchmover.Scorer`; see
@@ -109,7 +135,9 @@ def score_corpus(scorer: nn.Module, hyps: list[str], groups: list[list[str]], ba
             means, *kept = call_means(scorer, chunks, batch_size, group=group, sum_group=centering_group, bar=bar)
         parts = []
         for c in reversed(range(len(chunks))):  # the last chunk first: its arena is at hand
-            arena, share = kept if kept and c == len(chunks) - 1 else (None, None)
+            # kept: call_means's arena and share of the last chunk
+            arena, share = cast(tuple[TokenArena | None, Share | None], kept) if kept and c == len(chunks) - 1 \
+                else (None, None)
             parts.append(score_chunk(scorer, *chunks[c], batch_size, means=means, return_all=return_all, group=group,
                                      arena=arena, share=share, bar=bar))
             kept = None
@@ -117,7 +145,7 @@ def score_corpus(scorer: nn.Module, hyps: list[str], groups: list[list[str]], ba
     return PRF(*out) if return_all else out[0]
 
 
-def check_same_call(scorer: nn.Module, hyps: list[str], groups: list[list[str]], return_all: bool, group) -> None:
+def check_same_call(scorer: CorpusScorer, hyps: list[str], groups: list[list[str]], return_all: bool, group) -> None:
     """Raise ``ValueError`` on every rank of ``group`` unless every rank called with what its share of the
     scores depends on: the same lists, the same ``return_all``, a scorer of the same
     :attr:`~torchmover.Scorer.signature` (every option that changes a score, the fitted IDF, centering
@@ -141,7 +169,7 @@ def check_same_call(scorer: nn.Module, hyps: list[str], groups: list[list[str]],
 def signature_fields_differing(signature: str, group) -> str:
     """The fields in which some rank's ``signature`` differs from rank 0's, with both values, named for the
     first rank that differs: the same text on every rank (one ``all_gather_object``)."""
-    every = [None] * dist.get_world_size(group)
+    every: list[str] = [""] * dist.get_world_size(group)
     dist.all_gather_object(every, signature, group=group)
     rank = next(r for r, other in enumerate(every) if other != every[0])
     return ", ".join(f"{field}: {ours or '(absent)'} on rank 0, {theirs or '(absent)'} on rank {rank}"
@@ -153,7 +181,7 @@ def check_batch_size(batch_size) -> None:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
 
 
-def sharding_group(scorer: nn.Module, distributed: bool, centering_group=None):
+def sharding_group(scorer: CorpusScorer, distributed: bool, centering_group=None):
     """The process group that shares out a call: the world under ``distributed=True`` in a
     ``torch.distributed`` job of more than one process, else None (``distributed=True`` outside one
     is a one-process call). Checks the options."""
@@ -166,7 +194,7 @@ def sharding_group(scorer: nn.Module, distributed: bool, centering_group=None):
 
 
 @contextlib.contextmanager
-def eval_mode(scorer: nn.Module) -> Iterator[None]:
+def eval_mode(scorer: CorpusScorer) -> Iterator[None]:
     """``scorer`` in eval mode inside the block, its mode restored after."""
     was_training = scorer.training
     scorer.eval()
@@ -184,7 +212,7 @@ class Share(NamedTuple):
     sizes: list[int]
 
 
-def chunk_share(scorer: nn.Module, hyps: list[str], groups: list[list[str]], group=None) -> Share:
+def chunk_share(scorer: CorpusScorer, hyps: list[str], groups: list[list[str]], group=None) -> Share:
     """This rank's share of the pairs ``(hyps, groups)`` among the ranks of ``group`` (all of them
     outside one): contiguous, balanced by token count (:func:`balanced_bounds` of each pair's tokens,
     its hypothesis and references, counted by the tokenizer: a pair's cost is its encoder work)."""
@@ -212,7 +240,7 @@ def balanced_bounds(costs: Sequence[int], parts: int) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
 
 
-def score_chunk(scorer: nn.Module, hyps: list[str], groups: list[list[str]], batch_size: int, *,
+def score_chunk(scorer: CorpusScorer, hyps: list[str], groups: list[list[str]], batch_size: int, *,
                 means: BatchMeans | None = None, return_all: bool = False, group=None,
                 arena: TokenArena | None = None, share: Share | None = None,
                 bar: PairProgress | None = None) -> Tensor:
@@ -227,13 +255,15 @@ def score_chunk(scorer: nn.Module, hyps: list[str], groups: list[list[str]], bat
     unit = unit_vectors_once(scorer, arena, means)
     out = torch.zeros(3 if return_all else 1, len(mine_h), device=device)
     for plan in send_plans(batch_plans(arena, mine_h, mine_g, batch_size), device):
-        scores = scorer.score_call(plan.call, arena.gather(plan.rows, plan.where), return_all=return_all,
+        # a sent plan (send_plans): its index fields are tensors; scores: a PRF exactly with return_all
+        scores = scorer.score_call(plan.call, arena.gather(cast(Tensor, plan.rows), plan.where), return_all=return_all,
                                    means=means, nonempty=plan.nonempty, unit_vectors=unit)
-        out.index_copy_(1, plan.positions, torch.stack(list(scores) if return_all else [scores]).float())
+        out.index_copy_(1, cast(Tensor, plan.positions),
+                        torch.stack(list(scores) if return_all else [cast(Tensor, scores)]).float())
     return out if group is None else all_gather_shares(out, share.sizes, group)
 
 
-def unit_vectors_once(scorer: nn.Module, arena: TokenArena, means: BatchMeans | None) -> bool:
+def unit_vectors_once(scorer: CorpusScorer, arena: TokenArena, means: BatchMeans | None) -> bool:
     """Center and normalise every unit of ``arena`` in place, once, where each unit's centered unit
     vector depends on nothing but itself — ``(x − c) / ‖x − c‖`` with one vector ``c`` for every text
     (:meth:`Centering.shift <torchmover.Centering.shift>`: no centering, a fitted mean, or the call's
@@ -256,7 +286,7 @@ def unit_vectors_once(scorer: nn.Module, arena: TokenArena, means: BatchMeans | 
     return True
 
 
-def credit(bar: PairProgress | None, pairs: int):
+def credit(bar: PairProgress | None, pairs: float) -> Callable[[float], None] | None:
     """The callback by which an encoding of a chunk of ``pairs`` pairs moves ``bar``: the fraction of
     its tokens encoded (:func:`embed_distinct`), times ``pairs``."""
     return None if bar is None else (lambda fraction: bar.advance(pairs * fraction))
@@ -279,7 +309,7 @@ def batch_plans(arena: TokenArena, hyps: list[str], groups: list[list[str]], bat
     return plans
 
 
-def centering_sides(scorer: nn.Module) -> tuple[str | None, ...]:
+def centering_sides(scorer: CorpusScorer) -> tuple[str | None, ...]:
     """The sides whose mean ``batch`` centering takes: one for both (``joint``), or each apart."""
     return (None,) if scorer.config.center_scope == "joint" else ("hyp", "ref")
 
@@ -303,7 +333,7 @@ def pair_texts(hyps: list[str], groups: list[list[str]], side: str) -> list[str]
     return [r for g in groups for r in g]
 
 
-def call_means(scorer: nn.Module, chunks: Iterable[tuple[list[str], list[list[str]]]], batch_size: int, *,
+def call_means(scorer: CorpusScorer, chunks: Iterable[tuple[list[str], list[list[str]]]], batch_size: int, *,
                group=None, sum_group=None,
                bar: PairProgress | None = None) -> tuple[BatchMeans, TokenArena | None, Share | None]:
     """The first pass under ``batch`` centering: the mean unit vector of the distinct texts of every
@@ -318,7 +348,7 @@ def call_means(scorer: nn.Module, chunks: Iterable[tuple[list[str], list[list[st
     return BatchMeans(vectors, stats[:, dim + 1] == 1), arena, share
 
 
-def token_sums(scorer: nn.Module, chunks: Iterable[tuple[list[str], list[list[str]]]], batch_size: int,
+def token_sums(scorer: CorpusScorer, chunks: Iterable[tuple[list[str], list[list[str]]]], batch_size: int,
                sides: Sequence[str | None], *, group=None, sum_group=None, bar: PairProgress | None = None,
                weight: float = 1.0) -> tuple[Tensor, TokenArena | None, Share | None]:
     """``[len(sides), D + 2]`` float64: per side (:func:`side_texts`), the sum of the unit vectors of the
@@ -351,7 +381,8 @@ def token_sums(scorer: nn.Module, chunks: Iterable[tuple[list[str], list[list[st
             if group:
                 distinct = owned_texts(distinct, texts, side, groups, share)
             # repeats included with center_scope="pairs": a text's rows are summed once per pair
-            counted = pair_texts(mine_h, mine_g, side) if scorer.config.center_scope == "pairs" else distinct
+            counted = pair_texts(mine_h, mine_g, cast(str, side)) if scorer.config.center_scope == "pairs" \
+                else distinct  # "pairs": the sides are "hyp" and "ref" (centering_sides)
             for units in arena.flat(arena.in_storage_order(counted)):  # in pieces: never a copy of them all
                 stats[k, :dim] += token_sum(units.vectors[None], units.mask[None], torch.float64)
                 stats[k, dim] += units.mask.sum()
@@ -369,7 +400,7 @@ def lower_ranks_texts(chunks: list[tuple[list[str], list[list[str]]]], sides: Se
     mine = {side: np.unique(np.fromiter((text_digest(t) for hyps, groups in chunks
                                          for t in side_texts(hyps, groups, side)), dtype=np.uint64))
             for side in sides}
-    every = [None] * dist.get_world_size(group)
+    every: list[Any] = [None] * dist.get_world_size(group)  # all_gather_object: every rank's mine
     dist.all_gather_object(every, mine, group=group)
     lower = every[:dist.get_rank(group)]
     return {side: SeenTexts([d[side] for d in lower]) for side in sides}
@@ -388,7 +419,7 @@ def owned_texts(new: list[str], texts: list[str], side: str | None, groups: list
 
 
 @torch.no_grad()
-def embed_distinct(scorer: nn.Module, texts: Sequence[str], batch_size: int, on_batch=None) -> TokenArena:
+def embed_distinct(scorer: CorpusScorer, texts: Sequence[str], batch_size: int, on_batch=None) -> TokenArena:
     """Units of every distinct text of ``texts`` (keyed by text), without a graph, encoded in batches of
     similar length, of at most ``batch_size`` texts and a token budget
     (:func:`~torchmover.scorer.plan.length_batches`), the longest batch first, each batch's units

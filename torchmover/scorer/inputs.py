@@ -10,7 +10,7 @@ a replaced text would be scored as a different text than the caller holds."""
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from typing import Sequence, Sized
 
 from torch import Tensor
 
@@ -67,7 +67,7 @@ def check_text(label: str, text: str) -> None:
                          f"{error.start}") from None
 
 
-def check_references(hyps: list[str], refs, names: tuple[str, str] = ("hyps", "refs")) -> list[list[str]]:
+def check_references(hyps: Sized, refs, names: tuple[str, str] = ("hyps", "refs")) -> list[list[str]]:
     """``refs`` as one list of references per hypothesis (a plain list = one reference each; a 2-D
     array = one row of references each), each reference :func:`stripped`. ``names``: the caller's names
     of the two arguments, for the errors."""

@@ -12,7 +12,7 @@ references combined).
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Sequence, cast
 
 import torch
 from torch import Tensor, nn
@@ -145,7 +145,8 @@ class Scorer(nn.Module):
             model=model if isinstance(model, str) else model.name, layer=layer, method=method, direction=direction,
             temperature=temperature, n_iter=n_iter, centering=centering, center_scope=center_scope,
             multi_ref=multi_ref, max_length=max_length, revision=revision, special_tokens=special_tokens,
-            power_mean_layers=power_mean_layers, subwords=subwords, stopwords=stopwords, punctuation=punctuation,
+            power_mean_layers=power_mean_layers, subwords=subwords, punctuation=punctuation,
+            stopwords=cast(tuple[str, ...], stopwords),  # a name or words: ScorerConfig normalises them to a tuple
             idf=idf, ngram=ngram, rescale=rescale)
         if isinstance(model, Encoder):
             for option, value in (("layer", layer), ("special_tokens", special_tokens),
@@ -162,10 +163,10 @@ class Scorer(nn.Module):
             encoder.pass_cost = pass_cost
         self.config = config.resolve(encoder)
         self.encoder = encoder
-        self.centering = Centering(self.config.centering, dim=encoder.hidden_size)
+        self.centering = Centering(cast(str, self.config.centering), dim=encoder.hidden_size)  # resolved: set
         self.idf: dict[str, IDF] = {}  # "hyp" / "ref" dictionaries, from fit_idf
         self.baseline = None  # scores of unrelated pairs, from fit_baseline
-        self._finetuned = None  # what the encoder was fine-tuned on, from mark_finetuned
+        self._finetuned: str | None = None  # what the encoder was fine-tuned on, from mark_finetuned
         self.compile_transport = check_compile(compile, self.config.method, self.config.n_iter)
         self.to(device=device, dtype=dtype)  # the centering mean stays float32 (Centering._apply)
         self.eval()  # like a loaded Hugging Face model: call .train() to fine-tune (dropout on)
@@ -199,7 +200,7 @@ class Scorer(nn.Module):
             if len(values) != 3 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and b < 1
                                            for b in values):
                 raise ValueError(f"baseline must be three numbers < 1 (precision, recall, f1), got {values!r}")
-            values = PRF(*map(float, values))
+            values = PRF._make(map(float, values))  # a baseline's PRF holds floats
         self._baseline = values
 
     @property
@@ -327,12 +328,12 @@ class Scorer(nn.Module):
         """:meth:`fit_baseline` on pairs already drawn: :attr:`baseline` is their mean score."""
         if not self.config.rescale:
             raise ValueError("fit_baseline needs a scorer built with rescale=True")
-        previous, self.baseline = self.baseline, PRF(0.0, 0.0, 0.0)  # b = 0: the identity map
+        previous, self.baseline = self.baseline, PRF._make((0.0, 0.0, 0.0))  # b = 0: the identity map
         try:
             raw = self.score(hyps, refs, batch_size=batch_size, progress=progress, return_all=True)
         finally:
             self.baseline = previous
-        baseline = PRF(*(s.double().mean().item() for s in raw))
+        baseline = PRF._make(s.double().mean().item() for s in raw)
         if max(baseline) >= 1:
             raise ValueError(f"unrelated pairs score {max(baseline):.4f} >= 1 on this corpus: no rescaling is possible")
         self.baseline = baseline
@@ -396,7 +397,7 @@ class Scorer(nn.Module):
         <torchmover.scorer.units.Units.centered>`)."""
         return units.centered(self.centering, mean)
 
-    def score_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int,
+    def score_pairs(self, hyp: Units, ref: Units | TokenCloud, index: PairIndex, n_hyps: int,
                     ref_self: Tensor | None = None, *, nonempty: bool = False, unit_vectors: bool = False,
                     groups: Sequence[PairGroup] | None = None, balanced: Balanced = (False, False)) -> Tensor:
         """Scores ``[n_hyps]`` of centered units: rows ``index.hyp`` of ``hyp`` against rows
@@ -418,7 +419,8 @@ class Scorer(nn.Module):
         else:
             scores = self._grouped_pair_scores(hyp, ref, index, direction, ref_self, groups,
                                                nonempty=nonempty, unit_vectors=unit_vectors, balanced=balanced)
-        return self._rescale(self._combine_references(scores, index.owner, n_hyps), direction)
+        # index: a sent plan (PairIndex.to_device): its index fields are tensors
+        return self._rescale(self._combine_references(scores, cast(Tensor | None, index.owner), n_hyps), direction)
 
     def score_all_pairs(self, hyp: Units, ref: Units, index: PairIndex, n_hyps: int, *,
                         nonempty: bool = False, unit_vectors: bool = False,
@@ -433,17 +435,18 @@ class Scorer(nn.Module):
         scores = self._pair_scores(hyp, ref, index, directions, nonempty=nonempty, unit_vectors=unit_vectors,
                                    balanced=balanced)
         pairs = PRF(*(scores.get(d, scores[c.direction]) for d in PRF._fields))
-        if index.owner is None:  # one reference per hypothesis
+        owner = cast(Tensor | None, index.owner)  # a sent plan (PairIndex.to_device): a tensor, or None
+        if owner is None:  # one reference per hypothesis
             combined = pairs
         elif c.multi_ref == "max":  # the pair of best F1 of each hypothesis
-            best = self._combine_references(pairs.f1, index.owner, n_hyps)
+            best = self._combine_references(pairs.f1, owner, n_hyps)
             position = torch.arange(len(pairs.f1), device=best.device)
-            candidates = torch.where(pairs.f1 == best[index.owner], position, len(pairs.f1))
+            candidates = torch.where(pairs.f1 == best[owner], position, len(pairs.f1))
             chosen = torch.full_like(best, len(pairs.f1), dtype=torch.long).scatter_reduce(
-                0, index.owner, candidates, reduce="amin")
+                0, owner, candidates, reduce="amin")
             combined = PRF(*(s[chosen] for s in pairs))
         else:
-            combined = PRF(*(self._combine_references(s, index.owner, n_hyps) for s in pairs))
+            combined = PRF(*(self._combine_references(s, owner, n_hyps) for s in pairs))
         return PRF(*(self._rescale(s, d) for s, d in zip(combined, PRF._fields)))
 
     def _pair_scores(self, hyp: Units, ref: Units | TokenCloud, index: PairIndex, directions: tuple[str, ...],
@@ -452,9 +455,12 @@ class Scorer(nn.Module):
         """``[P]`` scores of the pairs of ``index`` in each of ``directions`` (before combining
         references), from one token cloud of each side (:func:`~torchmover.functional.family.pair_similarities`)."""
         c, member = self.config, get_member(self.config.method)
+        # a sent plan (PairIndex.to_device): its index fields are tensors, or None
+        hyp_index, ref_index = cast(Tensor | None, index.hyp), cast(Tensor | None, index.ref)
         if member.documents:
-            h = hyp if index.hyp is None else hyp.select(index.hyp)
-            r = ref if index.ref is None else ref.select(index.ref)
+            h = hyp if hyp_index is None else hyp.select(hyp_index)
+            units = cast(Units, ref)  # the sentence movers are given units, never a cloud
+            r = units if ref_index is None else units.select(ref_index)
             scores = F.sentence_movers(h.vectors, r.vectors, h.mask, r.mask, h.sentence_ids, r.sentence_ids,
                                        variant=c.method, temperature=c.temperature, n_iter=c.n_iter or 1)
             return dict.fromkeys(directions, scores)
@@ -462,7 +468,7 @@ class Scorer(nn.Module):
         refs = ref if isinstance(ref, TokenCloud) else \
             self.token_clouds(ref, "ref", nonempty, unit_vectors, balanced[1])
         return pair_similarities(self._member_term(), hyps, refs,
-                                 index.hyp, index.ref, normalize=member.normalized,
+                                 hyp_index, ref_index, normalize=member.normalized,
                                  directions=directions, ref_self=ref_self)
 
     def _grouped_pair_scores(self, hyp: Units, ref: Units | TokenCloud, index: PairIndex, direction: str,
@@ -478,14 +484,16 @@ class Scorer(nn.Module):
         if member.normalized and ref_self is None:
             ref_self = self_similarity(term, refs, direction)
         pieces = []
+        # a sent plan of pairs_by_group: its hyp field is a tensor, its ref field a tensor or None
+        hyp_index, ref_index = cast(Tensor, index.hyp), cast(Tensor | None, index.ref)
         for g in groups:
-            rows = g.pairs if index.ref is None else index.ref[g.pairs]  # each pair's reference
+            rows = g.pairs if ref_index is None else ref_index[g.pairs]  # each pair's reference
             pair_self = None if ref_self is None else ref_self[rows] if isinstance(rows, slice) else \
                 ref_self.index_select(0, rows)
             hyps = self.token_clouds(hyp.select(g.hyps).narrow(g.hyp_width), "hyp", nonempty, unit_vectors,
                                      balanced[0])
             pieces.append(pair_similarities(term, hyps, refs.narrow(g.ref_width).select(rows),
-                                            index.hyp[g.pairs] - g.hyps.start, normalize=member.normalized,
+                                            hyp_index[g.pairs] - g.hyps.start, normalize=member.normalized,
                                             directions=(direction,), ref_self=pair_self)[direction])
         return torch.cat(pieces)
 
@@ -613,19 +621,20 @@ class Scorer(nn.Module):
         the units are centered and normalised already (:func:`~torchmover.scorer.corpus.unit_vectors_once`;
         ``means`` is then not used)."""
         hyp_rows = slice(0, plan.n_hyp_texts)
+        ref_rows = cast(Tensor | slice, plan.ref_rows)  # a sent plan (CallPlan.to_device): a tensor, or a slice
         balanced = self.balanced_sides(units, plan, means)
         vectors = None if means is None else means.vectors
         if vectors is None and self.config.center_scope == "pairs":
             vectors = self.pair_means(units, plan)
         hyp_mean, ref_mean = (None, None) if vectors is None else (vectors[0], vectors[-1])
         if unit_vectors:
-            hyp_units, ref_units = units.select(hyp_rows), units.select(plan.ref_rows)
+            hyp_units, ref_units = units.select(hyp_rows), units.select(ref_rows)
         elif self.config.center_scope == "joint":
             centered = self.center(units, hyp_mean)
-            hyp_units, ref_units = centered.select(hyp_rows), centered.select(plan.ref_rows)
+            hyp_units, ref_units = centered.select(hyp_rows), centered.select(ref_rows)
         else:
             hyp_units = self.center(units.select(hyp_rows), hyp_mean)
-            ref_units = self.center(units.select(plan.ref_rows), ref_mean)
+            ref_units = self.center(units.select(ref_rows), ref_mean)
         score = self.score_all_pairs if return_all else self.score_pairs
         return score(hyp_units, ref_units, plan.index, plan.n_hyps, nonempty=nonempty, unit_vectors=unit_vectors,
                      balanced=balanced)
@@ -651,7 +660,8 @@ class Scorer(nn.Module):
             lone = means.lone
         else:
             joint = self.config.center_scope == "joint"
-            sides = (slice(None),) if joint else (slice(0, plan.n_hyp_texts), plan.ref_rows)
+            # a sent plan (CallPlan.to_device): ref_rows is a tensor, or a slice
+            sides = (slice(None),) if joint else (slice(0, plan.n_hyp_texts), cast(Tensor | slice, plan.ref_rows))
             texts = torch.stack([units.select(rows).mask.any(1).sum() for rows in sides])  # texts with a unit
             if self.centering._syncs():  # the mean is over every rank's texts
                 texts = all_reduce_sum(texts)
@@ -662,15 +672,16 @@ class Scorer(nn.Module):
         """``center_scope="pairs"``: the hypotheses' and the references' batch means over the texts of
         ``plan``'s pairs, each text of ``units`` counted once per pair it is in (the rows of each side
         gathered pair by pair, repeats included, as the TWMD authors' code concatenates them)."""
-        index = plan.index
+        index = plan.index  # a sent plan (CallPlan.to_device): its index fields are tensors, or None
         n_pairs = plan.n_hyps if index.owner is None else len(index.owner)
         every_pair = torch.arange(n_pairs, device=units.mask.device)
-        hyp_rows = every_pair if index.hyp is None else index.hyp
-        ref_rows = plan.ref_rows
+        hyp_rows = every_pair if index.hyp is None else cast(Tensor, index.hyp)
+        ref_rows = cast(Tensor | slice, plan.ref_rows)
         if isinstance(ref_rows, slice):
             ref_rows = torch.arange(ref_rows.start, ref_rows.stop, device=units.mask.device)
-        ref_rows = ref_rows.index_select(0, every_pair if index.ref is None else index.ref)
-        return tuple(self.centering.batch_mean(*units.select(rows)[:2]) for rows in (hyp_rows, ref_rows))
+        ref_rows = ref_rows.index_select(0, every_pair if index.ref is None else cast(Tensor, index.ref))
+        hyp_mean, ref_mean = (self.centering.batch_mean(*units.select(rows)[:2]) for rows in (hyp_rows, ref_rows))
+        return hyp_mean, ref_mean
 
     @torch.no_grad()
     def score(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]],

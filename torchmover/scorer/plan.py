@@ -12,6 +12,7 @@ import itertools
 from typing import NamedTuple, Sequence
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from .._internal.arena import Gather
@@ -29,7 +30,9 @@ class PairIndex(NamedTuple):
     ref: list[int] | Tensor | None
     owner: list[int] | Tensor | None
 
-    to_device = plan_to_device
+    def to_device(self, device: torch.device | str | None) -> PairIndex:
+        """This plan with its index fields on ``device``: :func:`~torchmover._internal.transfer.plan_to_device`."""
+        return plan_to_device(self, device)
 
 
 class CallPlan(NamedTuple):
@@ -40,10 +43,12 @@ class CallPlan(NamedTuple):
 
     n_hyp_texts: int
     ref_rows: list[int] | Tensor | slice
-    index: PairIndex
+    index: PairIndex  # type: ignore[assignment]  # a field named index shadows tuple.index
     n_hyps: int
 
-    to_device = plan_to_device
+    def to_device(self, device: torch.device | str | None) -> CallPlan:
+        """This plan with its index fields on ``device``: :func:`~torchmover._internal.transfer.plan_to_device`."""
+        return plan_to_device(self, device)
 
 
 class BatchPlan(NamedTuple):
@@ -58,7 +63,9 @@ class BatchPlan(NamedTuple):
     call: CallPlan
     nonempty: bool
 
-    to_device = plan_to_device
+    def to_device(self, device: torch.device | str | None) -> BatchPlan:
+        """This plan with its index fields on ``device``: :func:`~torchmover._internal.transfer.plan_to_device`."""
+        return plan_to_device(self, device)
 
 
 def pair_index(hyps: list[str], groups: list[list[str]], hyp_row: dict[str, int],
@@ -146,8 +153,8 @@ def call_plan(hyps: list[str], groups: list[list[str]], texts: list[str]) -> Cal
     hyp_rows = {t: row[t] for t in dict.fromkeys(hyps)}
     index = pair_index(hyps, groups, hyp_rows, {t: i for i, t in enumerate(ref_texts)})
     ref_rows = [row[t] for t in ref_texts]
-    if ref_rows == list(range(len(hyp_rows), len(hyp_rows) + len(ref_rows))):
-        ref_rows = slice(len(hyp_rows), len(hyp_rows) + len(ref_rows))
+    if ref_rows == list(range(len(hyp_rows), len(hyp_rows) + len(ref_rows))):  # the rows after the hypotheses
+        return CallPlan(len(hyp_rows), slice(len(hyp_rows), len(hyp_rows) + len(ref_rows)), index, len(hyps))
     return CallPlan(len(hyp_rows), ref_rows, index, len(hyps))
 
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from typing import Any
 
 from ..functional.family import DIRECTIONS
 from ..functional.members import MEMBERS
@@ -146,7 +147,7 @@ def signature_options(signature: str, stopwords=None) -> dict:
                          "hub; load the directory it was saved to with Scorer.from_pretrained")
     check_signature_fields(signature, method, f)
     model, _, revision = f["model"].partition("@")
-    options = dict(model=model, revision=revision or None, layer=int(f["layer"]), method=method,
+    options: dict[str, Any] = dict(model=model, revision=revision or None, layer=int(f["layer"]), method=method,
                    multi_ref=f.get("refs", "max"), max_length=int(f["maxlen"]) if "maxlen" in f else None,
                    power_mean_layers=int(f.get("pmeans", 1)), special_tokens=f.get("special", "drop"),
                    subwords=f.get("subwords", "all"), punctuation=f.get("punct", "keep"),

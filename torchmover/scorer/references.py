@@ -14,7 +14,7 @@ combines the same way.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -97,5 +97,7 @@ def score_in_pieces(pieces: Pieces, n: int, multi_ref: str,
     """The scores ``[n]`` (or ``PRF``) of a call cut into ``pieces``: ``score(hyps, groups)`` of each run
     of :func:`piece_calls`, concatenated, then combined by :func:`combine_pieces`."""
     parts = [score(pieces.hyps[run], pieces.groups[run]) for run in piece_calls(pieces)]
-    scores = PRF(*(torch.cat(s) for s in zip(*parts))) if isinstance(parts[0], PRF) else torch.cat(parts)
+    # every part is a PRF, or none is (one score function)
+    scores = PRF(*(torch.cat(s) for s in zip(*parts))) if isinstance(parts[0], PRF) else \
+        torch.cat(cast(list[Tensor], parts))
     return combine_pieces(scores, pieces, n, multi_ref)

@@ -66,7 +66,7 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 
@@ -135,7 +135,7 @@ def _save(scorer, target: Path) -> None:
         _install(tmp, target, meta)
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: str | os.PathLike) -> str:
     """Hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -364,9 +364,11 @@ def load_saved(path: str | os.PathLike, dtype: str | torch.dtype | None = None, 
     if dtype is not None:
         model = model.to(dtype)
     try:
-        encoder = Encoder(model.eval(), tokenizer, config.layer, name=config.model, revision=config.revision,
-                          max_length=config.max_length, special_tokens=config.special_tokens,
-                          power_mean_layers=config.power_mean_layers)
+        # a saved config is resolved (ScorerConfig.resolve): its encoder fields are set
+        encoder = Encoder(model.eval(), tokenizer, cast(int, config.layer), name=config.model,
+                          revision=config.revision, max_length=config.max_length,
+                          special_tokens=cast(str, config.special_tokens),
+                          power_mean_layers=cast(int, config.power_mean_layers))
     except (TypeError, ValueError) as e:
         raise ValueError(f"the encoder in {str(root / ENCODER_DIR)!r} does not fit the config in "
                          f"{str(root / CONFIG_FILE)!r}: {e}") from e

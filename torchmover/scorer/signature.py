@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from importlib import metadata
+from typing import cast
 
 import torch
 
@@ -59,11 +60,11 @@ def scorer_signature(config: ScorerConfig, idf: dict, centering, baseline, finet
     after the layer where it is not float32 (a bf16 encoder's vectors move scores by ~1e-3). A
     member's traits decide which of ``direction``, ``T`` and ``iter`` it has."""
     c, member = config, get_member(config.method)
-    fields = {"model": c.model + (f"@{c.revision}" if c.revision else "")}
+    fields: dict[str, object] = {"model": c.model + (f"@{c.revision}" if c.revision else "")}
     if finetuned is not None:
         fields["finetuned"] = finetuned
     fields["layer"] = c.layer
-    if c.power_mean_layers > 1:
+    if cast(int, c.power_mean_layers) > 1:  # set in a resolved config (ScorerConfig.resolved), as the centering
         fields["pmeans"] = c.power_mean_layers
     if dtype != torch.float32:
         fields["dtype"] = str(dtype).removeprefix("torch.")
@@ -79,7 +80,7 @@ def scorer_signature(config: ScorerConfig, idf: dict, centering, baseline, finet
         fields["T"] = WMD_TEMPERATURE if member.temperature == "fixed" else (c.temperature or "exact")
     if member.iterations and (member.temperature == "tuned" or c.temperature):
         fields["iter"] = "converged" if c.n_iter is None else c.n_iter
-    center = c.centering + ("" if c.center_scope == "joint" else f"-{c.center_scope}")
+    center = cast(str, c.centering) + ("" if c.center_scope == "joint" else f"-{c.center_scope}")
     if c.centering in ("fixed", "running") and centering.fitted:
         center += f"-{tensor_digest(centering.mean)}"
     fields.update({"center": center, "refs": c.multi_ref, "maxlen": c.max_length})

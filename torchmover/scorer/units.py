@@ -2,7 +2,7 @@
 many texts) and :class:`PRF` (precision, recall and F1)."""
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Sequence, cast
 
 import torch
 from torch import Tensor, nn
@@ -25,24 +25,26 @@ class Units(NamedTuple):
         """The rows ``index``: views for a slice, else one ``index_select`` per field (on the CPU
         cheaper than ``t[index]``, which goes through advanced indexing)."""
         if isinstance(index, slice):
-            return Units(*(None if t is None else t[index] for t in self))
-        return Units(*(None if t is None else t.index_select(0, index) for t in self))
+            return Units._make(None if t is None else t[index] for t in self)
+        return Units._make(None if t is None else t.index_select(0, index) for t in self)
 
     def narrow(self, width: int) -> "Units":
         """The first ``width`` columns of every field (views)."""
-        return Units(*(None if t is None else t[:, :width] for t in self))
+        return Units._make(None if t is None else t[:, :width] for t in self)
 
     def unpad(self) -> list["Units"]:
         """Per-text units with their padding removed (each field ``[n_i, ...]``)."""
         keep = self.mask
-        return [Units(*(None if t is None else t[i][keep[i]] for t in self)) for i in range(keep.shape[0])]
+        return [Units._make(None if t is None else t[i][keep[i]] for t in self) for i in range(keep.shape[0])]
 
     @staticmethod
     def pad(rows: Sequence["Units"]) -> "Units":
         """Stack per-text units (``[n_i, ...]``, non-empty list) into padded ``Units`` (``L = max n_i``,
         padding masked)."""
-        return Units(*(None if rows[0][k] is None else nn.utils.rnn.pad_sequence([r[k] for r in rows], batch_first=True)
-                       for k in range(len(Units._fields))))
+        return Units._make(None if rows[0][k] is None
+                           # every row has field k where the first has it
+                           else nn.utils.rnn.pad_sequence([cast(Tensor, r[k]) for r in rows], batch_first=True)
+                           for k in range(len(Units._fields)))
 
     def centered(self, centering: Centering, mean: Tensor | None = None) -> "Units":
         """The units with their vectors centered by a :class:`~torchmover.Centering` module (``none``:
@@ -58,7 +60,9 @@ class Units(NamedTuple):
 
         def widen(t: Tensor) -> Tensor:
             return nn.functional.pad(t, [0, 0] * (t.dim() - 2) + [0, width - t.shape[1]])
-        return Units(*(None if x is None else torch.cat([widen(x), widen(y)]) for x, y in zip(self, other)))
+        # both units have the same fields set: y is a tensor wherever x is
+        return Units._make(None if x is None else torch.cat([widen(x), widen(cast(Tensor, y))])
+                           for x, y in zip(self, other))
 
 
 class BatchMeans(NamedTuple):

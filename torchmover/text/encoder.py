@@ -20,7 +20,7 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Callable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence, cast
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ from .._internal.moduletree import first_parameter
 from .._internal.transfer import send, to_device
 from ..runtime.progress import quiet_loading
 from .length_groups import check_pass_cost, length_groups, resolve_pass_cost
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 SPECIAL_TOKEN_POLICIES = ("drop", "cls", "keep", "target")
@@ -306,7 +309,7 @@ def default_layer(name: str, num_hidden_layers: int) -> int:
     return num_hidden_layers
 
 
-def _truncate_layers(model: nn.Module, layer: int) -> None:
+def _truncate_layers(model: PreTrainedModel, layer: int) -> None:
     """Drop the transformer blocks above ``layer`` so they are never computed.
 
     Finds the block list (the ``nn.ModuleList`` with ``config.num_hidden_layers`` entries: BERT's
@@ -338,7 +341,7 @@ def _remove_output_capturing_hooks(model: nn.Module) -> None:
             if getattr(hook, "__module__", None) == "transformers.utils.output_capturing":
                 del module._forward_hooks[key]
         if getattr(module, "_output_capturing_hooks_installed", False):
-            module._output_capturing_hooks_installed = False
+            setattr(module, "_output_capturing_hooks_installed", False)
 
 
 def _register_output_capturing(model: nn.Module) -> None:
@@ -351,8 +354,9 @@ def _register_output_capturing(model: nn.Module) -> None:
         return
     for module in model.modules():
         can_record = getattr(module, "_can_record_outputs", None)
-        if can_record and not _CAN_RECORD_REGISTRY.get(module):
-            _CAN_RECORD_REGISTRY[module] = can_record
+        # a module with _can_record_outputs is a transformers model (the registry reads its class's name)
+        if can_record and not _CAN_RECORD_REGISTRY.get(cast("PreTrainedModel", module)):
+            _CAN_RECORD_REGISTRY[cast("PreTrainedModel", module)] = can_record
 
 
 class Encoder(nn.Module):
@@ -388,7 +392,7 @@ class Encoder(nn.Module):
             signature. An attribute, which may be set at any time.
     """
 
-    def __init__(self, model: nn.Module, tokenizer, layer: int, name: str, revision: str | None = None,
+    def __init__(self, model: PreTrainedModel, tokenizer, layer: int, name: str, revision: str | None = None,
                  max_length: int | None = None, special_tokens: str = "drop", power_mean_layers: int = 1,
                  source: str | None = None, pass_cost: int | str | None = "auto"):
         super().__init__()
@@ -491,7 +495,7 @@ class Encoder(nn.Module):
     @property
     def device(self) -> torch.device:
         """The device of the model's (first) parameter."""
-        return first_parameter(self.model).device
+        return cast(Tensor, first_parameter(self.model)).device  # an encoder has parameters
 
     @property
     def pass_cost(self) -> int | str | None:
@@ -506,7 +510,7 @@ class Encoder(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         """The dtype of the model's (first) parameter: the token vectors'."""
-        return first_parameter(self.model).dtype
+        return cast(Tensor, first_parameter(self.model)).dtype  # an encoder has parameters
 
     def tokenize(self, texts: Sequence[str], *, word_ids: bool = True):
         """Strip and truncate ``texts``, unpadded: a ``BatchEncoding`` of Python lists, one per text
@@ -715,7 +719,7 @@ class Encoder(nn.Module):
                 out = vectors.new_zeros((n, width, vectors.shape[-1]))
             out[:, :group_width].index_copy_(0, order[start:start + size], vectors)
             start += size
-        return out
+        return cast(Tensor, out)  # groups: at least two (length_groups), so out is made
 
     def _vectors(self, inputs: dict[str, Tensor]) -> Tensor:
         """The model's token vectors of :attr:`layer` (:meth:`_layer_vectors`) for ``inputs``.

@@ -24,6 +24,8 @@ can pay, and no search runs: one pass.
 """
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 #: ``pass_cost`` of ``"auto"``, by device type. On a 2-core CPU ``bench/bench_passes.py`` fits one pass
@@ -42,7 +44,7 @@ def resolve_pass_cost(pass_cost: int | str | None, device_type: str) -> int | No
     :data:`AUTO_PASS_COST_ACCELERATOR`), or None (one pass, whatever the lengths)."""
     if pass_cost == "auto":
         return AUTO_PASS_COST.get(device_type, AUTO_PASS_COST_ACCELERATOR)
-    return pass_cost
+    return cast(int | None, pass_cost)  # callers pass a checked pass_cost (check_pass_cost): "auto", None or an int
 
 
 def check_pass_cost(pass_cost) -> None:
