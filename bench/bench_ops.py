@@ -40,7 +40,7 @@ from bench_common import transport_batch_cost  # noqa: E402
 sys.path.insert(0, str(harness.REPO / "tests"))  # the op recorder is a test tool
 
 
-def trace(call, scorer) -> "OpTrace":
+def trace(call, scorer):
     from optrace import OpTrace
 
     with OpTrace() as t:

@@ -294,10 +294,10 @@ def test_under_torchrun_only_rank_0_reads_the_stopword_file_and_the_baseline_cor
     files, as one process does; a file rank 0 cannot read is the same one-line error on every rank."""
     import _ddp
 
-    hyps = write(tmp_path / "hyps.txt", ["the cat sat", "", "a dog barked", "the sun is red"])
-    refs = write(tmp_path / "refs.txt", ["a cat sat", "the sun", "the dog barked", "a red sun"])
-    stop = write(tmp_path / "stop.txt", ["the", "a"])
-    base = write(tmp_path / "base.txt", ["the moon is blue", "a small child", "she eats food", "we ran"])
+    write(tmp_path / "hyps.txt", ["the cat sat", "", "a dog barked", "the sun is red"])
+    write(tmp_path / "refs.txt", ["a cat sat", "the sun", "the dog barked", "a red sun"])
+    write(tmp_path / "stop.txt", ["the", "a"])
+    write(tmp_path / "base.txt", ["the moon is blue", "a small child", "she eats food", "we ran"])
     nowhere = tmp_path / "nowhere"
     (tmp_path / "ranks").mkdir()
     (tmp_path / "missing").mkdir()

@@ -1,7 +1,6 @@
 """Ratings in COMET's DA schema (lp, src, mt, ref, score, raw, annotators, domain, year): a Parquet file
 made here, and the hub reader (datasets.load_dataset stubbed with an in-memory dataset of that schema)."""
 import sys
-import types
 
 import pytest
 

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import re
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -279,6 +280,22 @@ def test_config_file_then_environment(tmp_path, tiny_model_dir):
     config = RewardConfig.from_env({"TORCHMOVER_CONFIG": str(toml)})
     assert (config.preset, config.model, config.missing_score, config.strip_reasoning) == \
         ("twmd-b", "m", 0.5, ("<think>", "</think>"))
+
+
+def test_a_toml_file_on_python_3_10_is_read_by_tomli_or_refused_naming_it(tmp_path, monkeypatch):
+    """Python 3.10 (supported) has no ``tomllib``: the ``tomli`` package reads the file instead, and
+    without it the error names both and the JSON alternative."""
+    import tomllib
+    import types
+
+    toml = tmp_path / "reward.toml"
+    toml.write_text('preset = "twmd-b"\nmissing_score = 0.5\n')
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # import tomllib: ModuleNotFoundError, as on 3.10
+    monkeypatch.setitem(sys.modules, "tomli", types.SimpleNamespace(load=tomllib.load))
+    assert RewardConfig.from_env({"TORCHMOVER_CONFIG": str(toml)}).missing_score == 0.5
+    monkeypatch.setitem(sys.modules, "tomli", None)
+    with pytest.raises(ValueError, match=r"reward\.toml.*Python 3\.11 or later, or the tomli package.*\.json"):
+        RewardConfig.from_env({"TORCHMOVER_CONFIG": str(toml)})
 
 
 @pytest.mark.parametrize("environ, error", [

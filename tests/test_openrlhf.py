@@ -6,7 +6,6 @@ generation engine is replaced (by a fixed-response engine; ``vllm`` is stubbed w
 without OpenRLHF; CI installs it ``--no-deps`` in a side environment (.ci/run)."""
 from __future__ import annotations
 
-import argparse
 import ast
 import asyncio
 import importlib.util

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 import statistics
@@ -184,6 +185,18 @@ def test_variants_score_as_scorers_built_directly(ratings, tiny_encoder):
     assert level.name == "separate" and level.signature == separate.signature
     assert level.pearson["average"] == pytest.approx(pearson(separate).average.pearson.value, abs=1e-6)
     assert report["idf"].levels[1].signature != level.signature  # references-only IDF differs
+
+
+def test_outer_whitespace_makes_no_other_text_in_the_fitted_statistics(ratings, tiny_encoder):
+    """IDF and the fixed mean are fitted on the distinct texts, texts equal up to outer whitespace being one
+    (as the command line and ``torchmover.score`` fit them): a trailing space on some ratings' texts changes
+    no correlation."""
+    padded = [dataclasses.replace(r, hyp=r.hyp + " ", ref=" " + r.ref) if i % 2 else r for i, r in enumerate(ratings)]
+    plain, spaced = (run_sensitivity(records, {"model": tiny_encoder}, factors=["idf", "centering"], batch_size=8,
+                                     progress=False) for records in (ratings, padded))
+    for name in ("idf", "centering"):
+        for a, b in zip(plain[name].levels, spaced[name].levels):
+            assert a.signature == b.signature and a.pearson == pytest.approx(b.pearson, abs=1e-6), (name, a.name)
 
 
 def test_layer_temperature_and_iterations(ratings, tiny_encoder):

@@ -106,6 +106,8 @@ def test_a_weightless_idf_warns_naming_its_side(tiny_encoder):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Scorer(tiny_encoder, idf=True).fit_idf(refs, ["the cat sat", "a dog"])
+    with pytest.warns(UserWarning, match=r"dictionary of the hypotheses \(fitted on 1 document\)"):  # a file run
+        fit_to_corpus(Scorer(tiny_encoder, idf=True), lambda: iter([([hyp, hyp], [[r] for r in refs])]))
 
 
 def tokens(encoder, texts):

@@ -60,7 +60,7 @@ from ..scorer.inputs import stripped
 from ..scorer.module import baseline_draws
 from ..scorer.serialization import sha256_file
 from ..scorer.units import BatchMeans
-from ..text.weights import frequency_counts, idf_of_counts
+from ..text.weights import frequency_counts, idf_of_counts, warn_if_weightless
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow",
            ".ipc": "arrow"}  # any other suffix: a text file, one text per line
@@ -273,13 +273,15 @@ def fit_to_corpus(scorer: Scorer, chunks: Callable[[], Iterator[tuple[list[str],
     mean on the distinct references (each rank encoding a share), the rescaling baseline on
     ``baseline_corpus`` or on pairs of distinct non-empty references drawn as
     :meth:`~torchmover.Scorer.fit_baseline` draws them. One pass over the corpus per statistic (the
-    IDF's and the references' count without the encoder)."""
+    IDF's and the references' count without the encoder). An IDF dictionary that weighs every token 0
+    (a side of one distinct text) warns (:func:`~torchmover.text.weights.warn_if_weightless`)."""
     config, device = scorer.config, scorer.encoder.device
     draw_references = config.rescale and baseline_corpus is None
     if config.idf or draw_references:
         counts, n_references = text_counts(scorer, chunks(), group, idf=config.idf)
         if config.idf:
             scorer.idf = {side: idf_of_counts(summed(counts[side].to(device), group)) for side in counts}
+            warn_if_weightless({"references": scorer.idf["ref"], "hypotheses": scorer.idf["hyp"]})
     if config.centering in ("fixed", "running"):
         sums = token_sums(scorer, chunks(), batch_size, ("ref",), group=group, bar=bar, weight=0.5)[0][0]
         dim = len(sums) - 2  # Σ x, then the number of tokens (and of texts with a unit)

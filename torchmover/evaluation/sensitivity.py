@@ -71,6 +71,7 @@ from ..scorer.config import NAMED_STOPWORDS, encoder_fields
 from ..text.encoder import Encoder, TokenEmbeddings, kept_spans
 from ..text.weights import PUNCTUATION_POLICIES, SUBWORD_POLICIES
 from .correlation import correlate
+from .scoring import distinct_stripped
 
 if TYPE_CHECKING:
     from .data import Rating
@@ -542,9 +543,10 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
             ``Encoder.from_pretrained`` of the base model with its encoder options).
         n_layers: the model's number of hidden layers (default: read from its configuration).
 
-    Returns a :class:`SensitivityReport`. Corpus statistics are fitted on the records: IDF on the
-    distinct references (``references``) or on references and hypotheses separately
-    (``separate``), a ``fixed`` centering mean on the distinct references.
+    Returns a :class:`SensitivityReport`. Corpus statistics are fitted on the records, in this process
+    (never a collective): IDF on the distinct references (``references``) or on references and
+    hypotheses separately (``separate``), a ``fixed`` centering mean on the distinct references (texts
+    equal up to outer whitespace are one text: :func:`~torchmover.evaluation.scoring.distinct_stripped`).
     """
     from tqdm.auto import tqdm
 
@@ -570,7 +572,7 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
     factor_names = _check_factors(factors, config.method)
 
     hyps, refs, human = [r.hyp for r in records], [r.ref for r in records], [r.score for r in records]
-    distinct_refs, distinct_hyps = list(dict.fromkeys(refs)), list(dict.fromkeys(hyps))
+    distinct_refs, distinct_hyps = distinct_stripped("refs", refs), distinct_stripped("hyps", hyps)
     scoring = {name: getattr(config, name) for name in _SCORING_FIELDS}
 
     base_layer = cast(int, config.layer)  # a scorer's config is resolved (ScorerConfig.resolve): its layer is set
@@ -617,9 +619,10 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
         t0 = time.perf_counter()
         scorer = Scorer(encoder_at(variant.layer), **options)
         if options["idf"]:
-            scorer.fit_idf(distinct_refs, distinct_hyps if variant.idf_corpus == "separate" else None)
+            scorer.fit_idf(distinct_refs, distinct_hyps if variant.idf_corpus == "separate" else None,
+                           distributed=False)
         if options["centering"] in ("fixed", "running"):
-            scorer.fit_centering(distinct_refs, batch_size, progress=False)
+            scorer.fit_centering(distinct_refs, batch_size, progress=False, distributed=False)
         scores = scorer.score(hyps, refs, batch_size=batch_size, progress=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # a constant variable: NaN, reported as such

@@ -190,10 +190,8 @@ def _read_file(path: str) -> dict:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{ENV_PREFIX}CONFIG names {path!r}, which is not a file")
     if path.endswith(".toml"):
-        import tomllib
-
         with open(path, "rb") as f:
-            values = tomllib.load(f)
+            values = _toml_reader(path).load(f)
     elif path.endswith(".json"):
         with open(path, encoding="utf-8") as f:
             values = json.load(f)
@@ -202,6 +200,21 @@ def _read_file(path: str) -> dict:
     if not isinstance(values, dict):
         raise ValueError(f"{path} must hold an object of settings, got {type(values).__name__}")
     return values
+
+
+def _toml_reader(path: str):
+    """The standard library's ``tomllib`` (Python 3.11+), else the ``tomli`` package (the same module for
+    Python 3.10); a ``ValueError`` naming both, and the JSON alternative, where neither is there."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:
+        try:
+            import tomli as tomllib  # type: ignore[no-redef, import-not-found]  # Python 3.10: the same API
+        except ModuleNotFoundError:
+            raise ValueError(f"{ENV_PREFIX}CONFIG={path!r}: reading TOML needs Python 3.11 or later, or the "
+                             "tomli package on Python 3.10 (pip install tomli); or write the settings as a .json "
+                             "file") from None
+    return tomllib
 
 
 def _parse_values(values: Mapping[str, object], source: str) -> dict[str, Any]:
