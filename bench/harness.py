@@ -51,8 +51,8 @@ def _load_provenance():
     return module
 
 
-run_provenance = _load_provenance()
-device_info = run_provenance.device_info
+_provenance = _load_provenance()
+device_info, package_version = _provenance.device_info, _provenance.package_version
 SCHEMA = "torchmover-bench/1"
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "wmt15-16"
 PEERS = ("bert-score", "moverscore", "pyemd", "POT", "geomloss", "torchmetrics")
@@ -151,12 +151,12 @@ def time_call(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
 
 def versions() -> dict:
     """Python, torch, transformers, tokenizers, torchmover and the peers (None: not installed)."""
-    return run_provenance.versions(("torch", "transformers", "tokenizers", "torchmover", *PEERS))
+    return _provenance.versions(("torch", "transformers", "tokenizers", "torchmover", *PEERS))
 
 
 def command_line(argv: list[str] | None = None) -> str:
     """The command that ran, from the repository root (``python bench/x.py --flag ...``)."""
-    return run_provenance.command_line(argv, REPO)
+    return _provenance.command_line(argv, REPO)
 
 
 def tree_state() -> tuple[str, bool | None]:
@@ -164,7 +164,7 @@ def tree_state() -> tuple[str, bool | None]:
     results under ``bench/results/`` apart: a benchmark run after another has written its result
     measures the same code. Outside git (a copy of the tree, e.g. on a machine the repository was
     sent to), the commit the environment variable ``BENCH_COMMIT`` names, else ``"unknown"``."""
-    commit, dirty = run_provenance.checkout_state(REPO, exclude=("bench/results",))
+    commit, dirty = _provenance.checkout_state(REPO, exclude=("bench/results",))
     return commit or os.environ.get("BENCH_COMMIT", "unknown"), dirty
 
 

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from torch import Tensor
 
 from ..scorer import PRF, Scorer
-from ..scorer.inputs import check_references, check_texts
+from ..scorer.inputs import check_references, check_texts, distinct_stripped
 
 CACHE_SIZE = 4  # scorers (models) kept by score(); the least recently used one is dropped
 _cache: OrderedDict[tuple, Scorer] = OrderedDict()
@@ -44,20 +44,14 @@ def cached_scorer(**options: Any) -> Scorer:
     return scorer
 
 
-def distinct_stripped(name: str, texts: Sequence[str]) -> list[str]:
-    """The distinct texts of ``texts``, each stripped of its outer whitespace first (texts equal up to
-    it are one text), in order of first appearance: the corpus that every statistic is fitted on.
-    ``name`` names ``texts`` in the error a non-text raises."""
-    return list(dict.fromkeys(check_texts(name, texts)))
-
-
 def fit_to_call(scorer: Scorer, references: Sequence[str], hypotheses: Sequence[str], *, batch_size: int = 64,
                 progress: bool | None = None, baseline_corpus: Sequence[str] | None = None,
                 baseline_pairs: int = 1000, distributed: bool = False) -> Scorer:
     """Fit the corpus statistics ``scorer`` needs on the texts of a call (the command line's and
     :func:`score`'s rule): IDF dictionaries on the distinct references and hypotheses, a ``fixed`` /
-    ``running`` centering mean on the distinct references (:func:`distinct_stripped`: texts equal up to
-    outer whitespace counted once), the rescaling baseline on ``baseline_corpus`` (default: the
+    ``running`` centering mean on the distinct references
+    (:func:`~torchmover.scorer.inputs.distinct_stripped`: texts equal up to outer whitespace counted
+    once), the rescaling baseline on ``baseline_corpus`` (default: the
     references; ``baseline_pairs`` random pairs, seed 0).
 
     ``distributed``: whether the call is a collective (every rank of an initialised

@@ -71,7 +71,7 @@ from ..scorer.config import NAMED_STOPWORDS, encoder_fields
 from ..text.encoder import Encoder, TokenEmbeddings, kept_spans
 from ..text.weights import PUNCTUATION_POLICIES, SUBWORD_POLICIES
 from .correlation import correlate
-from .scoring import distinct_stripped
+from ..scorer.inputs import distinct_stripped
 
 if TYPE_CHECKING:
     from .data import Rating
@@ -546,7 +546,7 @@ def run_sensitivity(records: Sequence[Rating], base_options: Mapping | Scorer | 
     Returns a :class:`SensitivityReport`. Corpus statistics are fitted on the records, in this process
     (never a collective): IDF on the distinct references (``references``) or on references and
     hypotheses separately (``separate``), a ``fixed`` centering mean on the distinct references (texts
-    equal up to outer whitespace are one text: :func:`~torchmover.evaluation.scoring.distinct_stripped`).
+    equal up to outer whitespace are one text: :func:`~torchmover.scorer.inputs.distinct_stripped`).
     """
     from tqdm.auto import tqdm
 

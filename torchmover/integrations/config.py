@@ -35,9 +35,10 @@ from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Mapping, cast
 
 from ..evaluation.corpus import read_lines
-from ..evaluation.scoring import distinct_stripped, fit_to_call
+from ..evaluation.scoring import fit_to_call
 from ..reward.rewards import MoverReward
 from ..scorer import Scorer
+from ..scorer.inputs import distinct_stripped
 from .parsing import ON_MISMATCH, Parser, strip_reasoning
 from ..runtime.devices import resolve_device
 
@@ -327,7 +328,7 @@ def _build_scorer(config: RewardConfig) -> Scorer:
 
 def _read_references(path: str) -> list[str]:
     """The distinct non-blank lines of ``path``, stripped (lines equal up to outer whitespace are one
-    reference: :func:`~torchmover.evaluation.scoring.distinct_stripped`), read as ``torchmover score`` reads
+    reference: :func:`~torchmover.scorer.inputs.distinct_stripped`), read as ``torchmover score`` reads
     a text file (:func:`~torchmover.evaluation.corpus.read_lines`: an undecodable line is named)."""
     references = [line for line in distinct_stripped(path, read_lines(path)) if line]
     if not references:

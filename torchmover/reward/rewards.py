@@ -72,14 +72,13 @@ from torch import Tensor, nn
 
 from .._internal.moduletree import eval_mode, submodules, weights_fingerprint
 from .._internal.transfer import to_device
-from ..evaluation.scoring import distinct_stripped
 from ..functional.centering import Centering
 from ..functional.family import TokenCloud
 from ..functional.members import get_member
 from ..functional.transport import warn_if_not_converged
 from ..runtime.distributed import shard
 from ..scorer import Scorer
-from ..scorer.inputs import as_list, check_references, check_texts
+from ..scorer.inputs import as_list, check_references, check_texts, distinct_stripped
 from ..scorer.plan import (TRANSPORT_BATCH_COST, PairGroup, PairIndex, pair_groups, pair_index, pairs_by_group,
                            transport_groups)
 from ..scorer.references import needs_pieces, score_in_pieces, split_references
@@ -235,7 +234,7 @@ class MoverReward:
         and center every reward on the mean of all real token vectors of the distinct texts of ``texts``
         where asked or needed; the scorer itself is not modified. Returns ``self``. Texts equal up to
         outer whitespace are one text, counted once however often it repeats
-        (:func:`~torchmover.evaluation.scoring.distinct_stripped`), as ``batch`` centering counts a call's
+        (:func:`~torchmover.scorer.inputs.distinct_stripped`), as ``batch`` centering counts a call's
         texts and as :func:`~torchmover.evaluation.scoring.fit_to_call` fits a ``fixed`` mean.
 
         ``centering``: ``None`` (default) fits that corpus mean only where the scorer's centering

@@ -40,6 +40,13 @@ def check_texts(name: str, texts) -> list[str]:
     return stripped(texts)
 
 
+def distinct_stripped(name: str, texts: Sequence[str]) -> list[str]:
+    """The distinct texts of ``texts``, each stripped of its outer whitespace first (texts equal up to
+    it are one text), in order of first appearance: the corpus that every statistic is fitted on.
+    ``name`` names ``texts`` in the error a non-text raises."""
+    return list(dict.fromkeys(check_texts(name, texts)))
+
+
 def stripped(texts: list[str]) -> list[str]:
     """Each text without its leading and trailing whitespace: the text the encoder tokenizes (as
     bert_score does), and the one a call knows it by, so that ``"a b"`` and ``"a b "`` are one
