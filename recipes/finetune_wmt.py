@@ -784,7 +784,6 @@ def setup(args: argparse.Namespace) -> Run:
     if rank == 0:
         output.mkdir(parents=True, exist_ok=True)
     common.barrier()
-    data = [*args.train, *(args.test or [])]
     run = Run(args=args, rank=rank, world=world, device=device, output=output,
               log=common.JsonLog(output / "log.jsonl", enabled=rank == 0),
               train_set=train_set, dev_set=dev_set, test_set=test_set, eval_texts=eval_texts,
@@ -793,7 +792,7 @@ def setup(args: argparse.Namespace) -> Run:
               scaler=torch.amp.GradScaler(device.type, enabled=args.precision == "fp16"),
               trainable=[p for g in optimizer.param_groups for p in g["params"]],
               steps_per_epoch=steps_per_epoch, total_steps=total_steps, warmup_steps=warmup,
-              provenance=run_provenance(REPO, str(device), data) if rank == 0 else None)
+              provenance=run_provenance(REPO, str(device), data_files(args)) if rank == 0 else None)
     if resuming:
         resume(run, state)
     else:
@@ -803,6 +802,11 @@ def setup(args: argparse.Namespace) -> Run:
     common.broadcast_parameters_(run.scorer)
     common.broadcast_parameters_(run.calibration)
     return run
+
+
+def data_files(args: argparse.Namespace) -> list[str]:
+    """The ratings files a run reads (``--train``, then ``--test``): what its provenance hashes."""
+    return [*args.train, *(args.test or [])]
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -1259,8 +1263,7 @@ def write_seed_table(args: argparse.Namespace, seeds: list[int]) -> dict:
     stats = {key: spread([r[key] for r in rows]) for key, _, _ in SEED_COLUMNS}
     table = {"seeds": rows, "stats": stats, "report": named,
              "options": {str(seed): results[seed]["args"] for seed in seeds},
-             "provenance": run_provenance(REPO, str(common.local_device(args.device)),
-                                          [*args.train, *(args.test or [])])}
+             "provenance": run_provenance(REPO, str(common.local_device(args.device)), data_files(args))}
     best = max((r for r in rows if r["dev_r"] is not None), key=lambda r: r["dev_r"], default=None)
     notes = [f"r and τ before / after: {named['title']}.",
              f"Options of every seed (from its result.json; `seed` apart): {options_text(results[seeds[0]]['args'])}."]
