@@ -38,7 +38,6 @@ from ..evaluation.corpus import read_lines
 from ..evaluation.scoring import fit_to_call
 from ..reward.rewards import MoverReward
 from ..scorer import Scorer
-from ..scorer.inputs import distinct_stripped
 from .parsing import ON_MISMATCH, Parser, strip_reasoning
 from ..runtime.devices import resolve_device
 
@@ -327,10 +326,11 @@ def _build_scorer(config: RewardConfig) -> Scorer:
 
 
 def _read_references(path: str) -> list[str]:
-    """The distinct non-blank lines of ``path``, stripped (lines equal up to outer whitespace are one
-    reference: :func:`~torchmover.scorer.inputs.distinct_stripped`), read as ``torchmover score`` reads
-    a text file (:func:`~torchmover.evaluation.corpus.read_lines`: an undecodable line is named)."""
-    references = [line for line in distinct_stripped(path, read_lines(path)) if line]
+    """The non-blank lines of ``path``, read as ``torchmover score`` reads a text file
+    (:func:`~torchmover.evaluation.corpus.read_lines`: an undecodable line is named). The fits count
+    each distinct line once, lines equal up to outer whitespace being one
+    (:func:`~torchmover.scorer.inputs.distinct_stripped`, in ``fit_to_call`` and ``MoverReward.fit``)."""
+    references = [line for line in read_lines(path) if line.strip()]
     if not references:
         raise ValueError(f"{setting_names('fit_references')}: {path} has no reference")
     return references
