@@ -12,7 +12,9 @@ of many texts in one block of flat device tensors ``[rows, ...]``. Each text is 
 - :meth:`TokenArena.add` copies a padded batch as it is, each text as ``L`` rows (the reward's cache
   of references, one copy of the batch as it came).
 
-The block grows by doubling, or is made as large as ``capacity`` rows from the start.
+The block grows by doubling, or is made as large as ``capacity`` rows from the start. On the CPU each
+block asks Linux for huge pages (:func:`~torchmover._internal.pages.advise_huge_pages`): it is memory
+mapped anew and written once, so its first touches would otherwise cost as much as the copy into it.
 
 A list of texts is read back as padded ``Units`` ``[R, W, ...]`` (``W`` the widest text) by one
 ``index_select`` per field, in any order; the row index ``[R, W]`` is built on the host
@@ -40,6 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .pages import advise_huge_pages
 from .transfer import to_device
 
 
@@ -90,6 +93,14 @@ def span_rows(starts: np.ndarray, widths: np.ndarray) -> np.ndarray:
     total = int(widths.sum())
     offsets = np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(widths) - widths), widths)
     return offsets + np.arange(total, dtype=np.int64)
+
+
+def _block(like: Tensor, rows: int, inner: Sequence[int]) -> Tensor:
+    """An uninitialised field of ``rows`` rows of shape ``inner``, of ``like``'s dtype and device: on the
+    CPU, backed by huge pages where the system allows (:func:`~torchmover._internal.pages.advise_huge_pages`:
+    a block is written once, row after row, and read many times, so its first touches are most of what
+    writing it costs)."""
+    return advise_huge_pages(like.new_empty((rows, *inner)))
 
 
 class TokenArena:
@@ -251,7 +262,8 @@ class TokenArena:
         spans = np.array([self.spans[key] for key in keys], dtype=np.int64).reshape(-1, 2)
         rows = np.concatenate([np.arange(self._first_row), span_rows(spans[:, 0], spans[:, 1])])  # row 0 kept
         (index,) = to_device([rows], self._field(0).device)
-        self.fields = [None if f is None else f.index_select(0, index) for f in self.fields]
+        self.fields = [None if f is None else torch.index_select(f, 0, index, out=_block(f, len(rows), f.shape[1:]))
+                       for f in self.fields]
         firsts = self._first_row + np.cumsum(spans[:, 1]) - spans[:, 1]
         self.spans = {key: (first, width) for key, first, width in zip(keys, firsts.tolist(), spans[:, 1].tolist())}
         self.written = len(rows)
@@ -262,7 +274,7 @@ class TokenArena:
         Rows past ``written`` are never read: left uninitialised."""
         if self.fields is None:  # with zero_padding, its row 0: zeros
             capacity = max(self.capacity, self._first_row + rows)
-            self.fields = [None if t is None else t.new_empty((capacity, *t.shape[2:])) for t in like]
+            self.fields = [None if t is None else _block(t, capacity, t.shape[2:]) for t in like]
             for field in self.fields:
                 if field is not None:
                     field[:self._first_row].zero_()
@@ -272,7 +284,7 @@ class TokenArena:
             capacity = max(needed, 2 * capacity)
             for k, field in enumerate(self.fields):
                 if field is not None:
-                    new = field.new_empty((capacity, *field.shape[1:]))
+                    new = _block(field, capacity, field.shape[1:])
                     new[:self.written] = field[:self.written]
                     self.fields[k] = new
         return self.fields
