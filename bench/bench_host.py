@@ -18,12 +18,13 @@ CPU, its CPU time does not.
     bert_score (F1, no idf). torchmover tokenizes a chunk's texts once before encoding them
     (``Encoder.tokenize``, to batch them by token count), so its replay covers both. Also counted:
     the call's minor page faults, each the first touch of a 4 KiB page the allocator newly mapped
-    (zeroed by the kernel): a replay hands back outputs already touched, so what the call writes into
-    new memory (a chunk's block of token vectors, its pair batches) is what they count. Then (a)
+    (zeroed by the kernel; a huge page counts one): a replay hands back outputs already touched, so
+    what the call writes into new memory (its pair batches, and a chunk's block of token vectors, which
+    asks for huge pages) is what they count. Then (a)
     again, the same rounds, in a process of its own with ``THP_MEM_ALLOC_ENABLE=1`` (PyTorch's switch,
     read at its first allocation, that backs allocations of 2 MiB or more by transparent huge pages:
-    one fault maps 2 MiB), where the kernel's transparent huge pages are on: what the first touches of
-    new memory cost the call, as the difference between the two.
+    one fault maps 2 MiB), where the kernel's transparent huge pages are on: what the remaining first
+    touches of new memory cost the call, as the difference between the two.
 (b) ``MoverReward`` calls of 64 completions (8 prompts x 8) and 512 completions (64 prompts x 8),
     references cached, with a tiny randomly initialised BERT (1 layer, hidden size 32, built from a
     config) behind the default model's tokenizer, so that the forward costs almost nothing. The call
