@@ -24,7 +24,7 @@ unless ``train_scorer=True``.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Sequence, cast
+from typing import Any, Iterator, Sequence, cast
 
 import torch
 from torch import Tensor
@@ -39,6 +39,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     ) from e
 
 from .._internal.moduletree import eval_mode
+from ..runtime.devices import autocast_off
 from ..scorer import Scorer, ScorerConfig
 from ..scorer.config import RunOptions
 from ..scorer.inputs import check_references, check_texts
@@ -55,9 +56,11 @@ class MoverMetric(Metric):
             (``scores``: ``[N]``, in update order; under DDP rank 0's then rank 1's ...) instead of
             the mean alone.
         train_scorer: score with the scorer in its own mode (dropout when training, per-batch
-            centering synchronised across ranks) — to fine-tune the scorer through ``forward``. By
-            default (False) every call runs the scorer in eval mode, even when the metric's parent
-            module is training, and its modes are restored afterwards.
+            centering synchronised across ranks) and under the caller's ``torch.autocast`` — to
+            fine-tune the scorer through ``forward``. By default (False) every call runs the scorer in
+            eval mode, even when the metric's parent module is training, and its modes are restored
+            afterwards; and with autocast off, so that a training loop's mixed precision does not
+            change the scores (the scorer's ``dtype`` does, and its signature says so).
         **kwargs: the remaining keyword arguments go to ``torchmetrics.Metric``
             (``sync_on_compute``, ``dist_sync_on_step``, ``process_group``, ...).
 
@@ -118,8 +121,16 @@ class MoverMetric(Metric):
         """Whether scoring waits for :meth:`compute` (``batch`` centering: the mean of every text)."""
         return self.scorer.config.centering == "batch"
 
-    def _scoring_mode(self):
-        return contextlib.nullcontext() if self.train_scorer else eval_mode(self.scorer)
+    @contextlib.contextmanager
+    def _scoring_mode(self) -> Iterator[None]:
+        """The scorer as this metric scores: by default in eval mode with autocast off (the scores its
+        signature describes, also inside a training loop's mixed precision); with ``train_scorer``, as
+        the caller runs it (its mode, the caller's autocast)."""
+        if self.train_scorer:
+            yield
+            return
+        with eval_mode(self.scorer), autocast_off(self.scorer.encoder.device):
+            yield
 
     def update(self, preds: str | Sequence[str], target: str | Sequence[str] | Sequence[Sequence[str]]) -> None:
         """Score ``preds`` against ``target`` (one reference per prediction, or a list of them; or

@@ -76,6 +76,7 @@ from ..functional.centering import Centering
 from ..functional.family import TokenCloud
 from ..functional.members import get_member
 from ..functional.transport import warn_if_not_converged
+from ..runtime.devices import autocast_off
 from ..runtime.distributed import shard
 from ..scorer import Scorer
 from ..scorer.inputs import as_list, check_references, check_texts, distinct_stripped
@@ -147,7 +148,8 @@ class _Hypotheses(NamedTuple):
 class MoverReward:
     """``reward(hyps, refs) -> Tensor[B]``: the scorer's score of each hypothesis against its
     reference(s), as a reward (no graph; the scorer in eval mode for the call, each of its modules'
-    modes restored afterwards; the caller's grad mode untouched).
+    modes restored afterwards; the caller's grad mode untouched; autocast off, so that a training loop's
+    mixed precision does not reach the encoder: its precision is the scorer's ``dtype``).
 
     Args:
         scorer: a :class:`~torchmover.Scorer`. Its method, direction, temperature and reference
@@ -337,7 +339,7 @@ class MoverReward:
         call of many references is scored in pieces of bounded memory
         (:mod:`torchmover.scorer.references`). A converged member (``wmd``, ``moverscore``, the exact
         sentence movers) warns once per call if some of its transport problems stopped at ``max_iter``."""
-        with warn_if_not_converged():
+        with warn_if_not_converged(), autocast_off(self._scorer.encoder.device):
             return self._score(hyps, refs)
 
     def _score(self, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> Tensor:

@@ -23,7 +23,7 @@ from ..functional.compiled import check_compile, compiled_member_term
 from ..functional.family import TokenCloud, pair_similarities, self_similarity, token_cloud
 from ..functional.members import get_member, member_term
 from ..functional.transport import warn_if_not_converged
-from ..runtime.devices import resolve_device, resolve_dtype
+from ..runtime.devices import autocast_off, resolve_device, resolve_dtype
 from ..runtime.distributed import all_reduce_sum, shard
 from ..runtime.progress import show_progress
 from ..text.documents import encode_documents
@@ -303,7 +303,8 @@ class Scorer(nn.Module):
             batches = (self.embed(texts[i:i + batch_size])[:2] for i in
                        tqdm(range(0, len(texts), batch_size), desc="fitting centering", unit="batch",
                             disable=not show_progress(progress)))
-            self.centering.fit(batches, distributed=distributed)
+            with autocast_off(self.encoder.device):  # the batches are encoded as they are consumed
+                self.centering.fit(batches, distributed=distributed)
         finally:
             self.encoder.train(was_training)
         return self
@@ -565,7 +566,8 @@ class Scorer(nn.Module):
         """Scores ``[B]`` of each hypothesis against its reference(s), differentiable w.r.t. the
         encoder when grad is enabled. Empty or whitespace-only texts score 0. Distinct texts are
         encoded once, in one batch. ``return_all=True``: ``PRF(precision, recall, f1)`` instead
-        (:meth:`score_all_pairs`).
+        (:meth:`score_all_pairs`). The encoder follows a caller's ``torch.autocast`` (mixed-precision
+        fine-tuning), whose scores the signature does not describe; :meth:`score` runs it with autocast off.
 
         With ``centering="batch"`` the call is the batch, in training and in eval mode alike: every
         real token of the call's distinct texts is centered on their mean (the paper's per-batch
@@ -688,7 +690,9 @@ class Scorer(nn.Module):
               batch_size: int = 64, progress: bool | None = None, *, return_all: bool = False,
               centering_group=None, distributed: bool = False) -> Tensor | PRF:
         """Score large lists: no graph, eval mode; returns a CPU ``Tensor[B]`` in input order
-        (``return_all=True``: ``PRF(precision, recall, f1)`` of them, from the same encoding).
+        (``return_all=True``: ``PRF(precision, recall, f1)`` of them, from the same encoding). Autocast is
+        off: a caller's ``torch.autocast`` does not reach the encoder, whose precision is the scorer's
+        ``dtype`` (named by its signature).
 
         Every distinct text is encoded once, and the pairs are scored in batches of similar length
         gathered from the encoded texts on the device (:mod:`torchmover.scorer.corpus`). Memory is
@@ -722,7 +726,8 @@ class Scorer(nn.Module):
         """
         hyps = check_texts("hyps", hyps)
         groups = check_references(hyps, refs)
-        with warn_if_not_converged():  # the converged members: once per call, with the count
+        # the converged members warn once per call, with the count
+        with warn_if_not_converged(), autocast_off(self.encoder.device):
             if not needs_pieces(groups, whole_call=False):
                 return corpus.score_corpus(self, hyps, groups, batch_size, progress, return_all=return_all,
                                            centering_group=centering_group, distributed=distributed)
