@@ -55,6 +55,18 @@ def test_score_reward_and_metric_run_the_encoder_without_the_callers_autocast(ti
     assert not torch.equal(got["forward"], expected["forward"])  # forward follows the caller's autocast
 
 
+@pytest.mark.parametrize("centering", ["batch", "none"])  # fits a corpus mean; only fills the cache
+def test_a_reward_fitted_under_autocast_gives_the_rewards_of_one_fitted_without(tiny_encoder, centering):
+    from torchmover import MoverReward, Scorer
+
+    scorer = Scorer(tiny_encoder, centering=centering)
+    expected = MoverReward(scorer).fit(REFS)(HYPS, REFS)
+    reward = MoverReward(scorer)
+    with torch.autocast(**BF16):
+        reward.fit(REFS)
+    assert torch.equal(reward(HYPS, REFS), expected)
+
+
 def test_a_metric_that_trains_its_scorer_follows_the_callers_autocast(tiny_encoder):
     from torchmover import MoverMetric, Scorer
 

@@ -260,12 +260,13 @@ class MoverReward:
         if distributed:
             texts = shard(texts, encoder.device)
         chunks = (self._reference_units(texts[i:i + batch_size]) for i in range(0, len(texts), batch_size))
-        if centering is None and self._scorer_centering_is_independent():
-            for _ in chunks:  # the cache filled, the scores left alone
-                pass
-            return self
-        mean = Centering("fixed", dim=encoder.hidden_size).to(encoder.device)
-        mean.fit((units[:2] for units in chunks), distributed=distributed)
+        with autocast_off(encoder.device):  # the units are encoded (and cached) as the chunks are consumed
+            if centering is None and self._scorer_centering_is_independent():
+                for _ in chunks:  # the cache filled, the scores left alone
+                    pass
+                return self
+            mean = Centering("fixed", dim=encoder.hidden_size).to(encoder.device)
+            mean.fit((units[:2] for units in chunks), distributed=distributed)
         self._centering = mean.eval()
         return self
 
