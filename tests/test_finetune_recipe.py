@@ -514,6 +514,25 @@ def test_seeds_table_is_written_and_finished_seeds_are_not_rerun(setup, tmp_path
         recipe.main(argv(setup, out, "--seeds", "0,x"))
 
 
+def test_stop_after_spans_the_seeds_of_an_invocation(setup, tmp_path, capsys):
+    """--stop-after counts an invocation's steps over all its seeds: a job resubmitted with --resume
+    (each time with the steps it has time for) stops inside a seed, and between two seeds when one
+    ends on the last step allowed, and the seeds end as an uninterrupted --seeds run (5 steps each)."""
+    extra = ("--seeds", "0,1", "--epochs", "1", "--max-train-pairs", "20")
+    whole = recipe.main(argv(setup, tmp_path / "whole", *extra))
+    out, stops = tmp_path / "parts", []
+    for budget in ("3", "2", "4"):
+        result = recipe.main(argv(setup, out, *extra, "--stop-after", budget, *(("--resume",) if stops else ())))
+        stops.append((result["stopped"], result["seed"]))
+    assert stops == [(True, 0), (True, 1), (True, 1)]
+    assert "stopped after 2 steps (--stop-after), before seed 1" in capsys.readouterr().out
+    table = recipe.main(argv(setup, out, *extra, "--resume"))
+    for seed in (0, 1):
+        logged = [json.loads(line) for line in (out / f"seed-{seed}" / "log.jsonl").read_text().splitlines()]
+        assert [e["step"] for e in logged if e["event"] == "step"][-1] == 5
+    assert table["seeds"] == whole["seeds"] and table["stats"] == whole["stats"]
+
+
 @pytest.mark.parametrize("method, direction", [("trwmd", "recall"), ("bertscore", "f1"), ("sbert", "recall")])
 def test_other_members_train(setup, tmp_path, method, direction):
     result = recipe.main(argv(setup, tmp_path / method, "--method", method, "--direction", direction,
