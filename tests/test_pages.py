@@ -12,6 +12,9 @@ from torchmover._internal.arena import TokenArena
 from torchmover._internal.pages import HUGE_PAGE, advise_huge_pages
 from torchmover.scorer.units import Units
 
+# Bytes that glibc's malloc always maps anew (above its largest mmap threshold, 32 MiB): smaller blocks
+# may reuse heap memory a test run has already touched, whose pages stay small (and fault no more).
+FRESH = 48 << 20
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 MODE = re.search(r"\[(\w+)\]", THP_MODE.read_text()).group(1) if THP_MODE.exists() else None
 needs_madvise_mode = pytest.mark.skipif(
@@ -69,10 +72,10 @@ def test_advice_covers_the_whole_huge_pages_within_the_tensor_and_nothing_outsid
 
 @needs_madvise_mode
 def test_advised_memory_is_backed_by_huge_pages_and_plain_memory_is_not():
-    plain, advised = torch.empty(16 * HUGE_PAGE // 4), advise_huge_pages(torch.empty(16 * HUGE_PAGE // 4))
+    plain, advised = torch.empty(FRESH // 4), advise_huge_pages(torch.empty(FRESH // 4))
     written(plain), written(advised)
     assert huge_kib(plain) == 0
-    assert huge_kib(advised) >= 8 * HUGE_PAGE // 1024  # at least half of its 16 MiB (a 2 MiB page each)
+    assert huge_kib(advised) >= FRESH // 2 // 1024  # at least half of it
 
 
 def _units(n: int, width: int, dim: int) -> Units:
@@ -99,6 +102,7 @@ def test_every_block_the_arena_makes_on_the_cpu_is_advised(monkeypatch, zero_pad
 
 @needs_madvise_mode
 def test_a_large_arena_block_is_backed_by_huge_pages():
-    arena = TokenArena(Units, zero_padding=True, capacity=1 + 64 * 128)
-    arena.append([str(i) for i in range(64)], _units(64, 130, 384), [(1, 129)] * 64)  # 12.6 MiB of vectors
-    assert huge_kib(arena.fields[0]) >= 4 * HUGE_PAGE // 1024
+    rows = FRESH // (384 * 4) // 128  # texts of 128 rows of 384 float32: a block of FRESH bytes
+    arena = TokenArena(Units, zero_padding=True, capacity=1 + rows * 128)
+    arena.append([str(i) for i in range(rows)], _units(rows, 130, 384), [(1, 129)] * rows)
+    assert huge_kib(arena.fields[0]) >= FRESH // 2 // 1024
