@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import re
 import sys
 import threading
@@ -17,6 +18,7 @@ import torch
 from conftest import configure_reward_env, load_file
 
 from torchmover import Scorer
+from torchmover.evaluation.scoring import fit_to_call
 from torchmover.integrations import config as integration_config
 from torchmover.integrations import configured
 from torchmover.integrations import openrlhf, verl
@@ -450,6 +452,34 @@ def test_fit_references_fit_the_scorers_statistics_as_serve_does(tiny_model_dir,
     fit.write_text("\n \n")
     with pytest.raises(ValueError, match="has no reference"):
         build_reward(RewardConfig(model=str(tiny_model_dir), fit_references=str(fit), options={"layer": 2}))
+
+
+def random_corpus(n: int, seed: int = 0) -> list[str]:
+    """``n`` distinct random texts of the tiny model's words, 3 to 9 words each."""
+    from conftest import WORDS
+
+    rng = random.Random(seed)
+    texts: dict[str, None] = {}
+    while len(texts) < n:
+        texts[" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9)))] = None
+    return list(texts)
+
+
+def test_a_batch_centered_rescaled_reward_is_rebuilt_from_its_signature(tiny_model_dir, tmp_path):
+    """The documented rebuild (Scorer.from_signature, then the command line's fits on the same
+    references) gives the reward's signature and rewards: the baseline is fitted under the fixed mean
+    the reward centers on. 1500 references: the 1000 baseline pairs leave some out, so a baseline
+    fitted under batch centering (on the mean of the sampled texts) differs from it."""
+    corpus = random_corpus(1500)
+    fit = tmp_path / "refs.txt"
+    fit.write_text("\n".join(corpus) + "\n")
+    reward = build_reward(RewardConfig(model=str(tiny_model_dir), fit_references=str(fit),
+                                       options={"layer": 2, "centering": "batch", "rescale": True}))
+    rebuilt = fit_to_call(Scorer.from_signature(reward.signature, model=str(tiny_model_dir)), corpus, corpus)
+    assert rebuilt.signature == reward.signature
+    assert torch.equal(MoverReward(rebuilt).score(HYPS, REFS), reward.score(HYPS, REFS))
+    batch = Scorer(str(tiny_model_dir), layer=2, centering="batch", rescale=True).fit_baseline(corpus)
+    assert batch.baseline != reward.scorer.baseline
 
 
 # The references of REFS repeated, and with outer whitespace: the same four distinct references
