@@ -24,7 +24,9 @@ from torchmover.integrations import configured
 from torchmover.integrations import openrlhf, verl
 from torchmover.integrations.config import RewardConfig, build_reward, settings_table
 from torchmover.integrations.configured import FAILURES_LOG, process_reward, reset_process_reward
+from torchmover.reward.batching import BatchedReward
 from torchmover.reward.rewards import MoverReward
+from torchmover.scorer.signature import signature_diff
 
 REFS = ["the cat sat on the mat", "a dog barked in the house", "the sun is big and red", "we eat good food"]
 HYPS = ["the cat sat", "a dog ran in the city", "the red sun", "food"]
@@ -532,6 +534,70 @@ def test_the_user_guide_lists_every_setting_as_it_is():
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]
     flags = {flag for action in serve._actions for flag in action.option_strings}
     assert {flag for _, _, flag, _, _ in settings_table() if flag != "--options"} <= flags
+
+
+# --- the configured reward's signature -----------------------------------------------------------------
+
+# The reward fields of the default settings, after the reward's own signature
+DEFAULT_REWARD_FIELDS = ("|reffield:ground_truth|strip:none|parse:none|missing:error|qtokens:default|mismatch:error"
+                         "|shaping:none")
+
+
+def configured_signature(reward: MoverReward, **settings) -> str:
+    """The signature of ``reward`` configured by ``settings`` (a :class:`RewardConfig`'s fields)."""
+    with BatchedReward(reward) as batched:
+        return configured.ConfiguredReward(batched, RewardConfig(**settings)).signature
+
+
+@pytest.fixture
+def plain_reward(tiny_encoder):
+    return MoverReward(Scorer(tiny_encoder, centering="none"))
+
+
+@pytest.mark.parametrize("settings, changed", [
+    (dict(reference_field="ground_truth.text"), {"reffield": ("ground_truth", "ground_truth.text")}),
+    (dict(strip_reasoning=("<think>", "</think>")), {"strip": ("none", '["<think>","</think>"]')}),
+    (dict(parse="torchmover.integrations.parsing:strip_special_tokens"),
+     {"parse": ("none", "torchmover.integrations.parsing:strip_special_tokens")}),
+    (dict(missing_score=-0.5), {"missing": ("error", "-0.5")}),
+    (dict(query_special_tokens=("<|im_end|>", "</s>")), {"qtokens": ("default", r'["<\u007cim_end\u007c>","</s>"]')}),
+    (dict(on_prompt_mismatch="query"), {"mismatch": ("error", "query")}),
+])
+def test_each_setting_that_changes_what_is_scored_is_in_the_signature(plain_reward, settings, changed):
+    """The configured reward's signature is the reward's followed by the reward fields: each setting
+    that changes what a sample is scored as changes its own field, and only it."""
+    default = configured_signature(plain_reward)
+    assert default == plain_reward.signature + DEFAULT_REWARD_FIELDS
+    assert signature_diff(default, configured_signature(plain_reward, **settings)) == changed
+
+
+def length_penalty(hyps, scores):
+    return scores - 0.01 * torch.tensor([len(h.split()) for h in hyps], dtype=scores.dtype)
+
+
+def test_the_rewards_shaping_is_in_the_signature(tiny_encoder, plain_reward):
+    shaped = MoverReward(plain_reward.scorer, shaping=length_penalty)
+    assert signature_diff(configured_signature(plain_reward), configured_signature(shaped)) == \
+        {"shaping": ("none", f"{__name__}:length_penalty")}
+
+
+def test_a_reward_signature_parts_into_the_scorers_and_the_settings(plain_reward):
+    tokens = ("<|im_end|>", "<｜end｜>", "</s>")
+    signature = configured_signature(plain_reward, strip_reasoning=("<|think|>", "</|think|>"),
+                                     query_special_tokens=tokens, missing_score=0)
+    scorer_signature, fields = configured.split_reward_signature(signature)
+    assert scorer_signature == plain_reward.signature and tuple(fields) == configured.REWARD_FIELDS
+    assert json.loads(fields["strip"]) == ["<|think|>", "</|think|>"] and json.loads(fields["qtokens"]) == list(tokens)
+    assert float(fields["missing"]) == 0.0
+    with pytest.raises(ValueError, match="not a configured reward's signature"):
+        configured.split_reward_signature(plain_reward.signature)
+
+
+def test_the_process_reward_logs_its_signature(env, caplog):
+    with caplog.at_level(logging.INFO, logger="torchmover"):
+        signature = process_reward().signature
+    assert f"torchmover reward: built, signature {signature}" in caplog.messages
+    assert signature.endswith(DEFAULT_REWARD_FIELDS)
 
 
 def test_process_reward_is_built_once(env):
