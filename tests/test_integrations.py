@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import re
 import sys
 import threading
@@ -17,12 +18,15 @@ import torch
 from conftest import configure_reward_env, load_file
 
 from torchmover import Scorer
+from torchmover.evaluation.scoring import fit_to_call
 from torchmover.integrations import config as integration_config
 from torchmover.integrations import configured
 from torchmover.integrations import openrlhf, verl
 from torchmover.integrations.config import RewardConfig, build_reward, settings_table
 from torchmover.integrations.configured import FAILURES_LOG, process_reward, reset_process_reward
+from torchmover.reward.batching import BatchedReward
 from torchmover.reward.rewards import MoverReward
+from torchmover.scorer.signature import signature_diff
 
 REFS = ["the cat sat on the mat", "a dog barked in the house", "the sun is big and red", "we eat good food"]
 HYPS = ["the cat sat", "a dog ran in the city", "the red sun", "food"]
@@ -452,6 +456,34 @@ def test_fit_references_fit_the_scorers_statistics_as_serve_does(tiny_model_dir,
         build_reward(RewardConfig(model=str(tiny_model_dir), fit_references=str(fit), options={"layer": 2}))
 
 
+def random_corpus(n: int, seed: int = 0) -> list[str]:
+    """``n`` distinct random texts of the tiny model's words, 3 to 9 words each."""
+    from conftest import WORDS
+
+    rng = random.Random(seed)
+    texts: dict[str, None] = {}
+    while len(texts) < n:
+        texts[" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9)))] = None
+    return list(texts)
+
+
+def test_a_batch_centered_rescaled_reward_is_rebuilt_from_its_signature(tiny_model_dir, tmp_path):
+    """The documented rebuild (Scorer.from_signature, then the command line's fits on the same
+    references) gives the reward's signature and rewards: the baseline is fitted under the fixed mean
+    the reward centers on. 1500 references: the 1000 baseline pairs leave some out, so a baseline
+    fitted under batch centering (on the mean of the sampled texts) differs from it."""
+    corpus = random_corpus(1500)
+    fit = tmp_path / "refs.txt"
+    fit.write_text("\n".join(corpus) + "\n")
+    reward = build_reward(RewardConfig(model=str(tiny_model_dir), fit_references=str(fit),
+                                       options={"layer": 2, "centering": "batch", "rescale": True}))
+    rebuilt = fit_to_call(Scorer.from_signature(reward.signature, model=str(tiny_model_dir)), corpus, corpus)
+    assert rebuilt.signature == reward.signature
+    assert torch.equal(MoverReward(rebuilt).score(HYPS, REFS), reward.score(HYPS, REFS))
+    batch = Scorer(str(tiny_model_dir), layer=2, centering="batch", rescale=True).fit_baseline(corpus)
+    assert batch.baseline != reward.scorer.baseline
+
+
 # The references of REFS repeated, and with outer whitespace: the same four distinct references
 REPEATED_REFS = [REFS[0], REFS[0], f" {REFS[1]}", REFS[1], f"{REFS[2]}\t", REFS[0] + "  ", REFS[3], REFS[3]]
 
@@ -502,6 +534,70 @@ def test_the_user_guide_lists_every_setting_as_it_is():
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]
     flags = {flag for action in serve._actions for flag in action.option_strings}
     assert {flag for _, _, flag, _, _ in settings_table() if flag != "--options"} <= flags
+
+
+# --- the configured reward's signature -----------------------------------------------------------------
+
+# The reward fields of the default settings, after the reward's own signature
+DEFAULT_REWARD_FIELDS = ("|reffield:ground_truth|strip:none|parse:none|missing:error|qtokens:default|mismatch:error"
+                         "|shaping:none")
+
+
+def configured_signature(reward: MoverReward, **settings) -> str:
+    """The signature of ``reward`` configured by ``settings`` (a :class:`RewardConfig`'s fields)."""
+    with BatchedReward(reward) as batched:
+        return configured.ConfiguredReward(batched, RewardConfig(**settings)).signature
+
+
+@pytest.fixture
+def plain_reward(tiny_encoder):
+    return MoverReward(Scorer(tiny_encoder, centering="none"))
+
+
+@pytest.mark.parametrize("settings, changed", [
+    (dict(reference_field="ground_truth.text"), {"reffield": ("ground_truth", "ground_truth.text")}),
+    (dict(strip_reasoning=("<think>", "</think>")), {"strip": ("none", '["<think>","</think>"]')}),
+    (dict(parse="torchmover.integrations.parsing:strip_special_tokens"),
+     {"parse": ("none", "torchmover.integrations.parsing:strip_special_tokens")}),
+    (dict(missing_score=-0.5), {"missing": ("error", "-0.5")}),
+    (dict(query_special_tokens=("<|im_end|>", "</s>")), {"qtokens": ("default", r'["<\u007cim_end\u007c>","</s>"]')}),
+    (dict(on_prompt_mismatch="query"), {"mismatch": ("error", "query")}),
+])
+def test_each_setting_that_changes_what_is_scored_is_in_the_signature(plain_reward, settings, changed):
+    """The configured reward's signature is the reward's followed by the reward fields: each setting
+    that changes what a sample is scored as changes its own field, and only it."""
+    default = configured_signature(plain_reward)
+    assert default == plain_reward.signature + DEFAULT_REWARD_FIELDS
+    assert signature_diff(default, configured_signature(plain_reward, **settings)) == changed
+
+
+def length_penalty(hyps, scores):
+    return scores - 0.01 * torch.tensor([len(h.split()) for h in hyps], dtype=scores.dtype)
+
+
+def test_the_rewards_shaping_is_in_the_signature(tiny_encoder, plain_reward):
+    shaped = MoverReward(plain_reward.scorer, shaping=length_penalty)
+    assert signature_diff(configured_signature(plain_reward), configured_signature(shaped)) == \
+        {"shaping": ("none", f"{__name__}:length_penalty")}
+
+
+def test_a_reward_signature_parts_into_the_scorers_and_the_settings(plain_reward):
+    tokens = ("<|im_end|>", "<｜end｜>", "</s>")
+    signature = configured_signature(plain_reward, strip_reasoning=("<|think|>", "</|think|>"),
+                                     query_special_tokens=tokens, missing_score=0)
+    scorer_signature, fields = configured.split_reward_signature(signature)
+    assert scorer_signature == plain_reward.signature and tuple(fields) == configured.REWARD_FIELDS
+    assert json.loads(fields["strip"]) == ["<|think|>", "</|think|>"] and json.loads(fields["qtokens"]) == list(tokens)
+    assert float(fields["missing"]) == 0.0
+    with pytest.raises(ValueError, match="not a configured reward's signature"):
+        configured.split_reward_signature(plain_reward.signature)
+
+
+def test_the_process_reward_logs_its_signature(env, caplog):
+    with caplog.at_level(logging.INFO, logger="torchmover"):
+        signature = process_reward().signature
+    assert f"torchmover reward: built, signature {signature}" in caplog.messages
+    assert signature.endswith(DEFAULT_REWARD_FIELDS)
 
 
 def test_process_reward_is_built_once(env):

@@ -27,7 +27,7 @@ from torchmover.reward.batching import BatchedReward  # noqa: E402
 from torchmover.reward.rewards import MoverReward  # noqa: E402
 from torchmover.integrations import openrlhf  # noqa: E402
 from torchmover.integrations.config import RewardConfig  # noqa: E402
-from torchmover.integrations.configured import FAILURES_LOG, reset_process_reward  # noqa: E402
+from torchmover.integrations.configured import FAILURES_LOG, process_reward, reset_process_reward  # noqa: E402
 from torchmover.integrations.server import DEFAULT_MAX_REQUEST_BYTES, RewardServer, response_from_query  # noqa: E402
 
 REFS = ["the cat sat on the mat", "a dog barked in the house", "the quick brown fox jumps over the lazy dog",
@@ -108,8 +108,11 @@ def test_the_guide_documents_the_answer_and_openrlhfs_flag_as_they_are(server):
 
 
 def test_health(server, reward):
+    """/health's signature is the configured reward's: the reward's, then the fields of its settings."""
     status, body = get(server.url + "/health")
-    assert status == 200 and body["status"] == "ok" and body["signature"] == reward.signature
+    assert status == 200 and body["status"] == "ok" and body["signature"] == server.reward.signature
+    assert body["signature"] == reward.signature + ("|reffield:ground_truth|strip:none|parse:none|missing:error"
+                                                    "|qtokens:default|mismatch:error|shaping:none")
     assert body["device"] == "cpu" and body["max_batch_size"] == 64
 
 
@@ -258,7 +261,7 @@ def test_load_every_response_matches_its_request(server, reward):
 @contextlib.contextmanager
 def serving(args, env=None):
     """``torchmover serve ARGS --port 0`` in a subprocess (environment ``env``, default: ours without
-    TORCHMOVER_* variables); yields its URL once it listens."""
+    TORCHMOVER_* variables); yields its URL once it listens, and the signature it prints then."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHMOVER_")} if env is None else env
     env = {**env, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
     process = subprocess.Popen([sys.executable, "-m", "torchmover", "serve", *args, "--port", "0", "--no-progress"],
@@ -268,7 +271,8 @@ def serving(args, env=None):
         while "serving on" not in line:
             line = process.stderr.readline()
             assert line, "the server exited before listening"
-        yield line.split("serving on ")[1].split()[0]
+        signature = process.stderr.readline().removeprefix("signature: ").rstrip("\n")
+        yield line.split("serving on ")[1].split()[0], signature
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -278,10 +282,10 @@ def test_cli_serve(tiny_model_dir, tmp_path, reward):
     refs = tmp_path / "refs.txt"
     refs.write_text("\n".join(REFS) + "\n")
     with serving(["--model", str(tiny_model_dir), "--layer", "2", "--centering", "batch",
-                  "--fit-references", str(refs)]) as url:
+                  "--fit-references", str(refs)]) as (url, signature):
         status, body = post(url + "/score", {"hyps": HYPS[:3], "refs": REFS[:3]})
         assert status == 200 and len(body["rewards"]) == 3
-        assert get(url + "/health")[1]["signature"].startswith("twmd|model:")
+        assert get(url + "/health")[1]["signature"] == signature and signature.startswith("twmd|model:")
 
 
 PROMPT = "<|im_start|>user\nSummarise.<|im_end|>\n<|im_start|>assistant\n"
@@ -311,7 +315,8 @@ def file_adapter_answers():
 def test_file_adapter_and_server_give_the_same_rewards(file_adapter_env, tiny_model_dir, configured_by):
     """The same OpenRLHF requests through the adapter file (settings from the environment) and through
     `torchmover serve` (the same environment, or the same settings as flags): identical rewards and
-    extra_logs, reasoning stripped, the missing label's fixed reward, the mismatched prompt's fallback."""
+    extra_logs, reasoning stripped, the missing label's fixed reward, the mismatched prompt's fallback; and
+    the same signature, the settings' fields included, printed and returned by /health."""
     expected = file_adapter_answers()
     if configured_by == "environment":
         args, env = [], {**os.environ}
@@ -320,8 +325,10 @@ def test_file_adapter_and_server_give_the_same_rewards(file_adapter_env, tiny_mo
                      "--missing-score", "-0.5",
                      "--fit-references", file_adapter_env["TORCHMOVER_FIT_REFERENCES"],
                      "--on-prompt-mismatch", "query"], None
-    with serving(args, env) as url:
+    with serving(args, env) as (url, signature):
         answers = [post(url + "/get_reward", {"query": q, "prompts": p, "labels": l}) for q, p, l in SAME_REQUESTS]
+        assert get(url + "/health")[1]["signature"] == signature == process_reward().signature
+    assert '|strip:["<think>","</think>"]|parse:none|missing:-0.5|qtokens:default|mismatch:query|' in signature
     assert [status for status, _ in answers] == [200] * len(SAME_REQUESTS)
     for (rewards, logs), (_, body) in zip(expected, answers):
         assert body["rewards"] == pytest.approx(rewards, abs=ATOL)

@@ -577,7 +577,7 @@ def run_serve(args: argparse.Namespace) -> None:
         try:
             with server:
                 print(f"torchmover: serving on {server.url} (POST /get_reward, /score; GET /health)", file=sys.stderr, flush=True)
-                print(f"signature: {reward.signature}", file=sys.stderr, flush=True)
+                print(f"signature: {server.reward.signature}", file=sys.stderr, flush=True)
                 try:
                     server.wait()
                 except (KeyboardInterrupt, _Terminated):

@@ -36,6 +36,7 @@ from typing import Any, Callable, ClassVar, Mapping, cast
 
 from ..evaluation.corpus import read_lines
 from ..evaluation.scoring import fit_to_call
+from ..functional.centering import Centering
 from ..reward.rewards import MoverReward
 from ..scorer import Scorer
 from .parsing import ON_MISMATCH, Parser, strip_reasoning
@@ -342,9 +343,11 @@ def build_reward(config: RewardConfig, *, batch_size: int = 64, progress: bool =
     With ``fit_references``, the scorer's corpus statistics are fitted on the distinct references of
     that file, lines equal up to outer whitespace being one, by the command line's rule
     (:func:`~torchmover.evaluation.scoring.fit_to_call`: IDF, a fixed centering mean, the rescaling
-    baseline), and a batch-centered scorer's reward is centered on their mean
-    (:meth:`MoverReward.fit <torchmover.reward.MoverReward.fit>`): a reward must not depend on the other
-    samples of its batch. A batch-centered scorer without them is refused here, before any sample.
+    baseline). A batch-centered scorer is first made to center on a ``fixed`` mean, which that rule
+    fits on the references (``centering`` ``fixed`` in its config and signature): a reward must not depend
+    on the other samples of its batch, and the baseline is then fitted under the centering the rewards
+    use, so that the reward's signature is the one ``Scorer.from_signature`` and the same fits on the
+    same references rebuild. A batch-centered scorer without them is refused here, before any sample.
 
     A scorer that its settings (``scorer``, ``preset``, ``model``, ``options``, ``device``) do not make,
     an unknown option or a bad value, raises a ValueError naming them and where they were read
@@ -358,13 +361,21 @@ def build_reward(config: RewardConfig, *, batch_size: int = 64, progress: bool =
         message = f"the scorer of {given or 'the default settings'} cannot be built: {e}"
         raise (type(e)(message) if isinstance(e, OSError) else ValueError(message)) from e
     references = _read_references(config.fit_references) if config.fit_references else []
-    if scorer.config.centering == "batch" and not references:
-        raise ValueError(f"this scorer centers on the batch, which would make a sample's reward depend on the "
-                         f"others: set {setting_names('fit_references')} to center on their mean, or pass "
-                         "centering='none' in options (--centering none)")
+    if scorer.config.centering == "batch":
+        if not references:
+            raise ValueError(f"this scorer centers on the batch, which would make a sample's reward depend on the "
+                             f"others: set {setting_names('fit_references')} to center on their mean, or pass "
+                             "centering='none' in options (--centering none)")
+        _center_on_a_fixed_mean(scorer)
     if references:
         fit_to_call(scorer, references, references, batch_size=batch_size, progress=progress)
-    reward = MoverReward(scorer, cache_size=config.cache_size)
-    if scorer.config.centering == "batch":
-        reward.fit(references, batch_size)
-    return reward
+    return MoverReward(scorer, cache_size=config.cache_size)
+
+
+def _center_on_a_fixed_mean(scorer: Scorer) -> None:
+    """Change ``scorer`` in place from ``batch`` centering to a ``fixed`` mean not fitted yet (one mean for
+    both sides: ``center_scope`` joint), for :func:`build_reward` to fit on the references before the
+    statistics fitted under the centering (the rescaling baseline)."""
+    scorer.config = dataclasses.replace(scorer.config, centering="fixed", center_scope="joint")
+    scorer.centering = Centering("fixed", dim=scorer.encoder.hidden_size).to(scorer.encoder.device)
+    scorer.centering.train(scorer.training)

@@ -15,26 +15,89 @@ in its ``extra_logs`` (``torchmover_failures``), which OpenRLHF logs with the re
 wrong ``reference_field`` or a missing ``--data.label_key`` would otherwise train on a constant reward.
 
 The adapter files share one :func:`process_reward` per process (Ray workers are processes), built on
-first use from :meth:`RewardConfig.from_env <torchmover.integrations.config.RewardConfig.from_env>`;
-:func:`reset_process_reward` closes it so that the next use rebuilds it.
+first use from :meth:`RewardConfig.from_env <torchmover.integrations.config.RewardConfig.from_env>`
+(its signature logged at INFO on the ``torchmover`` logger); :func:`reset_process_reward` closes it so
+that the next use rebuilds it.
+
+Signature. What a sample is scored as depends on settings beyond the scorer's, so a configured reward
+has a signature of its own (:attr:`ConfiguredReward.signature`, which ``torchmover serve`` prints and
+``GET /health`` returns): the reward's (:attr:`MoverReward.signature
+<torchmover.reward.MoverReward.signature>`: the scorer's, with the centering the reward uses), followed
+by one field per such setting, always all of them, in this order (:data:`REWARD_FIELDS`):
+
+- ``reffield``: ``reference_field``;
+- ``strip``: ``none``, or ``strip_reasoning``'s two delimiters as a JSON list (``["<think>","</think>"]``);
+- ``parse``: ``none``, or the ``parse`` setting (``module:function``: the function is named, its code is not
+  pinned);
+- ``missing``: ``error``, or ``missing_score`` (Python's ``repr`` of the float);
+- ``qtokens``: ``default`` (:data:`~torchmover.integrations.parsing.DEFAULT_SPECIAL_TOKENS` and the chat
+  templates' patterns), or ``query_special_tokens`` as a JSON list;
+- ``mismatch``: ``on_prompt_mismatch``;
+- ``shaping``: ``none``, or the ``module:qualified name`` of the reward's ``shaping`` function (named only).
+
+A ``|`` in a value is written ``\\u007c`` (in the JSON lists, JSON's own escape).
+:func:`split_reward_signature` parts the scorer's signature (for ``Scorer.from_signature``) from these
+fields.
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from contextlib import contextmanager
-from typing import Callable, Mapping, NamedTuple, Sequence
+from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from ..reward.batching import BatchedReward
 from .config import RewardConfig, build_parser, build_reward, setting_names
 from .parsing import apply_parser, reference_list, response_from_query
 from .trl import reward_name
 
-__all__ = ["FAILURES_LOG", "ConfiguredReward", "Pending", "Refused", "process_reward", "reset_process_reward"]
+__all__ = ["FAILURES_LOG", "REWARD_FIELDS", "ConfiguredReward", "Pending", "Refused", "process_reward",
+           "reset_process_reward", "reward_signature", "split_reward_signature"]
 
 FAILURES_LOG = "torchmover_failures"  # the extra_logs key of the running count of failed samples
+# The fields a configured reward's signature adds to its scorer's, in order (see the module docs)
+REWARD_FIELDS = ("reffield", "strip", "parse", "missing", "qtokens", "mismatch", "shaping")
+_BAR = "\\u007c"  # how a | is written in a reward field's value (JSON's escape of it)
 
 logger = logging.getLogger("torchmover")
+
+
+def reward_signature(scorer_signature: str, config: RewardConfig, shaping: Callable | None = None) -> str:
+    """``scorer_signature`` followed by the :data:`REWARD_FIELDS` of ``config`` and ``shaping`` (see the
+    module docs)."""
+    values = {"reffield": config.reference_field,
+              "strip": "none" if config.strip_reasoning is None else _text_list(config.strip_reasoning),
+              "parse": config.parse or "none",
+              "missing": "error" if config.missing_score is None else repr(float(config.missing_score)),
+              "qtokens": "default" if config.query_special_tokens is None else _text_list(config.query_special_tokens),
+              "mismatch": config.on_prompt_mismatch,
+              "shaping": "none" if shaping is None else _qualified_name(shaping)}
+    return "|".join([scorer_signature, *(f"{key}:{value.replace('|', _BAR)}" for key, value in values.items())])
+
+
+def _text_list(texts: Iterable[str]) -> str:
+    """``texts`` as a compact JSON list (which ``json.loads`` reads back, escaped ``|`` included)."""
+    return json.dumps(list(texts), separators=(",", ":"))
+
+
+def _qualified_name(function: Callable) -> str:
+    """``module:qualified name`` of ``function`` (of its type, for a callable object without a name)."""
+    named = function if hasattr(function, "__qualname__") else type(function)
+    return f"{named.__module__}:{named.__qualname__}"
+
+
+def split_reward_signature(signature: str) -> tuple[str, dict[str, str]]:
+    """``(scorer's signature, {field: value})`` of a configured reward's :attr:`~ConfiguredReward.signature`:
+    the scorer's part (for ``Scorer.from_signature``) and the values of its :data:`REWARD_FIELDS`, as
+    written (see the module docs). A signature that does not end with those fields, in their order,
+    raises a ValueError."""
+    parts = signature.split("|")
+    scorer_parts, fields = parts[:-len(REWARD_FIELDS)], [p.partition(":") for p in parts[-len(REWARD_FIELDS):]]
+    if len(scorer_parts) < 2 or [(key, sep) for key, sep, _ in fields] != [(key, ":") for key in REWARD_FIELDS]:
+        raise ValueError(f"not a configured reward's signature (it must end with the fields {REWARD_FIELDS}): "
+                         f"{signature!r}")
+    return "|".join(scorer_parts), {key: value for key, _, value in fields}
 
 
 class Refused(ValueError):
@@ -84,6 +147,14 @@ class ConfiguredReward:
 
     def __repr__(self) -> str:
         return f"ConfiguredReward({self.name!r}, {self.config!r})"
+
+    @property
+    def signature(self) -> str:
+        """What pins this reward's values: its reward's signature (the scorer's, with the centering the
+        reward uses) followed by the fields of the settings that change what a sample is scored as
+        (:func:`reward_signature`; see the module docs)."""
+        reward = self.batched.reward
+        return reward_signature(reward.signature, self.config, reward.shaping)
 
     # --- reading samples ---------------------------------------------------------------------------
 
@@ -218,6 +289,7 @@ def process_reward() -> ConfiguredReward:
     with _lock:
         if _process_reward is None:
             _process_reward = ConfiguredReward.build(RewardConfig.from_env())
+            logger.info("torchmover reward: built, signature %s", _process_reward.signature)
         return _process_reward
 
 

@@ -19,7 +19,10 @@ Endpoints (JSON in, JSON out):
 - ``POST /score``: ``{"hyps": [...], "refs": [...]}`` (a str or a list of str per hypothesis) ->
   ``{"rewards": [...]}``.
 - ``GET /health``: ``{"status": "ok", "signature": ..., "device": ..., "limits": {...}, "failures": ...,
-  "refused": ..., ...}``.
+  "refused": ..., ...}``, ``signature`` being the configured reward's
+  (:attr:`ConfiguredReward.signature <torchmover.integrations.configured.ConfiguredReward.signature>`:
+  the scorer's, then the settings that change what ``/get_reward`` scores; ``/score`` scores its texts
+  as given, by the scorer's signature and the reward's ``shaping``).
 
 Every request goes through one :class:`~torchmover.reward.batching.BatchedReward`, so concurrent requests
 (OpenRLHF sends one sample per request) are scored together, on the scorer's device. A malformed
@@ -532,9 +535,8 @@ class RewardServer:
             return web.json_response({"rewards": await rewards(_field(body, "hyps"), _field(body, "refs"))})
 
         async def health(request):
-            reward = self.batched.reward
-            return web.json_response({"status": "ok", "signature": reward.signature,
-                                      "device": str(reward.scorer.encoder.device),
+            return web.json_response({"status": "ok", "signature": self.reward.signature,
+                                      "device": str(self.batched.reward.scorer.encoder.device),
                                       "max_batch_size": self.batched.max_batch_size,
                                       "max_wait_ms": self.batched.max_wait_ms, "limits": dataclasses.asdict(limits),
                                       "connections": len(self._connections), "in_flight": self.in_flight,
