@@ -317,3 +317,148 @@ def test_under_torchrun_only_rank_0_reads_the_stopword_file_and_the_baseline_cor
     missing = _ddp.run(score_on_rank, 2, tmp_path / "missing", [argv(tmp_path, "x.txt", "gone.txt")] * 2, timeout=120)
     for rank in missing:
         assert rank == {"code": 2, "err": f"torchmover: error: no such file: {tmp_path / 'gone.txt'}\n"}
+
+
+# --- fields, report outputs, option values, closed pipes --------------------------------------------
+
+NO_MODEL = ["--model", "/nonexistent/model"]  # an error that only loading the model would report
+
+
+def refused(argv, capsys) -> str:
+    """The one-line error of ``main(argv)``, which must exit with status 2."""
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["--hyp-field", "--ref-field"])
+def test_a_field_given_for_a_text_file_is_refused_before_the_model_loads(tmp_path, capsys, option):
+    """Before, the field was ignored and a JSON-lines ``pairs.tsv`` given as both inputs scored each whole
+    line against itself: 1.0 for every pair."""
+    pairs = write(tmp_path / "pairs.tsv", [json.dumps({"hyp": "the cat sat", "ref": "a dog"})])
+    err = refused(["score", "--hyps", pairs, "--refs", pairs, option, "hyp", *NO_MODEL], capsys)
+    assert err == (f"torchmover: error: {option} hyp: {pairs} is read as text, one text per line, which has no field "
+                   "'hyp': fields are read from .jsonl, .ndjson, .json, .parquet, .arrow, .feather, .ipc files\n")
+
+
+def test_a_json_file_is_read_as_json_lines_with_the_default_fields(tmp_path, tiny_model_dir, capsys):
+    """Before, ``pairs.json`` was read as text: each JSON line scored against itself, 1.0 every pair."""
+    assert run(tmp_path, tiny_model_dir) == 0
+    from_text = capsys.readouterr().out
+    hyps, refs = (tmp_path / "hyps.txt").read_text().splitlines(), (tmp_path / "refs.txt").read_text().splitlines()
+    pairs = write(tmp_path / "pairs.json", [json.dumps({"hyp": h, "ref": r}) for h, r in zip(hyps, refs)])
+    assert main(["score", "--hyps", pairs, "--refs", pairs, "--model", str(tiny_model_dir), "--layer", "2",
+                 "--no-progress"]) == 0
+    assert capsys.readouterr().out == from_text
+
+
+def test_an_output_ending_in_jsonl_gets_json_lines_unless_format_says_otherwise(tmp_path, tiny_model_dir, capsys):
+    """Before, ``--output scores.jsonl`` without ``--format`` (the README's torchrun line) held bare numbers."""
+    assert run(tmp_path, tiny_model_dir, "--output", str(tmp_path / "scores.jsonl")) == 0
+    assert [json.loads(line)["line"] for line in (tmp_path / "scores.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert run(tmp_path, tiny_model_dir, "--output", str(tmp_path / "plain.jsonl"), "--format", "text") == 0
+    assert all(float(line) >= 0 for line in (tmp_path / "plain.jsonl").read_text().splitlines())
+
+
+def report_commands(tmp_path) -> dict[str, list[str]]:
+    """Each command that writes a report or a picture, its inputs in ``tmp_path``."""
+    hyps, refs = write(tmp_path / "hyps.txt", ["the cat sat"]), write(tmp_path / "refs.txt", ["a cat sat"])
+    ratings = write(tmp_path / "ratings.tsv", ["lp\tyear\tref\thyp\tscore", "de-en\t2016\ta cat\tthe cat\t0.5",
+                                               "de-en\t2016\ta dog\tthe sun\t-0.5"])
+    stop = write(tmp_path / "stop.txt", ["the"])
+    return {"correlate": ["correlate", "--data", ratings], "sensitivity": ["sensitivity", "--data", ratings],
+            "stress": ["stress", "--hyps", hyps, "--refs", refs, "--stopwords", stop],
+            "show": ["show", "--hyp", "the cat", "--ref", "a cat", "--stopwords", stop]}
+
+
+@pytest.mark.parametrize("command, option, target", [
+    ("correlate", "--json", "ratings.tsv"), ("correlate", "--plot", "ratings.tsv"),
+    ("sensitivity", "--json", "ratings.tsv"), ("stress", "--json", "hyps.txt"), ("stress", "--json", "refs.txt"),
+    ("stress", "--json", "stop.txt"),
+])
+def test_a_report_naming_an_input_is_refused_before_any_work(tmp_path, capsys, command, option, target):
+    """Before, ``correlate --json ratings.tsv`` and ``stress --json hyps.txt`` replaced their input."""
+    argv = report_commands(tmp_path)[command]
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    path = str(tmp_path / target)
+    err = refused([*argv, option, path, *NO_MODEL], capsys)
+    given = next(argv[k] for k in range(len(argv) - 1) if argv[k + 1] == path)
+    assert err == (f"torchmover: error: {option} {path} is also an input ({given} {path}): the run would replace "
+                   f"or remove it; give another {option}\n")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_report_inside_the_ratings_directory_or_a_directory_is_refused_before_scoring(tmp_path, capsys):
+    """Before, ``--json DIR`` failed with "[Errno 21] Is a directory" once every record was scored."""
+    ratings = tmp_path / "ratings"
+    ratings.mkdir()
+    report_commands(ratings)
+    err = refused(["correlate", "--data", str(ratings), "--json", str(ratings / "report.json"), *NO_MODEL], capsys)
+    assert err == (f"torchmover: error: --json {ratings / 'report.json'} is inside an input directory (--data "
+                   f"{ratings}): the run would write among the files it reads; give another --json\n")
+    err = refused(["correlate", "--data", str(ratings / "ratings.tsv"), "--json", str(ratings), *NO_MODEL], capsys)
+    assert err == f"torchmover: error: --json {ratings} is a directory: give the path of a file\n"
+
+
+@pytest.mark.parametrize("command, option, value, expected", [
+    ("correlate", "--confidence", "95", "must be a number between 0 and 1 (e.g. 0.95), got '95'"),
+    ("correlate", "--confidence", "nan", "must be a number between 0 and 1 (e.g. 0.95), got 'nan'"),
+    ("correlate", "--n-boot", "-1", "must be a non-negative integer, got '-1'"),
+    ("sensitivity", "--max-per-group", "1", "must be an integer >= 2 (a correlation needs two segments), got '1'"),
+    ("score", "--chunk-size", "0", "must be a positive integer, got '0'"),
+])
+def test_option_values_are_checked_as_they_are_read(tmp_path, capsys, command, option, value, expected):
+    """Before, these were refused after the model loaded (``correlate``: after scoring every record),
+    named as the library's arguments (``confidence must be in (0, 1)``)."""
+    argv = {**report_commands(tmp_path), "score": ["score", "--hyps", str(tmp_path / "hyps.txt"),
+                                                   "--refs", str(tmp_path / "refs.txt")]}[command]
+    assert f"argument {option}: {expected}\n" in refused([*argv, option, value, *NO_MODEL], capsys)
+
+
+def failing_writes_over(limit: int):
+    """A context in which writing a file past ``limit`` bytes fails with EFBIG, as a full disk fails."""
+    import contextlib
+    import resource
+    import signal
+
+    @contextlib.contextmanager
+    def limited():
+        previous, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, previous[1]))
+        try:
+            yield
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, previous)
+            signal.signal(signal.SIGXFSZ, handler)
+    return limited()
+
+
+@pytest.mark.parametrize("command", ["correlate", "show"])
+def test_a_report_whose_write_fails_leaves_the_previous_one_whole(tmp_path, tiny_model_dir, capsys, command):
+    """Before, ``correlate --json`` truncated the previous report and left a part of the new one."""
+    if command == "show":
+        pytest.importorskip("matplotlib")
+    option = "--json" if command == "correlate" else "--output"
+    report = tmp_path / ("report.json" if command == "correlate" else "a.png")
+    report.write_bytes(b"the previous report\n")
+    argv = [*report_commands(tmp_path)[command], option, str(report), "--model", str(tiny_model_dir), "--layer", "2",
+            "--no-progress"]
+    with failing_writes_over(512):
+        err = refused(argv, capsys)
+    assert "File too large" in err and report.read_bytes() == b"the previous report\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary file left
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path, tiny_model_dir):
+    """Before: ``torchmover: error: [Errno 32] Broken pipe``, exit status 2."""
+    import subprocess
+    import sys
+
+    hyps = write(tmp_path / "hyps.txt", ["the cat sat"] * 200)
+    command = [sys.executable, "-m", "torchmover", "score", "--hyps", hyps, "--refs", hyps, "--model",
+               str(tiny_model_dir), "--layer", "2", "--no-progress", "--chunk-size", "50"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()  # the reader goes away before the first score is written
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141 and "rror" not in err and "Traceback" not in err

@@ -3,6 +3,7 @@ every input format, bad input named before any work, resuming an interrupted run
 duplicates, refusing to resume another run, statistics fitted on the stream."""
 import codecs
 import json
+import os
 
 import pytest
 import torch
@@ -50,12 +51,13 @@ def expected(scorer, hyps=HYPS, refs=REFS, return_all=False):
 PRF_COLUMNS = ("precision", "recall", "f1")
 
 
-@pytest.mark.parametrize("kind", ["text", "jsonl", "parquet", "arrow"])
+@pytest.mark.parametrize("kind", ["text", "jsonl", "json", "parquet", "arrow"])
 def test_every_format_scores_the_pairs_as_score_does(tmp_path, kind):
+    """A ``.json`` file is JSON lines, as the ratings reader reads it (before, it was read as text)."""
     if kind == "text":
         hyps, refs = text_inputs(tmp_path)
-    elif kind == "jsonl":
-        path = write_lines(tmp_path / "pairs.jsonl", [json.dumps({"hyp": h, "ref": g}) for h, g in zip(HYPS, REFS)])
+    elif kind in ("jsonl", "json"):
+        path = write_lines(tmp_path / f"pairs.{kind}", [json.dumps({"hyp": h, "ref": g}) for h, g in zip(HYPS, REFS)])
         hyps, refs = Column(path, "hyp"), [Column(path, "ref")]
     else:
         pa = pytest.importorskip("pyarrow")
@@ -112,14 +114,49 @@ def bad_inputs(tmp_path, case):
         lines[6] = json.dumps({"hyp": 7, "ref": "x"})
         path = write_lines(tmp_path / "pairs.jsonl", lines)
         return Column(path, "hyp"), [Column(path, "ref")], "pairs.jsonl line 7: the 'hyp' value must be a text, got 7"
-    pa = pytest.importorskip("pyarrow")  # a null in a Parquet column
+    if case in ("lone surrogate", "lone surrogate in a list"):  # a JSON escape holds what UTF-8 cannot
+        lines = [json.dumps({"hyp": h, "ref": g}) for h, g in zip(HYPS, REFS)]
+        lines[1] = ('{"hyp": "a dog \\ud800 barked", "ref": "x"}' if case == "lone surrogate"
+                    else '{"hyp": "a dog", "ref": ["x", "the \\udc80 dog"]}')
+        path = write_lines(tmp_path / "pairs.jsonl", lines)
+        position = 6 if case == "lone surrogate" else 4
+        return (Column(path, "hyp"), [Column(path, "ref")],
+                rf"pairs.jsonl line 2 is not valid Unicode: lone surrogate '\\ud[8c]\d\d' at position {position}")
+    if case == "field of a text file":  # before, the field was ignored and each whole line read as text
+        return (Column(hyps.path, "hyp"), refs,
+                r"hyps.txt is read as text, one text per line, which has no field 'hyp': fields are read from "
+                r"\.jsonl, \.ndjson, \.json, \.parquet, \.arrow, \.feather, \.ipc files")
+    if case == "pipe":
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        return Column(str(fifo)), refs, r"fifo is not a regular file \(a pipe\?\): torchmover reads each input more"
+    pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
-    path = str(tmp_path / "pairs.parquet")
+    if case in ("repeated column, arrow", "repeated column, parquet"):  # before: the last (or first) of them
+        table = pa.Table.from_arrays([pa.array(HYPS), pa.array(HYPS), pa.array([g[0] for g in REFS])],
+                                     names=["hyp", "hyp", "ref"])
+        path = str(tmp_path / ("pairs.arrow" if "arrow" in case else "pairs.parquet"))
+        (feather_write if "arrow" in case else pq.write_table)(table, path)
+        return Column(path, "hyp"), [Column(path, "ref")], "pairs.* 2 columns are named 'hyp': which holds the texts"
+    if case == "bytes":  # before: "Object of type bytes is not JSON serializable"
+        path = str(tmp_path / "pairs.parquet")
+        pq.write_table(pa.table({"hyp": [h.encode() for h in HYPS], "ref": [g[0] for g in REFS]}), path)
+        return (Column(path, "hyp"), [Column(path, "ref")],
+                "pairs.parquet row 1: the 'hyp' value must be a text, got bytes b'the cat sat on the mat'")
+    path = str(tmp_path / "pairs.parquet")  # a null in a Parquet column
     pq.write_table(pa.table({"hyp": HYPS, "ref": [g[0] if k != 4 else None for k, g in enumerate(REFS)]}), path)
     return Column(path, "hyp"), [Column(path, "ref")], "pairs.parquet row 5: the 'ref' value is null"
 
 
-@pytest.mark.parametrize("case", ["line counts", "undecodable", "empty", "missing", "json", "field", "type", "null"])
+def feather_write(table, path):
+    import pyarrow.feather as feather
+
+    feather.write_feather(table, path)
+
+
+@pytest.mark.parametrize("case", ["line counts", "undecodable", "empty", "missing", "json", "field", "type", "null",
+                                  "lone surrogate", "lone surrogate in a list", "field of a text file", "pipe",
+                                  "repeated column, arrow", "repeated column, parquet", "bytes"])
 def test_bad_input_is_named_before_any_work(tmp_path, case):
     hyps, refs, message = bad_inputs(tmp_path, case)
     scorer = tiny_scorer(centering="batch")

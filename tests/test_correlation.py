@@ -1,3 +1,4 @@
+import importlib.util
 import json
 import math
 import sys
@@ -302,11 +303,7 @@ def test_cli_correlate_reports_data_errors(tmp_path, tiny_model_dir, capsys):
 
 
 def _has_matplotlib() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 # --- system level --------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 import codecs
 import contextlib
 import dataclasses
+import json
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -72,6 +73,17 @@ def test_read_tsv_optional_columns_and_blank_lines(tmp_path):
     assert (r.system, r.segment_id, r.lp, r.score) == ("online-A", 7, "ro-en", -0.01)
 
 
+def test_read_tsv_splits_lines_as_every_line_aligned_reader_does(tmp_path):
+    """Before, a lone ``\\r`` split the row ("expected 5 tab-separated columns, got 3"), a line of
+    whitespace was an error, and a text over 131,072 characters a ``_csv.Error`` traceback."""
+    long = "word " * 40_000
+    path = tmp_path / "r.tsv"
+    path.write_bytes((HEADER + "cs-en\t2015\ta\rcat\tthe cat\t0.1\r\n \t \n\n"
+                      f"cs-en\t2015\t{long}\tthe\u2028dog\t0.2\n").encode())
+    records = read_tsv(path)
+    assert [(r.ref, r.hyp, r.score) for r in records] == [("a\rcat", "the cat", 0.1), (long, "the\u2028dog", 0.2)]
+
+
 @pytest.mark.parametrize("body, line, match", [
     ("cs-en\t2015\tref\thyp\n", 2, "expected 5 tab-separated columns, got 4"),
     ("cs-en\t2015\tref\thyp\t0.1\n" "cs-en\t2015\tref\thyp\tgood\n", 3, "score must be a number, got 'good'"),
@@ -112,9 +124,21 @@ def test_read_jsonl_year_from_key_or_argument():
                                 segment_id=17)
 
 
-def test_read_jsonl_without_year_names_the_line():
+def test_read_jsonl_without_year_names_the_line_and_how_to_give_it():
     path = FIXTURES / "ratings.jsonl"
-    with error_at(path, 4, "no 'year' key"):  # line 3 is blank
+    with error_at(path, 4, r"no 'year' key: give the year of the records without one \(the command line's "
+                           r"--year, or read_jsonl\(path, year=\.\.\.\)\)"):  # line 3 is blank
+        read_jsonl(path)
+
+
+@pytest.mark.parametrize("key, position", [("candidate", 4), ("reference", 0)])
+def test_read_jsonl_names_a_text_that_is_not_valid_unicode(tmp_path, key, position):
+    """A JSON escape holds a lone surrogate; before, it reached the tokenizer and failed there as
+    ``hyps[2] is not valid Unicode``, naming neither the file nor the line."""
+    record = {"lang": "de-en", "year": 2016, "candidate": "the cat", "reference": "a cat", "score": 0.1}
+    bad = json.dumps({**record, key: "the \ud800 cat" if key == "candidate" else "\udfff"})
+    path = write(tmp_path / "r.jsonl", json.dumps(record) + "\n" + bad + "\n")
+    with error_at(path, 2, rf"{key} is not valid Unicode: lone surrogate '\\ud[8f]\w\w' at position {position}"):
         read_jsonl(path)
 
 

@@ -4,6 +4,7 @@ tests/test_verl.py and tests/test_openrlhf.py drive them through the frameworks'
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import logging
 import random
@@ -337,6 +338,30 @@ def test_non_finite_numbers_are_refused_from_every_source(tmp_path):
         RewardConfig(max_wait_ms=float("inf"))
     config = RewardConfig.from_env({"TORCHMOVER_MISSING_SCORE": "-1e3", "TORCHMOVER_MAX_WAIT_MS": "0"})
     assert (config.missing_score, config.max_wait_ms) == (-1e3, 0.0)
+
+
+@pytest.mark.parametrize("name", ["reward.json", "reward.toml"])
+def test_a_config_file_that_starts_with_a_byte_order_mark_is_read(tmp_path, name):
+    """Before: "Unexpected UTF-8 BOM" (JSON) or "Invalid statement" (TOML)."""
+    path = tmp_path / name
+    path.write_bytes(codecs.BOM_UTF8 + ('{"missing_score": 0.5}' if name.endswith(".json") else
+                                        "missing_score = 0.5\n").encode())
+    assert RewardConfig.from_env({"TORCHMOVER_CONFIG": str(path)}).missing_score == 0.5
+
+
+@pytest.mark.parametrize("name, text, parser_says", [
+    ("reward.json", '{"missing_score":\n', r"Expecting value: line 2 column 1 \(char 18\)"),
+    ("reward.toml", "missing_score = \n", "Invalid value"),
+    ("reward.json", b'{"model": "\xff"}', "invalid start byte"),
+])
+def test_a_config_file_that_does_not_parse_is_named(tmp_path, name, text, parser_says):
+    """Before, the parser's message alone: neither the file nor TORCHMOVER_CONFIG was named."""
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    kind = "TOML" if name.endswith(".toml") else "JSON"
+    with pytest.raises(ValueError, match=rf"^TORCHMOVER_CONFIG='{re.escape(str(path))}': not valid {kind} "
+                                         rf"\(.*{parser_says}.*\)$"):
+        RewardConfig.from_env({"TORCHMOVER_CONFIG": str(path)})
 
 
 def test_config_unknown_file_key(tmp_path):

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
+import os
 import re
 import signal
 import sys
@@ -41,9 +43,10 @@ from ._version import __version__
 import torch
 import torch.distributed as dist
 
-from .evaluation.corpus import Column, check_output, format_rows, on_rank0, read_lines, score_files
+from .evaluation.corpus import (FORMATS, Column, InputError, check_field_applies, check_output, format_rows, on_rank0,
+                                read_lines, same_path, score_files)
 from .evaluation.correlation import score_and_correlate
-from .evaluation.data import read_ratings
+from .evaluation.data import HUB_PREFIX, read_ratings
 from .evaluation.scoring import fit_to_call
 from .evaluation.sensitivity import FACTORS, STATISTICS, run_sensitivity, select_per_group
 from .integrations.config import RewardConfig, build_reward
@@ -80,6 +83,22 @@ def _int_at_least(value: str, low: int, what: str) -> int:
     if n < low:
         raise argparse.ArgumentTypeError(f"must be {what}, got {value!r}")
     return n
+
+
+def at_least_two(value: str) -> int:
+    """An argparse type: an int >= 2 (a correlation needs two segments)."""
+    return _int_at_least(value, 2, "an integer >= 2 (a correlation needs two segments)")
+
+
+def open_unit_interval(value: str) -> float:
+    """An argparse type: a float strictly between 0 and 1 (a coverage)."""
+    try:
+        x = float(value)
+    except ValueError:
+        x = math.nan
+    if not 0 < x < 1:
+        raise argparse.ArgumentTypeError(f"must be a number between 0 and 1 (e.g. 0.95), got {value!r}")
+    return x
 
 
 def positive_number(value: str) -> float:
@@ -230,12 +249,35 @@ def literal_texts(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]
     return [args.hyp], [list(args.ref)]
 
 
-def score_inputs(args: argparse.Namespace) -> dict[str, list[str]]:
-    """The files ``score`` reads, by option: ``--hyps``, ``--refs``, a ``--stopwords`` file and
-    ``--baseline-corpus``."""
-    options = {"--hyps": [args.hyps], "--refs": args.refs, "--stopwords": [stopword_file(args)],
-               "--baseline-corpus": [getattr(args, "baseline_corpus", None)]}
+def inputs_of(args: argparse.Namespace) -> dict[str, list[str]]:
+    """The files (or directories) a command reads, by option: ``--hyps``, ``--refs`` (one or several),
+    ``--data`` (not ``hub:NAME``), a ``--stopwords`` file and ``--baseline-corpus``."""
+    refs, data = getattr(args, "refs", None), getattr(args, "data", None)
+    options = {"--hyps": [getattr(args, "hyps", None)], "--refs": refs if isinstance(refs, list) else [refs],
+               "--data": [None if data is None or data.startswith(HUB_PREFIX) else data],
+               "--stopwords": [stopword_file(args)], "--baseline-corpus": [getattr(args, "baseline_corpus", None)]}
     return {option: [path for path in paths if path is not None] for option, paths in options.items()}
+
+
+def input_column(path: str, field: str | None, option: str, default: str) -> Column:
+    """The column of ``--hyps`` / ``--refs`` ``path``: the ``field`` given as ``option``, else ``default`` for
+    a file with fields (JSON lines, Parquet, Arrow) and none for a text file. A field given for a file read
+    as text is refused now, before the model loads (:func:`~torchmover.evaluation.corpus.check_field_applies`)."""
+    if field is None:
+        return Column(path, None if Column(path).format == "text" else default)
+    try:
+        check_field_applies(Column(path, field))
+    except InputError as error:
+        raise CLIError(f"{option} {field}: {error}") from None
+    return Column(path, field)
+
+
+def output_format(args: argparse.Namespace) -> str:
+    """``--format``, else the format the ``--output`` suffix names: JSON lines for a suffix read as JSON lines
+    (``.jsonl``, ``.ndjson``, ``.json``), else text."""
+    if args.format is not None:
+        return args.format
+    return "jsonl" if args.output and FORMATS.get(Path(args.output).suffix.lower()) == "jsonl" else "text"
 
 
 def run_score(args: argparse.Namespace) -> None:
@@ -245,7 +287,7 @@ def run_score(args: argparse.Namespace) -> None:
     the ``--stopwords`` file and ``--baseline-corpus`` included (:func:`rank0_files`). An ``--output``
     that is a directory or one of the inputs is refused first."""
     if args.output:
-        check_output(args.output, score_inputs(args))
+        check_output(args.output, inputs_of(args))
     if args.hyp is not None:
         run_literal_score(args)
         return
@@ -254,6 +296,8 @@ def run_score(args: argparse.Namespace) -> None:
     if not args.refs:
         raise CLIError("--hyps FILE needs its references: --refs FILE (one reference per hypothesis line; "
                        "repeat --refs for several)")
+    hyps = input_column(args.hyps, args.hyp_field, "--hyp-field", "hyp")
+    refs = [input_column(path, args.ref_field, "--ref-field", "ref") for path in args.refs]
     progress = progress_of(args)
     scorer = encoder_scorer(args)  # before joining the process group: loading a model in one leaves it referenced
     launched = init_distributed_from_environment(scorer.encoder.device)
@@ -261,10 +305,9 @@ def run_score(args: argparse.Namespace) -> None:
         stopwords, baseline_corpus = rank0_files(args, scorer.encoder.device)
         if stopwords is not None:
             scorer = build_scorer(args, stopwords, encoder=scorer.encoder)
-        result = score_files(scorer, Column(args.hyps, args.hyp_field),
-                             [Column(path, args.ref_field) for path in args.refs], args.output, format=args.format,
-                             return_all=args.all, chunk_pairs=args.chunk_size, batch_size=args.batch_size,
-                             progress=progress, overwrite=args.overwrite, baseline_corpus=baseline_corpus)
+        result = score_files(scorer, hyps, refs, args.output, format=output_format(args), return_all=args.all,
+                             chunk_pairs=args.chunk_size, batch_size=args.batch_size, progress=progress,
+                             overwrite=args.overwrite, baseline_corpus=baseline_corpus)
         if is_rank0():
             if result.already_finished:
                 print(f"torchmover: {args.output} is complete (run recorded in {args.output}.manifest.json): "
@@ -290,7 +333,7 @@ def run_literal_score(args: argparse.Namespace) -> None:
     scores = scorer.score(hyps, refs, batch_size=args.batch_size, progress=progress_of(args), return_all=args.all)
     columns = list(scores._fields) if args.all else ["score"]
     scores = torch.stack(list(scores) if args.all else [scores]).double()
-    text = format_rows(scores, 0, args.format, columns)
+    text = format_rows(scores, 0, output_format(args), columns)
     if args.output:
         atomic_write_text(args.output, text)
     else:
@@ -323,11 +366,20 @@ def require(module: str, extra: str, option: str) -> None:
         raise CLIError(f"{option} needs {module}, which is not installed: pip install \"torchmover[{extra}]\"") from None
 
 
-def prepare_outputs(*paths: str | None) -> None:
-    """Create the folders of the output files given (before any work: a path that cannot be written
-    fails now, not after the scoring)."""
-    for path in filter(None, paths):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+def prepare_outputs(args: argparse.Namespace, outputs: dict[str, str | None]) -> None:
+    """Before any work, for each output file given (``outputs``: the path of each option, None where not
+    given): refuse a directory or one of the command's inputs (:func:`inputs_of`,
+    :func:`~torchmover.evaluation.corpus.check_output`), create its folder, and refuse a folder that
+    cannot be written, so that a path that cannot be written fails now, not after the scoring."""
+    inputs = inputs_of(args)
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        check_output(path, inputs, option, holds=functools.partial(same_path, path))
+        folder = Path(path).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise CLIError(f"{option} {path}: cannot write in {folder} (permission denied)")
 
 
 def add_ratings_arguments(parser: argparse.ArgumentParser) -> None:
@@ -361,9 +413,11 @@ def add_correlate_arguments(parser: argparse.ArgumentParser) -> None:
     add_ratings_arguments(parser)
     add_scorer_arguments(parser)
     g = parser.add_argument_group("report")
-    g.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default: %(default)s)")
+    g.add_argument("--n-boot", type=non_negative_int, default=1000,
+                   help="bootstrap resamples; 0: no intervals (default: %(default)s)")
     g.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
-    g.add_argument("--confidence", type=float, default=0.95, help="interval coverage (default: %(default)s)")
+    g.add_argument("--confidence", type=open_unit_interval, default=0.95,
+                   help="interval coverage, between 0 and 1 (default: %(default)s)")
     g.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
     g.add_argument("--plot", metavar="OUT.png", help="also write scatter plots here (needs matplotlib)")
 
@@ -372,7 +426,7 @@ def run_correlate(args: argparse.Namespace) -> None:
     """Read ratings, score them, print the correlation table; write ``--json`` / ``--plot``."""
     if args.plot:
         require("matplotlib", "plot", "--plot")
-    prepare_outputs(args.json, args.plot)
+    prepare_outputs(args, {"--json": args.json, "--plot": args.plot})
     records = ratings_of(args)
     scorer = scorer_from_args(args, [r.ref for r in records], [r.hyp for r in records])
     report = score_and_correlate(scorer, records, args.batch_size, n_boot=args.n_boot, seed=args.seed,
@@ -381,7 +435,7 @@ def run_correlate(args: argparse.Namespace) -> None:
     if report.system_level is None:
         print("system level: not reported (the ratings do not name every segment's system)", file=sys.stderr)
     if args.json:
-        Path(args.json).write_text(report.to_json() + "\n", encoding="utf-8")
+        atomic_write_text(args.json, report.to_json() + "\n")
     if args.plot:
         report.plot(args.plot)
 
@@ -392,7 +446,7 @@ def add_sensitivity_arguments(parser: argparse.ArgumentParser) -> None:
     add_ratings_arguments(parser)
     parser.add_argument("--factors", help=f"comma-separated, from {','.join(FACTORS)} "
                                           "(default: every factor that applies to the method)")
-    parser.add_argument("--max-per-group", type=int, metavar="N",
+    parser.add_argument("--max-per-group", type=at_least_two, metavar="N",
                         help="use the first N records of each lp/year group (bounds the cost)")
     add_scorer_arguments(parser)
     parser.set_defaults(batch_size=32)  # the TWMD paper's batch size, fixed across variants
@@ -408,7 +462,7 @@ def run_sensitivity_command(args: argparse.Namespace) -> None:
     print the table and write ``--json`` / ``--plot``."""
     if args.plot:
         require("matplotlib", "plot", "--plot")
-    prepare_outputs(args.json, args.plot)
+    prepare_outputs(args, {"--json": args.json, "--plot": args.plot})
     records = select_per_group(ratings_of(args), args.max_per_group)
     progress = progress_of(args)  # one bar, run_sensitivity's (it refits every variant)
     base = build_scorer(args)
@@ -417,7 +471,7 @@ def run_sensitivity_command(args: argparse.Namespace) -> None:
     report = run_sensitivity(records, base, factors=args.factors, batch_size=args.batch_size, progress=progress)
     print(report.to_table(args.statistic))
     if args.json:
-        Path(args.json).write_text(report.to_json() + "\n", encoding="utf-8")
+        atomic_write_text(args.json, report.to_json() + "\n")
     if args.plot:
         report.plot(args.plot, statistic=args.statistic)
 
@@ -441,7 +495,7 @@ def run_show(args: argparse.Namespace) -> None:
         picture_path(args.output)
     except ValueError:
         raise CLIError(f"--output must end in .png, .svg or .pdf, got {args.output!r}") from None
-    prepare_outputs(args.output)
+    prepare_outputs(args, {"--output": args.output})
     scorer = scorer_from_args(args, [args.ref], [args.hyp])
     match = show(scorer, args.hyp, args.ref, args.output)
     print(f"{match.score:.6f}")
@@ -470,6 +524,7 @@ def run_stress(args: argparse.Namespace) -> None:
 
     from .evaluation.stress import stress_test
 
+    prepare_outputs(args, {"--json": args.json})
     if args.data is not None:
         if args.hyps or args.refs:
             raise CLIError("give --data RATINGS or --hyps FILE --refs FILE, not both")
@@ -487,7 +542,6 @@ def run_stress(args: argparse.Namespace) -> None:
     if args.sample is not None and args.sample < len(hyps):
         chosen = random.Random(args.seed).sample(range(len(hyps)), args.sample)
         hyps, refs = [hyps[i] for i in chosen], [refs[i] for i in chosen]
-    prepare_outputs(args.json)
     scorer = scorer_from_args(args, refs, hyps)
     report = stress_test(scorer, hyps, refs, seed=args.seed)
     print(report.to_table())
@@ -602,18 +656,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="file with one reference per line; repeat for several references")
     score.add_argument("--ref", metavar="TEXT", action="append", default=[],
                        help="a reference of --hyp as literal text; repeat for several references")
-    score.add_argument("--hyp-field", default="hyp", metavar="NAME",
-                       help="the field (column) of the hypotheses in a .jsonl, .parquet or .arrow file (default: hyp)")
-    score.add_argument("--ref-field", default="ref", metavar="NAME",
-                       help="the field (column) of the references in a .jsonl, .parquet or .arrow file: a text or "
+    score.add_argument("--hyp-field", metavar="NAME",
+                       help="the field (column) of the hypotheses in a JSON lines (.jsonl, .ndjson, .json), Parquet or "
+                            "Arrow file (default: hyp); a file of another suffix is text and has none")
+    score.add_argument("--ref-field", metavar="NAME",
+                       help="the field (column) of the references in a JSON lines, Parquet or Arrow file: a text or "
                             "a list of texts (default: ref)")
     score.add_argument("--all", action="store_true", help="print precision, recall and F1 per line (P R F1)")
     score.add_argument("--output", help="write scores here (default: standard output); a run writing a file "
                                         "resumes where it stopped when rerun")
-    score.add_argument("--format", default="text", choices=("text", "jsonl"),
+    score.add_argument("--format", choices=("text", "jsonl"),
                        help="text: one score per line (--all: P R F1); jsonl: one JSON object per line with its "
-                            "line number (default: text)")
-    score.add_argument("--chunk-size", type=int, default=SCORE_CHUNK, metavar="PAIRS",
+                            "line number (default: jsonl for an --output ending in .jsonl, .ndjson or .json, "
+                            "else text)")
+    score.add_argument("--chunk-size", type=positive_int, default=SCORE_CHUNK, metavar="PAIRS",
                        help=f"pairs read, scored and written at once: memory grows with it (default: {SCORE_CHUNK})")
     score.add_argument("--overwrite", action="store_true",
                        help="replace --output (and the record of an earlier run) instead of refusing or resuming")
@@ -665,6 +721,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with silenced(getattr(args, "no_progress", False)):  # --no-progress: every bar, transformers' too
             args.run(args)
+    except BrokenPipeError:
+        return stdout_closed()
     except (CLIError, ValueError, TypeError, OSError, ImportError) as error:
         parser.exit(2, f"torchmover: error: {cli_syntax(str(error))}\n")
     return 0
+
+
+def stdout_closed() -> int:
+    """What a Unix tool does when the reader of its standard output goes away (``torchmover score ... | head``):
+    stop quietly, with the status of a process ended by SIGPIPE (128 + 13). Standard output is pointed at
+    the null device first, so that flushing it at exit raises nothing (Python's documentation of SIGPIPE)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141  # 128 + SIGPIPE

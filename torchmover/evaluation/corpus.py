@@ -5,10 +5,12 @@
 pairs and writes each chunk's scores as soon as it is scored:
 
 - **Input** (:func:`read_column`): text files (one text per line), JSON lines (a field of each
-  record), Parquet and Arrow IPC / Feather files (a column; through ``pyarrow``, the ``parquet``
-  extra). A reference row is a text or a list of texts (several references). Every input is read
-  once before any work (:func:`check_inputs`): an undecodable row, a row of the wrong type, an empty
-  file or a row-count mismatch is reported naming the file and the line (or row).
+  record; ``.jsonl``, ``.ndjson`` or ``.json``), Parquet and Arrow IPC / Feather files (a column;
+  through ``pyarrow``, the ``parquet`` extra). A reference row is a text or a list of texts (several
+  references). Every input is read once before any work (:func:`check_inputs`): an undecodable row, a
+  text that is not valid Unicode (a lone surrogate, which a JSON escape can hold), a row of the wrong
+  type, an empty file or a row-count mismatch is reported naming the file and the line (or row); so
+  is a field given for a text file, which has none.
 - **Memory** is bounded by the chunk (:mod:`torchmover.scorer.corpus`), never by the corpus; passes
   that fit a statistic on the whole corpus keep 8 bytes per distinct text to count each once
   (:class:`~torchmover.scorer.corpus.SeenTexts`).
@@ -56,14 +58,15 @@ from ..runtime.progress import PairProgress
 from ..scorer import Scorer
 from ..scorer.corpus import (SCORE_CHUNK, SeenTexts, call_means, check_batch_size, eval_mode, score_chunk,
                              sharding_group, token_sums)
-from ..scorer.inputs import stripped
+from ..scorer.inputs import check_text, stripped
 from ..scorer.module import baseline_draws
 from ..scorer.serialization import sha256_file
 from ..scorer.units import BatchMeans
 from ..text.weights import frequency_counts, idf_of_counts, warn_if_weightless
 
-FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow",
-           ".ipc": "arrow"}  # any other suffix: a text file, one text per line
+FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".arrow": "arrow",
+           ".feather": "arrow", ".ipc": "arrow"}  # any other suffix: a text file, one text per line
+FIELD_SUFFIXES = ", ".join(FORMATS)  # for messages: the suffixes of the files that have fields
 RUN_FORMAT = 1  # the manifest's layout
 
 
@@ -73,7 +76,7 @@ class InputError(ValueError):
 
 class Column(NamedTuple):
     """One input column: a file, and for JSON lines / Parquet / Arrow the ``field`` (column) that holds
-    it (text files: ``field`` is ignored)."""
+    it. A text file has no fields: :func:`read_column` refuses one given for it."""
 
     path: str
     field: str | None = None
@@ -93,9 +96,10 @@ class Column(NamedTuple):
 def read_column(column: Column, references: bool = False) -> Iterator[str | list[str]]:
     """The rows of ``column``, one at a time: texts, or for ``references`` a text or a non-empty list
     of texts each. Raises :class:`InputError` naming the file and the line (or row) of the first bad
-    one: not UTF-8, not JSON, no such field, a null, a value of another type."""
-    if not Path(column.path).is_file():
-        raise InputError(f"no such file: {column.path}")
+    one: not UTF-8, not JSON, no such field, a null, a value of another type, a text that is not valid
+    Unicode; and a file that is not there, or that has no fields where ``column`` names one."""
+    require_regular_file(column.path)
+    check_field_applies(column)
     if column.format != "text" and not column.field:
         raise InputError(f"{column.path}: a {column.format} file needs the field (column) that holds the texts")
     rows = {"text": _text_rows, "jsonl": _jsonl_rows, "parquet": _parquet_rows, "arrow": _arrow_rows}[column.format]
@@ -103,26 +107,59 @@ def read_column(column: Column, references: bool = False) -> Iterator[str | list
         yield _checked(value, column, number, references)
 
 
+def require_regular_file(path: str | os.PathLike) -> None:
+    """An :class:`InputError` unless ``path`` is a regular file: each input is read more than once (the
+    check, the hash, the chunks), which a pipe (``<(...)``, ``/dev/stdin``) cannot be."""
+    if Path(path).is_file():
+        return
+    if Path(path).exists():
+        raise InputError(f"{path} is not a regular file (a pipe?): torchmover reads each input more than once; "
+                         "write it to a file first")
+    raise InputError(f"no such file: {path}")
+
+
+def check_field_applies(column: Column) -> None:
+    """An :class:`InputError` naming the file where ``column`` gives a field for a file read as text."""
+    if column.format == "text" and column.field is not None:
+        raise InputError(f"{column.path} is read as text, one text per line, which has no field {column.field!r}: "
+                         f"fields are read from {FIELD_SUFFIXES} files")
+
+
 def _checked(value, column: Column, number: int, references: bool) -> str | list[str]:
-    """``value`` if it is a text (or, for ``references``, a non-empty list of texts), else
+    """``value`` if it is a valid Unicode text (or, for ``references``, a non-empty list of them), else
     :class:`InputError`."""
-    if isinstance(value, str):
-        return value
-    if references and isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        return value
     where = f"{column.path} {column.row_name} {number}"
+    if isinstance(value, str) or references and _is_text_list(value):
+        for text in [value] if isinstance(value, str) else value:
+            try:
+                check_text(where, text)
+            except ValueError as error:
+                raise InputError(str(error)) from None
+        return value
     if value is None:
         raise InputError(f"{where}: the {column.field!r} value is null")
     expected = "a text or a non-empty list of texts" if references else "a text"
-    raise InputError(f"{where}: the {column.field!r} value must be {expected}, got {json.dumps(value)[:80]}")
+    raise InputError(f"{where}: the {column.field!r} value must be {expected}, got {described_value(value)}")
+
+
+def _is_text_list(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
+
+
+def described_value(value) -> str:
+    """``value`` for a message, at most 80 characters: as JSON where it is JSON (what a JSON line
+    held), else its type and ``repr`` (a Parquet or Arrow value: bytes, a timestamp, ...)."""
+    try:
+        return json.dumps(value)[:80]
+    except (TypeError, ValueError):
+        return f"{type(value).__name__} {repr(value)[:80]}"
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
     """The texts of the text file ``path``, one a line, read as a text column is (:func:`read_column`,
     whatever the suffix): ``\\n`` or ``\\r\\n`` ends a line, strictly UTF-8. Raises :class:`InputError`
     naming the file (and the line of an undecodable one)."""
-    if not Path(path).is_file():
-        raise InputError(f"no such file: {path}")
+    require_regular_file(path)
     return list(_text_rows(Column(str(path))))
 
 
@@ -200,8 +237,12 @@ def _arrow_rows(column: Column) -> Iterator:
 
 
 def _check_field(column: Column, names: Sequence[str]) -> None:
+    """An :class:`InputError` unless the table's column ``names`` hold ``column.field`` exactly once."""
     if column.field not in names:
         raise InputError(f"{column.path}: no column {column.field!r} (it has {', '.join(map(repr, names))})")
+    if names.count(column.field) > 1:
+        raise InputError(f"{column.path}: {names.count(column.field)} columns are named {column.field!r}: "
+                         "which holds the texts is ambiguous; give each column its own name")
 
 
 def check_inputs(hyps: Column, refs: Sequence[Column]) -> int:
@@ -349,18 +390,25 @@ def same_path(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return Path(a).resolve() == Path(b).resolve()
 
 
-def check_output(output: str | os.PathLike, inputs: Mapping[str, Sequence[str]]) -> None:
-    """Refuse (:class:`RunError`), before anything is read or written, an ``output`` that is a
-    directory, or whose run files (:class:`RunFiles`) would replace or remove one of the ``inputs``
-    (the paths of each input option, by the option's name)."""
-    files = RunFiles(output)
-    if files.output.is_dir():
-        raise RunError(f"--output {output} is a directory: give the path of a file")
-    for option, paths in inputs.items():
+def check_output(output: str | os.PathLike, inputs: Mapping[str, Sequence[str]], option: str = "--output",
+                 holds: Callable[[str], bool] | None = None) -> None:
+    """Refuse (:class:`RunError`), before anything is read or written, an output (given as ``option``)
+    that is a directory, or that would replace or remove one of the ``inputs`` (the paths of each input
+    option, by the option's name), or that lies inside an input directory. ``holds(path)``: whether
+    writing the output replaces or removes ``path`` (default: the output's run files,
+    :meth:`RunFiles.holds`)."""
+    holds = holds or RunFiles(output).holds
+    if Path(output).is_dir():
+        raise RunError(f"{option} {output} is a directory: give the path of a file")
+    for input_option, paths in inputs.items():
         for path in paths:
-            if files.holds(path):
-                raise RunError(f"--output {output} is also an input ({option} {path}): the run would replace or "
-                               "remove it; give another --output")
+            inside = Path(path).is_dir() and Path(path).resolve() in Path(output).resolve().parents
+            if inside:
+                raise RunError(f"{option} {output} is inside an input directory ({input_option} {path}): the run "
+                               f"would write among the files it reads; give another {option}")
+            if holds(path):
+                raise RunError(f"{option} {output} is also an input ({input_option} {path}): the run would replace "
+                               f"or remove it; give another {option}")
 
 
 class RunFiles:
@@ -562,7 +610,7 @@ def describe_run(scorer: Scorer, hyps: Column, refs: list[Column], format: str, 
     rows = check_inputs(hyps, refs)
 
     def described(column: Column) -> dict:
-        return {"field": column.field if column.format != "text" else None, "sha256": sha256_file(column.path)}
+        return {"field": column.field, "sha256": sha256_file(column.path)}  # a text column has none (checked)
     baseline = None if baseline_corpus is None else hashlib.sha256(json.dumps(list(baseline_corpus)).encode()).hexdigest()
     options = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(scorer.config).items()}
     return {"torchmover_run": RUN_FORMAT, "rows": rows, "paths": {"hyps": hyps.path, "refs": [c.path for c in refs]},

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Mapping, NamedTuple, Sequence, cast
 
 import numpy as np
 
+from ..runtime.checkpoint import atomic_savefig
+
 if TYPE_CHECKING:
     from .data import Rating
 
@@ -216,7 +218,8 @@ class Report:
         return self.to_table()
 
     def plot(self, path: str | Path, *, columns: int = 3, dpi: int = 120) -> Path:
-        """Write a PNG with one scatter plot (metric score vs human score, least-squares line) per group.
+        """Write a picture (atomically; a PNG, or the format the suffix of ``path`` names) with one scatter
+        plot (metric score vs human score, least-squares line) per group.
 
         Needs matplotlib: ``pip install torchmover[plot]``.
         """
@@ -249,8 +252,7 @@ class Report:
         if self.metric:
             fig.suptitle(textwrap.fill(self.metric.replace("|", " | "), 75 * cols,
                                        break_on_hyphens=False, break_long_words=False), fontsize=7)
-        fig.savefig(path, dpi=dpi)
-        return Path(path)
+        return atomic_savefig(fig, path, dpi=dpi)
 
 
 # --- correlate -----------------------------------------------------------------------------------

@@ -29,9 +29,7 @@ Example:
 from __future__ import annotations
 
 import codecs
-import csv
 import dataclasses
-import io
 import json
 import math
 import random
@@ -39,6 +37,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Sequence
+
+from ..scorer.inputs import check_text
 
 __all__ = ["DataError", "Rating", "read_tsv", "read_tsv_dir", "read_jsonl", "read_wmt_daseg", "read_wmt17",
            "read_da_table", "read_hub_da", "ratings_from_da_table", "filter_ratings", "read_ratings", "split_dev",
@@ -130,8 +130,14 @@ def _lp(value, path, line: int | None) -> str:
 
 
 def _text(value, path, line: int, what: str) -> str:
+    """``value`` if it is a valid Unicode string (a JSON escape can hold a lone surrogate, which no
+    tokenizer encodes: :func:`~torchmover.scorer.inputs.check_text`), else a :class:`DataError`."""
     if not isinstance(value, str):
         raise DataError(path, line, f"{what} must be a string, got {type(value).__name__}")
+    try:
+        check_text(what, value)
+    except ValueError as error:
+        raise DataError(path, line, str(error)) from None
     return value
 
 
@@ -168,42 +174,42 @@ def read_tsv(path: str | Path) -> list[Rating]:
     """Ratings from a tab-separated file with a header naming at least ``lp year ref hyp score``.
 
     Optional columns ``system``, ``segment_id`` and ``src`` fill the fields of that name; other
-    columns are ignored. Texts are read verbatim (``csv.QUOTE_NONE``: quotes are text); empty lines
-    are skipped. A directory reads every ``*.tsv`` in it, sorted by name (:func:`read_tsv_dir`).
+    columns are ignored. Lines are split as every line-aligned reader splits them (:func:`_read_lines`:
+    only ``\n`` or ``\r\n`` ends one, so a lone ``\r`` stays in its text), then at each tab; texts are
+    read verbatim (quotes are text) and may be of any length. Lines that are empty or hold only
+    whitespace are skipped. A directory reads every ``*.tsv`` in it, sorted by name (:func:`read_tsv_dir`).
     """
     path = Path(path)
     if path.is_dir():
         return read_tsv_dir(path)
-    _require_file(path, "ratings file")
-    with io.StringIO(_decoded(path), newline="") as f:
-        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header = next(rows, None)
-        if header is None:
-            raise DataError(path, 1, f"empty file: expected a header line {' '.join(TSV_COLUMNS)!r}")
-        missing = [c for c in TSV_COLUMNS if c not in header]
-        if missing or len(set(header)) != len(header):
-            raise DataError(path, 1, f"header must name the columns {TSV_COLUMNS} once each "
-                                     f"(missing: {missing}), got {header}")
-        col = {name: header.index(name) for name in TSV_COLUMNS + TSV_OPTIONAL if name in header}
-        records = []
-        for row in rows:
-            line = rows.line_num
-            if not row:
-                continue
-            if len(row) != len(header):
-                raise DataError(path, line, f"expected {len(header)} tab-separated columns, got {len(row)}")
-            get = {name: row[i] for name, i in col.items()}
-            given = get.get("segment_id") or None
-            segment_id = None
-            if given is not None:
-                if not given.isdigit():
-                    raise DataError(path, line, f"segment_id must be a non-negative integer, got {given!r}")
-                segment_id = int(given)
-            records.append(Rating(
-                lp=_lp(get["lp"], path, line), year=_year(get["year"], path, line), ref=get["ref"],
-                hyp=get["hyp"], score=_score(get["score"], path, line), system=get.get("system") or None,
-                segment_id=segment_id, src=get.get("src") or None,
-            ))
+    lines = _read_lines(_require_file(path, "ratings file"))
+    if not lines:
+        raise DataError(path, 1, f"empty file: expected a header line {' '.join(TSV_COLUMNS)!r}")
+    header = lines[0].split("\t")
+    missing = [c for c in TSV_COLUMNS if c not in header]
+    if missing or len(set(header)) != len(header):
+        raise DataError(path, 1, f"header must name the columns {TSV_COLUMNS} once each "
+                                 f"(missing: {missing}), got {header}")
+    col = {name: header.index(name) for name in TSV_COLUMNS + TSV_OPTIONAL if name in header}
+    records = []
+    for line, text in enumerate(lines[1:], start=2):
+        if not text.strip():
+            continue
+        row = text.split("\t")
+        if len(row) != len(header):
+            raise DataError(path, line, f"expected {len(header)} tab-separated columns, got {len(row)}")
+        get = {name: row[i] for name, i in col.items()}
+        given = get.get("segment_id") or None
+        segment_id = None
+        if given is not None:
+            if not given.isdigit():
+                raise DataError(path, line, f"segment_id must be a non-negative integer, got {given!r}")
+            segment_id = int(given)
+        records.append(Rating(
+            lp=_lp(get["lp"], path, line), year=_year(get["year"], path, line), ref=get["ref"],
+            hyp=get["hyp"], score=_score(get["score"], path, line), system=get.get("system") or None,
+            segment_id=segment_id, src=get.get("src") or None,
+        ))
     return records
 
 
@@ -245,7 +251,8 @@ def read_jsonl(path: str | Path, year: int | None = None) -> list[Rating]:
         elif year is not None:
             y = _year(year, path, line)
         else:
-            raise DataError(path, line, "no 'year' key: pass read_jsonl(path, year=...)")
+            raise DataError(path, line, "no 'year' key: give the year of the records without one (the command "
+                                        "line's --year, or read_jsonl(path, year=...))")
         segment_id = obj.get("segment_id")
         if segment_id is not None and (isinstance(segment_id, bool) or not isinstance(segment_id, int)):
             raise DataError(path, line, f"segment_id must be an integer, got {segment_id!r}")

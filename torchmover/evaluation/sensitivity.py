@@ -66,6 +66,7 @@ import torch
 from torch import nn
 
 from ..functional.members import MEMBERS, get_member
+from ..runtime.checkpoint import atomic_savefig
 from ..scorer import Scorer, ScorerConfig
 from ..scorer.config import NAMED_STOPWORDS, encoder_fields
 from ..text.encoder import Encoder, TokenEmbeddings, kept_spans
@@ -278,8 +279,9 @@ class SensitivityReport:
         return self.to_table()
 
     def plot(self, path: str | Path, *, statistic: str = "pearson", columns: int = 3, dpi: int = 120) -> Path:
-        """Write a PNG: per factor, the correlation at each level (one line per group, the average in
-        black, the base level marked), and a heat map of the CV by factor × group.
+        """Write a picture (atomically; a PNG, or the format the suffix of ``path`` names): per factor, the
+        correlation at each level (one line per group, the average in black, the base level marked), and
+        a heat map of the CV by factor × group.
 
         Needs matplotlib: ``pip install torchmover[plot]``.
         """
@@ -335,8 +337,7 @@ class SensitivityReport:
         base = textwrap.fill("base: " + self.base_signature.replace("|", " | "), 70 * cols,
                              break_on_hyphens=False, break_long_words=False)
         fig.suptitle(f"{label} per level, one factor varied at a time (* = base)\n{base}", fontsize=7)
-        fig.savefig(path, dpi=dpi)
-        return Path(path)
+        return atomic_savefig(fig, path, dpi=dpi)
 
 
 def _check_statistic(statistic: str) -> str:

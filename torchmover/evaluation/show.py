@@ -42,6 +42,7 @@ from torch import Tensor
 from .. import functional as F
 from ..functional.family import FamilyScore
 from ..functional.members import get_member
+from ..runtime.checkpoint import atomic_savefig
 from ..text.weights import keep_mask
 
 __all__ = ["TokenMatch", "token_match", "plan_terms", "draw_token_match", "show"]
@@ -275,8 +276,7 @@ def draw_token_match(match: TokenMatch, path: str | Path) -> Path:
     signature = "\n".join(textwrap.wrap(match.signature.replace("|", " | "), 110))
     fig.suptitle(f"{match.method}{direction} = {match.score:.4f}{rescaled}", fontsize=12, fontweight="bold")
     fig.supxlabel(signature, fontsize=6, family="monospace")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
     return path
 

@@ -25,8 +25,10 @@ when the reward is built (:func:`build_parser`, :func:`build_reward`), before an
 """
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import importlib
+import io
 import json
 import math
 import os
@@ -188,16 +190,20 @@ def settings_table() -> list[tuple[str, str, str, str, str]]:
 
 
 def _read_file(path: str) -> dict:
+    """The settings of the ``TORCHMOVER_CONFIG`` file ``path``: JSON or TOML by its suffix, UTF-8 (a
+    byte-order mark that starts it, as some Windows editors write, is dropped). A file that does not
+    parse is a ``ValueError`` naming the variable, the file and the parser's message."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{ENV_PREFIX}CONFIG names {path!r}, which is not a file")
-    if path.endswith(".toml"):
-        with open(path, "rb") as f:
-            values = _toml_reader(path).load(f)
-    elif path.endswith(".json"):
-        with open(path, encoding="utf-8") as f:
-            values = json.load(f)
-    else:
+    if not path.endswith((".json", ".toml")):
         raise ValueError(f"{ENV_PREFIX}CONFIG={path!r}: use a .json or .toml file")
+    with open(path, "rb") as f:
+        data = f.read().removeprefix(codecs.BOM_UTF8)
+    toml = _toml_reader(path) if path.endswith(".toml") else None
+    try:
+        values = toml.load(io.BytesIO(data)) if toml else json.loads(data.decode("utf-8"))
+    except ValueError as error:  # JSON's, TOML's and UTF-8's errors are ValueErrors
+        raise ValueError(f"{ENV_PREFIX}CONFIG={path!r}: not valid {'TOML' if toml else 'JSON'} ({error})") from None
     if not isinstance(values, dict):
         raise ValueError(f"{path} must hold an object of settings, got {type(values).__name__}")
     return values

@@ -156,6 +156,12 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
+def atomic_savefig(figure, path: str | os.PathLike, **options) -> Path:
+    """Save the matplotlib ``figure`` to ``path`` atomically (:func:`atomic_write`), in the format its
+    suffix names (matplotlib's default, PNG, where it names none); ``options``: ``savefig``'s."""
+    return atomic_write(path, lambda f: figure.savefig(f, format=Path(path).suffix[1:].lower() or None, **options))
+
+
 def save_checkpoint(directory: str | os.PathLike, state: dict, step: int, keep: int = 2) -> Path:
     """Write ``state`` as ``directory/step-XXXXXXX.pt`` (atomically), point ``directory/latest`` at it,
     and delete the checkpoints of lower steps but the ``keep − 1`` highest (:func:`checkpoint_steps`),
