@@ -1,5 +1,6 @@
 """Evaluation semantics: batch-independent ``score``, P/R/F1 from one call, baseline rescaling,
 model names in signatures."""
+import math
 import shutil
 
 import pytest
@@ -187,12 +188,30 @@ def test_rescaling_is_the_linear_map_and_keeps_correlations_and_self_similarity(
 
 def test_rescale_is_in_the_signature_and_saved(rescaled, tmp_path):
     b = rescaled.baseline
-    assert f"rescale:b={b.precision:.6f}/{b.recall:.6f}/{b.f1:.6f}" in rescaled.signature
+    assert f"rescale:b={b.precision!r}/{b.recall!r}/{b.f1!r}" in rescaled.signature
     rescaled.save_pretrained(tmp_path / "s")
     loaded = Scorer.from_pretrained(tmp_path / "s")
     assert loaded.baseline == rescaled.baseline and loaded.signature == rescaled.signature
     torch.testing.assert_close(loaded.score(HYPS, REFS, progress=False), rescaled.score(HYPS, REFS, progress=False))
     assert Scorer.from_signature(rescaled.signature, model=rescaled.encoder).config.rescale
+
+
+def test_the_signature_pins_each_baseline_exactly(tiny_encoder):
+    """Two baselines that round to the same 6 decimals sign differently (rescaling divides by 1 − b, so
+    that rounding would move scores by ~1e-5 at b ≈ 0.8, without bound as b → 1); each signed value
+    reads back as the same float, and such a signature is read by from_signature as a 6-decimal one is."""
+    from torchmover.scorer.presets import signature_options
+
+    rescaled, signed = Scorer(tiny_encoder, centering="none", rescale=True), {}
+    for b in (0.8267274582386017, 0.8267278, 1e-05, -0.125):
+        rescaled.baseline = (b, b, b)
+        signed[b] = rescaled.signature
+        values = rescaled.signature.split("|rescale:b=")[1].split("|")[0].split("/")
+        assert [float(v) for v in values] == [b] * 3
+        assert signature_options(signed[b])["rescale"]
+    assert len(set(signed.values())) == len(signed)
+    six_decimals = signed[-0.125].replace("b=-0.125/-0.125/-0.125", "b=0.826727/0.826728/-0.125000")
+    assert signature_options(six_decimals)["rescale"]
 
 
 def test_rescale_errors(tiny_encoder):
@@ -207,8 +226,8 @@ def test_rescale_errors(tiny_encoder):
     with pytest.raises(ValueError, match="rescale"):
         Scorer(tiny_encoder, rescale="yes")
     scorer = Scorer(tiny_encoder, rescale=True)
-    for wrong in ([0.1, 0.2], [0.1, 0.2, 1.0], ["0.1", 0.2, 0.3]):
-        with pytest.raises(ValueError, match="three numbers < 1"):
+    for wrong in ([0.1, 0.2], [0.1, 0.2, 1.0], ["0.1", 0.2, 0.3], [-math.inf, 0.2, 0.3], [0.1, math.nan, 0.3]):
+        with pytest.raises(ValueError, match="three finite numbers < 1"):
             scorer.baseline = wrong
     scorer.baseline = (0.5, 0.25, 0.0)
     assert scorer.baseline == PRF(0.5, 0.25, 0.0)

@@ -11,6 +11,7 @@ references combined).
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Sequence, cast
 
@@ -189,7 +190,7 @@ class Scorer(nn.Module):
 
     @property
     def baseline(self) -> PRF | None:
-        """The rescaling baselines ``PRF(precision, recall, f1)`` (floats, each < 1; one value thrice for
+        """The rescaling baselines ``PRF(precision, recall, f1)`` (finite floats, each < 1; one value thrice for
         members without directions), from :meth:`fit_baseline` or a saved scorer; None if not fitted."""
         return self._baseline
 
@@ -197,9 +198,9 @@ class Scorer(nn.Module):
     def baseline(self, values) -> None:
         if values is not None:
             values = tuple(values)
-            if len(values) != 3 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and b < 1
-                                           for b in values):
-                raise ValueError(f"baseline must be three numbers < 1 (precision, recall, f1), got {values!r}")
+            if len(values) != 3 or not all(isinstance(b, (int, float)) and not isinstance(b, bool)
+                                           and math.isfinite(b) and b < 1 for b in values):
+                raise ValueError(f"baseline must be three finite numbers < 1 (precision, recall, f1), got {values!r}")
             values = PRF._make(map(float, values))  # a baseline's PRF holds floats
         self._baseline = values
 

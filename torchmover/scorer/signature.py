@@ -85,8 +85,15 @@ def scorer_signature(config: ScorerConfig, idf: dict, centering, baseline, finet
         center += f"-{tensor_digest(centering.mean)}"
     fields.update({"center": center, "refs": c.multi_ref, "maxlen": c.max_length})
     if c.rescale:  # the three baselines, P/R/F1 (one value thrice for members without directions)
-        fields["rescale"] = "b=" + "/".join(f"{b:.6f}" for b in baseline) if baseline else "unfitted"
+        fields["rescale"] = baseline_field(baseline)
     return format_signature(c.method, fields)
+
+
+def baseline_field(baseline) -> str:
+    """The ``rescale`` field of a rescaling ``baseline`` (``PRF`` of floats, or None): ``unfitted``, or
+    ``b=P/R/F1``, each the shortest decimal that reads back as the same float (``repr``), so that no two
+    baselines share it: rescaling divides by ``1 − b``, which magnifies any rounding of ``b``."""
+    return "b=" + "/".join(map(repr, baseline)) if baseline else "unfitted"
 
 
 def format_signature(method: str, fields: dict[str, object]) -> str:
