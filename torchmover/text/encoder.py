@@ -291,6 +291,14 @@ def check_model_name(name) -> None:
                          f"got {name!r}")
 
 
+def check_revision(revision) -> None:
+    """Raise ``ValueError`` unless ``revision`` can follow the model's name in a signature: None, or a
+    non-empty string without ``|`` (which separates the signature's fields)."""
+    if revision is not None and (not isinstance(revision, str) or not revision or "|" in revision):
+        raise ValueError(f"revision must be None or a non-empty string without '|' (the signature's separator), "
+                         f"got {revision!r}")
+
+
 def check_max_length(max_length) -> None:
     """Raise ``ValueError`` naming ``max_length`` unless it is ``None`` or a positive int."""
     if max_length is not None and (type(max_length) is not int or max_length < 1):
@@ -397,6 +405,7 @@ class Encoder(nn.Module):
                  source: str | None = None, pass_cost: int | str | None = "auto"):
         super().__init__()
         check_model_name(name)
+        check_revision(revision)
         self.pass_cost = pass_cost  # checked by its setter
         n_layers = model.config.num_hidden_layers
         if not isinstance(layer, int) or not 0 <= layer <= n_layers:
@@ -453,6 +462,7 @@ class Encoder(nn.Module):
         for a hub id that an installed package stands in for (:func:`check_package_revision`).
         """
         check_max_length(max_length)
+        check_revision(revision)
         if model_name is not None:
             check_model_name(model_name)
         path = resolve_model_path(name)
