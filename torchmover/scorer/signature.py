@@ -2,7 +2,7 @@
 
 The default scorer's, for example (one line)::
 
-    twmd|model:sentence-transformers/all-MiniLM-L6-v2@weights-90b183863c-tokenizer-597fb4e1a9|layer:4|
+    twmd|model:sentence-transformers/all-MiniLM-L6-v2@weights-90b183863c-tokenizer-7913d4b951|layer:4|
     special:drop|subwords:all|stop:none|punct:keep|weights:uniform|ngram:1|direction:recall|T:0.1|iter:1|
     center:none|refs:max|maxlen:512|torchmover:0.1.0|torch:2.13.0+cpu|transformers:5.24.0|geomloss:0.3.1
 

