@@ -5,7 +5,7 @@ import re
 import pytest
 
 from torchmover import DEFAULT_MODEL, Encoder, Scorer
-from torchmover.text.encoder import resolve_model_path
+from torchmover.text.encoder import resolve_model_path, revision_difference
 
 PACKAGE = resolve_model_path(DEFAULT_MODEL)
 needs_package = pytest.mark.skipif(PACKAGE == DEFAULT_MODEL,
@@ -58,6 +58,17 @@ def test_a_revision_of_the_package_with_another_tokenizer_is_refused_saying_so(p
     weights, _, _ = package_revision.partition("-tokenizer-")
     with pytest.raises(ValueError, match="the weights match, the tokenizer differs"):
         Encoder.from_pretrained(DEFAULT_MODEL, layer=1, revision=f"{weights}-tokenizer-0123456789")
+
+
+@pytest.mark.parametrize("given, difference", [
+    ("weights-aaaaaaaaaa-tokenizer-cccccccccc", "the weights match, the tokenizer differs"),
+    ("weights-cccccccccc-tokenizer-bbbbbbbbbb", "the weights differ, the tokenizer matches"),
+    ("weights-cccccccccc-tokenizer-cccccccccc", "the weights differ, the tokenizer differs"),
+    ("weights-aaaaaaaaaa", "the weights match, the given revision pins no tokenizer"),
+    ("weights-cccccccccc", "the weights differ, the given revision pins no tokenizer"),
+    ("main", "a hub revision (a branch, tag or commit) does not name a local directory's files")])
+def test_a_refused_revision_of_a_directory_says_what_differs(given, difference):
+    assert revision_difference(given, "weights-aaaaaaaaaa-tokenizer-bbbbbbbbbb") == difference
 
 
 def test_a_revision_other_than_the_given_encoders_is_refused(tiny_encoder):

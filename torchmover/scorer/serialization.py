@@ -117,7 +117,7 @@ def check_signed_weights(scorer) -> None:
     """Raise ``ValueError``, in one line, unless the encoder's weights are those ``scorer``'s signature
     pins: those :meth:`~torchmover.Scorer.mark_finetuned` hashed into its ``finetuned`` field, or, where
     it has none, those the scorer was built with (its model and revision's, or a saved scorer's). One
-    :func:`~torchmover.text.encoder.weights_digest` of the encoder (about 0.05 s for the default model
+    :func:`~torchmover.text.encoder.weights_digest` of the encoder (about 0.045 s for the default model
     on a CPU core). A stale pin would save weights that no rebuild from the signature reaches."""
     now = weights_digest(scorer.encoder.model)
     if scorer.finetuned is not None:

@@ -206,15 +206,15 @@ def check_directory_revision(where: str, revision: str | None, held: str) -> Non
 def revision_difference(given: str, held: str) -> str:
     """What differs between a ``given`` revision and the one a directory ``held``
     (``weights-<hash>-tokenizer-<hash>``: :func:`directory_revision`), in words."""
+    if not given.startswith("weights-"):
+        return "a hub revision (a branch, tag or commit) does not name a local directory's files"
     weights, _, tokenizer = held.partition("-tokenizer-")
-    if given == weights:
-        return "the weights match, but the given revision pins no tokenizer"
     given_weights, _, given_tokenizer = given.partition("-tokenizer-")
-    if given_weights == weights:
-        return "the weights match, the tokenizer differs"
-    if given_tokenizer == tokenizer:
-        return "the tokenizer matches, the weights differ"
-    return "the weights differ" + ("" if given.startswith("weights-") else " (not a revision of a local directory)")
+    if not given_tokenizer:
+        tokenizer_state = "the given revision pins no tokenizer"
+    else:
+        tokenizer_state = "the tokenizer matches" if given_tokenizer == tokenizer else "the tokenizer differs"
+    return f"the weights {'match' if given_weights == weights else 'differ'}, {tokenizer_state}"
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
