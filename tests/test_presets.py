@@ -163,6 +163,18 @@ def test_a_model_name_that_the_signature_cannot_hold_is_refused(tiny_model_dir, 
         Scorer(str(tiny_model_dir), layer=2, name=name)
 
 
+@pytest.mark.parametrize("revision", ["v1|fix", "", 3])
+def test_a_revision_that_the_signature_cannot_hold_is_refused(tiny_model_dir, revision):
+    """'|' splits the signature's fields: an encoder with such a revision would score, then fail to print
+    its signature (or repr, or save). Refused where it is given, before the model loads."""
+    with pytest.raises(ValueError, match="revision must be None or a non-empty string without '[|]'"):
+        Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny-bert", revision=revision)
+    with pytest.raises(ValueError, match="revision must be None or a non-empty string without '[|]'"):
+        Scorer(str(tiny_model_dir), layer=2, revision=revision)
+    signed = Scorer(Encoder(tiny_model(), tiny_tokenizer(), layer=2, name="tiny-bert", revision="v1@fix")).signature
+    assert signature_options(signed)["revision"] == "v1@fix"  # '@' is harmless: the model's name holds none
+
+
 @pytest.mark.parametrize("old, new, field", [
     ("layer:2", "layer:abc", "layer"), ("layer:2|", "", "layer"), ("model:", "modle:", "model"),
     ("T:0.1", "T:hot", "T"), ("iter:1", "iter:many", "iter"), ("ngram:1", "ngram:1.5", "ngram"),

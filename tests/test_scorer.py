@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -233,7 +235,8 @@ def test_default_pretrained_model_offline():
         same = scorer(refs, refs)
     assert paraphrase > unrelated + 0.2
     torch.testing.assert_close(same, torch.ones(3))
-    assert scorer.signature.startswith("twmd|model:sentence-transformers/all-MiniLM-L6-v2|layer:")
+    revision = "@weights-[0-9a-f]{10}-tokenizer-[0-9a-f]{10}"  # the package's: hashes of its weights and tokenizer
+    assert re.match(f"twmd[|]model:sentence-transformers/all-MiniLM-L6-v2{revision}[|]layer:", scorer.signature)
 
 
 # --- token policy (IDF, stopwords, subwords, n-grams) and centering scope ---------------------------

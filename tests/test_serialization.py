@@ -371,6 +371,45 @@ def test_round_trip_keeps_the_token_policy_and_idf(tiny_encoder, tmp_path):
         torch.testing.assert_close(loaded(hyps, refs), scorer(hyps, refs))
 
 
+def _train_step(scorer) -> None:
+    """What an optimiser step does to the encoder's weights."""
+    with torch.no_grad():
+        next(scorer.encoder.model.parameters()).add_(0.01)
+
+
+def test_trained_weights_that_the_signature_does_not_pin_are_not_saved(tiny_model_dir, tmp_path):
+    """Weights changed since mark_finetuned, or trained without it, would be saved under a signature
+    that pins other weights (the pristine model's, which from_signature would rebuild): refused before
+    anything is written, naming mark_finetuned. Marked again, they save, and the loaded scorer's
+    finetuned digest is that of the weights it holds; it saves again as it is."""
+    from torchmover.text.encoder import weights_digest
+
+    scorer = Scorer(str(tiny_model_dir), layer=2)
+    _train_step(scorer)
+    with pytest.raises(ValueError, match=r"are not those the scorer was built with .*call scorer.mark_finetuned\(on\)"):
+        scorer.save_pretrained(tmp_path / "unmarked")
+    scorer.mark_finetuned("wmt-da")
+    _train_step(scorer)
+    with pytest.raises(ValueError, match=r"changed after mark_finetuned\('wmt-da'\).*call mark_finetuned again"):
+        scorer.save_pretrained(tmp_path / "stale")
+    assert not (tmp_path / "unmarked").exists() and not (tmp_path / "stale").exists()
+    scorer.mark_finetuned("wmt-da").save_pretrained(tmp_path / "tuned")
+    loaded = Scorer.from_pretrained(tmp_path / "tuned")
+    assert loaded.finetuned == f"wmt-da@weights-{weights_digest(loaded.encoder.model)}"
+    loaded.save_pretrained(tmp_path / "again")
+    assert Scorer.from_pretrained(tmp_path / "again").signature == scorer.signature
+
+
+def test_weights_as_built_save_in_any_dtype_and_a_later_conversion_is_named(tiny_model_dir, tmp_path):
+    """A scorer built in float64 pins those weights (its signature says dtype:float64); one converted after
+    it was built cannot be checked against what its signature pins, and the refusal says so."""
+    Scorer(str(tiny_model_dir), layer=2, dtype="float64").save_pretrained(tmp_path / "double")
+    assert Scorer.from_pretrained(tmp_path / "double").encoder.dtype == torch.float64
+    converted = Scorer(str(tiny_model_dir), layer=2).double()
+    with pytest.raises(ValueError, match="converted from torch.float32 to torch.float64"):
+        converted.save_pretrained(tmp_path / "converted")
+
+
 def test_a_fine_tuned_scorer_says_so_in_its_signature_and_keeps_it_when_saved(tmp_path):
     """mark_finetuned pins what the encoder was trained on and its weights' digest, after the model it
     started from; saving and loading keeps it; a signature of it cannot be rebuilt from the hub."""
@@ -380,15 +419,13 @@ def test_a_fine_tuned_scorer_says_so_in_its_signature_and_keeps_it_when_saved(tm
     scorer = Scorer(Encoder(tiny_model(), tiny_tokenizer(), 2, name="tiny-bert"))
     untuned = scorer.signature
     assert scorer.finetuned is None and "finetuned:" not in untuned
-    with torch.no_grad():
-        next(scorer.encoder.model.parameters()).add_(0.01)  # "training"
+    _train_step(scorer)
     scorer.mark_finetuned("wmt15-da-1790pairs")
     assert scorer.finetuned.startswith("wmt15-da-1790pairs@weights-")
     assert scorer.signature.startswith(f"twmd|model:tiny-bert|finetuned:{scorer.finetuned}|layer:2|")
     assert scorer.signature.replace(f"|finetuned:{scorer.finetuned}", "") == untuned
     first = scorer.finetuned
-    with torch.no_grad():
-        next(scorer.encoder.model.parameters()).add_(0.01)
+    _train_step(scorer)
     assert scorer.mark_finetuned("wmt15-da-1790pairs").finetuned != first  # other weights, another digest
     scorer.save_pretrained(tmp_path / "tuned")
     loaded = Scorer.from_pretrained(tmp_path / "tuned")

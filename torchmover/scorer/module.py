@@ -11,6 +11,7 @@ references combined).
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Sequence, cast
 
@@ -169,6 +170,9 @@ class Scorer(nn.Module):
         self._finetuned: str | None = None  # what the encoder was fine-tuned on, from mark_finetuned
         self.compile_transport = check_compile(compile, self.config.method, self.config.n_iter)
         self.to(device=device, dtype=dtype)  # the centering mean stays float32 (Centering._apply)
+        # the weights the signature pins until mark_finetuned, checked by save_pretrained (one weights_digest:
+        # about 0.045 s for the default model on a CPU core)
+        self._built_weights = (self.encoder.dtype, weights_digest(self.encoder.model))
         self.eval()  # like a loaded Hugging Face model: call .train() to fine-tune (dropout on)
 
     @classmethod
@@ -189,7 +193,7 @@ class Scorer(nn.Module):
 
     @property
     def baseline(self) -> PRF | None:
-        """The rescaling baselines ``PRF(precision, recall, f1)`` (floats, each < 1; one value thrice for
+        """The rescaling baselines ``PRF(precision, recall, f1)`` (finite floats, each < 1; one value thrice for
         members without directions), from :meth:`fit_baseline` or a saved scorer; None if not fitted."""
         return self._baseline
 
@@ -197,9 +201,9 @@ class Scorer(nn.Module):
     def baseline(self, values) -> None:
         if values is not None:
             values = tuple(values)
-            if len(values) != 3 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and b < 1
-                                           for b in values):
-                raise ValueError(f"baseline must be three numbers < 1 (precision, recall, f1), got {values!r}")
+            if len(values) != 3 or not all(isinstance(b, (int, float)) and not isinstance(b, bool)
+                                           and math.isfinite(b) and b < 1 for b in values):
+                raise ValueError(f"baseline must be three finite numbers < 1 (precision, recall, f1), got {values!r}")
             values = PRF._make(map(float, values))  # a baseline's PRF holds floats
         self._baseline = values
 
@@ -222,9 +226,10 @@ class Scorer(nn.Module):
         """Record that the encoder was fine-tuned on ``on`` (a name for the training data, e.g.
         ``"wmt15-da-1790pairs"``: no whitespace, no ``|``), pinned with a digest of the weights as
         they are now (:func:`~torchmover.text.encoder.weights_digest`): call it when training is
-        done, before :meth:`save_pretrained`. The :attr:`signature` then says that the scorer was
-        fine-tuned, on what, and which weights it reads, and :meth:`from_signature` refuses it (the
-        weights are not on the hub: load the saved directory)."""
+        done, before :meth:`save_pretrained` (which refuses weights that differ from those the
+        signature pins: changed since this call, or trained without it). The :attr:`signature` then
+        says that the scorer was fine-tuned, on what, and which weights it reads, and
+        :meth:`from_signature` refuses it (the weights are not on the hub: load the saved directory)."""
         if not isinstance(on, str) or not on or any(ch.isspace() or ch == "|" for ch in on):
             raise ValueError(f"on must be a non-empty name without whitespace or '|' (a signature field), got {on!r}")
         self._finetuned = f"{on}@weights-{weights_digest(self.encoder.model)}"
@@ -745,7 +750,11 @@ class Scorer(nn.Module):
         and of its own content; a staging directory left by a killed save is removed by the next.
         Never deletes a file it did not write: files already in ``path`` are kept (a file at a name the
         save writes that an earlier save did not write, a ``torchmover.json`` no save wrote, or a
-        symbolic link to a folder the save writes, raises ``FileExistsError`` naming it)."""
+        symbolic link to a folder the save writes, raises ``FileExistsError`` naming it).
+
+        Refuses, with a ``ValueError`` and before writing anything, an encoder whose weights are not
+        those the :attr:`signature` pins (:func:`~torchmover.scorer.serialization.check_signed_weights`):
+        trained since the scorer was built without :meth:`mark_finetuned`, or since that call."""
         serialization.save_scorer(self, path)
 
     @classmethod

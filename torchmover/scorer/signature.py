@@ -2,9 +2,9 @@
 
 The default scorer's, for example (one line)::
 
-    twmd|model:sentence-transformers/all-MiniLM-L6-v2|layer:4|special:drop|subwords:all|stop:none|punct:keep|
-    weights:uniform|ngram:1|direction:recall|T:0.1|iter:1|center:none|refs:max|maxlen:512|torchmover:0.1.0|
-    torch:2.13.0+cpu|transformers:5.24.0|geomloss:0.3.1
+    twmd|model:sentence-transformers/all-MiniLM-L6-v2@weights-90b183863c-tokenizer-7913d4b951|layer:4|
+    special:drop|subwords:all|stop:none|punct:keep|weights:uniform|ngram:1|direction:recall|T:0.1|iter:1|
+    center:none|refs:max|maxlen:512|torchmover:0.1.0|torch:2.13.0+cpu|transformers:5.24.0|geomloss:0.3.1
 
 Fields are ``key:value`` joined by ``|``; the first field is the method.
 """
@@ -85,8 +85,15 @@ def scorer_signature(config: ScorerConfig, idf: dict, centering, baseline, finet
         center += f"-{tensor_digest(centering.mean)}"
     fields.update({"center": center, "refs": c.multi_ref, "maxlen": c.max_length})
     if c.rescale:  # the three baselines, P/R/F1 (one value thrice for members without directions)
-        fields["rescale"] = "b=" + "/".join(f"{b:.6f}" for b in baseline) if baseline else "unfitted"
+        fields["rescale"] = baseline_field(baseline)
     return format_signature(c.method, fields)
+
+
+def baseline_field(baseline) -> str:
+    """The ``rescale`` field of a rescaling ``baseline`` (``PRF`` of floats, or None): ``unfitted``, or
+    ``b=P/R/F1``, each the shortest decimal that reads back as the same float (``repr``), so that no two
+    baselines share it: rescaling divides by ``1 − b``, which magnifies any rounding of ``b``."""
+    return "b=" + "/".join(map(repr, baseline)) if baseline else "unfitted"
 
 
 def format_signature(method: str, fields: dict[str, object]) -> str:
