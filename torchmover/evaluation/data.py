@@ -171,7 +171,7 @@ def _require_file(path: Path, what: str) -> Path:
 # --- TSV -----------------------------------------------------------------------------------------
 
 def read_tsv(path: str | Path) -> list[Rating]:
-    """Ratings from a tab-separated file with a header naming at least ``lp year ref hyp score``.
+    r"""Ratings from a tab-separated file with a header naming at least ``lp year ref hyp score``.
 
     Optional columns ``system``, ``segment_id`` and ``src`` fill the fields of that name; other
     columns are ignored. Lines are split as every line-aligned reader splits them (:func:`_read_lines`:
