@@ -601,9 +601,15 @@ def length_penalty(hyps, scores):
 
 
 def test_the_rewards_shaping_is_in_the_signature(tiny_encoder, plain_reward):
+    """In the configured reward's signature (always a field), and in the reward's own (a field where
+    there is shaping, which the TRL path and ``repr`` show); the scores' signature is the scorer's."""
     shaped = MoverReward(plain_reward.scorer, shaping=length_penalty)
     assert signature_diff(configured_signature(plain_reward), configured_signature(shaped)) == \
         {"shaping": ("none", f"{__name__}:length_penalty")}
+    assert plain_reward.signature == plain_reward.scored_signature == plain_reward.scorer.signature
+    assert shaped.scored_signature == plain_reward.signature
+    assert shaped.signature == f"{plain_reward.signature}|shaping:{__name__}:length_penalty"
+    assert f"|shaping:{__name__}:length_penalty>" in repr(shaped)
 
 
 def test_a_reward_signature_parts_into_the_scorers_and_the_settings(plain_reward):

@@ -21,8 +21,8 @@ that the next use rebuilds it.
 
 Signature. What a sample is scored as depends on settings beyond the scorer's, so a configured reward
 has a signature of its own (:attr:`ConfiguredReward.signature`, which ``torchmover serve`` prints and
-``GET /health`` returns): the reward's (:attr:`MoverReward.signature
-<torchmover.reward.MoverReward.signature>`: the scorer's, with the centering the reward uses), followed
+``GET /health`` returns): the reward's scores' (:attr:`MoverReward.scored_signature
+<torchmover.reward.MoverReward.scored_signature>`: the scorer's, with the centering the reward uses), followed
 by one field per such setting, always all of them, in this order (:data:`REWARD_FIELDS`):
 
 - ``reffield``: ``reference_field``;
@@ -48,6 +48,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from ..reward.batching import BatchedReward
+from ..reward.rewards import shaping_name
 from .config import RewardConfig, build_parser, build_reward, setting_names
 from .parsing import apply_parser, reference_list, response_from_query
 from .trl import reward_name
@@ -72,19 +73,13 @@ def reward_signature(scorer_signature: str, config: RewardConfig, shaping: Calla
               "missing": "error" if config.missing_score is None else repr(float(config.missing_score)),
               "qtokens": "default" if config.query_special_tokens is None else _text_list(config.query_special_tokens),
               "mismatch": config.on_prompt_mismatch,
-              "shaping": "none" if shaping is None else _qualified_name(shaping)}
+              "shaping": "none" if shaping is None else shaping_name(shaping)}
     return "|".join([scorer_signature, *(f"{key}:{value.replace('|', _BAR)}" for key, value in values.items())])
 
 
 def _text_list(texts: Iterable[str]) -> str:
     """``texts`` as a compact JSON list (which ``json.loads`` reads back, escaped ``|`` included)."""
     return json.dumps(list(texts), separators=(",", ":"))
-
-
-def _qualified_name(function: Callable) -> str:
-    """``module:qualified name`` of ``function`` (of its type, for a callable object without a name)."""
-    named = function if hasattr(function, "__qualname__") else type(function)
-    return f"{named.__module__}:{named.__qualname__}"
 
 
 def split_reward_signature(signature: str) -> tuple[str, dict[str, str]]:
@@ -150,11 +145,11 @@ class ConfiguredReward:
 
     @property
     def signature(self) -> str:
-        """What pins this reward's values: its reward's signature (the scorer's, with the centering the
-        reward uses) followed by the fields of the settings that change what a sample is scored as
-        (:func:`reward_signature`; see the module docs)."""
+        """What pins this reward's values: its reward's :attr:`~torchmover.reward.MoverReward.scored_signature`
+        (the scorer's, with the centering the reward uses) followed by the fields of the settings that
+        change what a sample is scored as (:func:`reward_signature`; see the module docs)."""
         reward = self.batched.reward
-        return reward_signature(reward.signature, self.config, reward.shaping)
+        return reward_signature(reward.scored_signature, self.config, reward.shaping)
 
     # --- reading samples ---------------------------------------------------------------------------
 

@@ -89,7 +89,7 @@ from ..text.encoder import take_tokens
 from .cache import CacheInfo, ReferenceCache, ReferencePlan, Spans
 
 __all__ = ["CacheInfo", "GroupReward", "GroupRewardResult", "MoverReward", "SelfCriticalResult",
-           "SelfCriticalReward", "group_advantages"]
+           "SelfCriticalReward", "group_advantages", "shaping_name"]
 
 BATCH_INDEPENDENT = ("none", "dimension", "sentence")
 BASELINES = ("mean", "leave_one_out")
@@ -145,6 +145,13 @@ class _Hypotheses(NamedTuple):
                            [cast(Spans, ref_spans)[r][1] for r in cast(list[int], pairs.ref)])
 
 
+def shaping_name(function: Callable) -> str:
+    """``module:qualified name`` of a ``shaping`` function (of its type, for a callable object without a
+    name), as signatures name it."""
+    named = function if hasattr(function, "__qualname__") else type(function)
+    return f"{named.__module__}:{named.__qualname__}"
+
+
 class MoverReward:
     """``reward(hyps, refs) -> Tensor[B]``: the scorer's score of each hypothesis against its
     reference(s), as a reward (no graph; the scorer in eval mode for the call, each of its modules'
@@ -197,14 +204,24 @@ class MoverReward:
         return f"{type(self).__name__}(<{self.signature}>, cache_size={self.cache_size}{shaping})"
 
     @property
-    def signature(self) -> str:
-        """The scorer's signature, with the centering the reward actually uses."""
+    def scored_signature(self) -> str:
+        """What pins the scores before ``shaping``: the scorer's signature, with the centering the reward
+        actually uses."""
         fields = self._scorer.signature.split("|")
         centering = self._centering
         if centering is not None:
             fields = [f"center:fixed-{tensor_digest(centering.mean)}" if f.startswith("center:") else f
                       for f in fields]
         return "|".join(fields)
+
+    @property
+    def signature(self) -> str:
+        """What pins the rewards: :attr:`scored_signature`, followed by ``|shaping:<module:name>`` where a
+        ``shaping`` function changes them (:func:`shaping_name`: the function is named, its code is not
+        pinned)."""
+        if self.shaping is None:
+            return self.scored_signature
+        return f"{self.scored_signature}|shaping:{shaping_name(self.shaping)}"
 
     # --- centering ---------------------------------------------------------------------------------
 
